@@ -1,0 +1,151 @@
+//! Types shared by limiter's kernel programs (`limiter-ebpf`) and its daemon.
+//!
+//! Every map key and value is `#[repr(C)]`, padded explicitly (a hole the
+//! compiler invents would be uninitialised bytes in a map key, which can miss
+//! lookups or fail verification) and checked by size asserts below. The
+//! `bytemuck` derives refuse to compile if a hidden padding byte appears.
+//!
+//! Byte order: every port stored in a map is in **host order**. The kernel
+//! programs convert at the boundary; nothing else ever sees a network-order
+//! port.
+
+#![no_std]
+#![deny(missing_docs)]
+
+use bytemuck::{Pod, Zeroable};
+
+/// Version of the pinned layout (map set, key and value shapes). A daemon
+/// refuses to adopt pins whose [`Settings::layout_version`] differs.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// Names of the maps, as the kernel and the pin directory show them
+/// (at most 15 bytes: `BPF_OBJ_NAME_LEN`).
+pub mod map_names {
+    /// [`super::PortKey`] → [`super::PortLimit`]: the enforced ports.
+    pub const LIMITS: &str = "LIMITER_LIMITS";
+    /// [`super::PortKey`] → [`super::PortStats`]: counters of every local port.
+    pub const STATS: &str = "LIMITER_STATS";
+    /// `u32` index 0 → [`super::Settings`].
+    pub const SETTINGS: &str = "LIMITER_CONFIG";
+    /// Socket-local storage → [`super::SockMark`]: which sockets were counted.
+    pub const SOCKS: &str = "LIMITER_SOCKS";
+    /// Every map the daemon pins, in the order it pins them.
+    pub const ALL: [&str; 4] = [SETTINGS, LIMITS, STATS, SOCKS];
+}
+
+/// Names of the programs (the function names in `limiter-ebpf`).
+pub mod program_names {
+    /// The `sock_ops` program that counts established connections.
+    pub const COUNT: &str = "limiter_count";
+    /// The `sk_lookup` program that refuses connections to a full port.
+    pub const REFUSE: &str = "limiter_refuse";
+}
+
+/// Number of ports: the counter map can hold every local port.
+pub const MAX_PORTS: u32 = 65_536;
+
+/// `PortLimit::flags` bit: count would-be refusals, refuse nothing.
+pub const LIMIT_FLAG_DRY_RUN: u32 = 1;
+
+/// A local TCP port in host byte order, as a map key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
+pub struct PortKey {
+    /// The port, host byte order.
+    pub port: u16,
+    /// Explicit padding; always zero.
+    pub _pad: u16,
+}
+
+impl PortKey {
+    /// The key for `port` (host byte order).
+    pub const fn new(port: u16) -> Self {
+        Self { port, _pad: 0 }
+    }
+}
+
+/// The limit of one enforced port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct PortLimit {
+    /// At most this many established server-side connections.
+    pub max_established: u32,
+    /// `LIMIT_FLAG_*` bits.
+    pub flags: u32,
+}
+
+/// Counters of one local port. `established` is a gauge; the rest only grow.
+/// Updated with atomic adds from every CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct PortStats {
+    /// Established server-side connections now.
+    pub established: u64,
+    /// The highest `established` ever seen.
+    pub high_watermark: u64,
+    /// Handshakes completed (connections counted) since the gate was loaded.
+    pub admitted: u64,
+    /// Connection attempts refused because the port was full.
+    pub refused: u64,
+    /// Attempts that would have been refused in dry-run mode.
+    pub would_refuse: u64,
+}
+
+/// Gate-wide settings, written by the daemon before it attaches anything.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Settings {
+    /// [`LAYOUT_VERSION`] of the daemon that created the pins.
+    pub layout_version: u32,
+    /// Reserved; zero.
+    pub flags: u32,
+    /// Cookie of the network namespace whose sockets are counted
+    /// (`SO_NETNS_COOKIE`); sockets of other namespaces are ignored.
+    pub netns_cookie: u64,
+    /// Sockets that could not be tracked (storage allocation failed), so
+    /// were neither counted nor will be decremented.
+    pub untracked: u64,
+}
+
+/// Socket-local mark of a counted socket, so that only sockets this gate
+/// counted are ever decremented (not those another program flagged, nor
+/// those that predate the gate).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct SockMark {
+    /// The local port the socket was counted under (host order).
+    pub port: u16,
+    /// Explicit padding; always zero.
+    pub _pad: u16,
+    /// 1 while counted, 0 once decremented.
+    pub counted: u32,
+}
+
+const _: () = {
+    assert!(size_of::<PortKey>() == 4);
+    assert!(size_of::<PortLimit>() == 8);
+    assert!(size_of::<PortStats>() == 40);
+    assert!(size_of::<Settings>() == 24);
+    assert!(size_of::<SockMark>() == 8);
+    assert!(align_of::<PortStats>() == 8);
+};
+
+#[cfg(feature = "user")]
+mod user {
+    //! `aya::Pod` for the daemon; the bytemuck derives above already proved
+    //! there is no padding, which is what `aya::Pod` asks the implementor to
+    //! guarantee.
+    use super::*;
+
+    // SAFETY: plain `#[repr(C)]` integers with explicit padding, checked by
+    // the `bytemuck::Pod` derive: every bit pattern is valid.
+    unsafe impl aya::Pod for PortKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for PortLimit {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for PortStats {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for Settings {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for SockMark {}
+}

@@ -1,0 +1,61 @@
+//! The admin listener (`admin.listen`, loopback by default): `GET /metrics`
+//! (Prometheus text), `GET /status` (JSON, what `limiter dump` adds when
+//! the daemon runs), `GET /healthz`.
+
+use std::{convert::Infallible, sync::Arc};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Method, Request, Response, StatusCode, body::Incoming, header, service::service_fn};
+use hyper_util::rt::TokioIo;
+use tokio::{net::TcpListener, sync::watch};
+
+use crate::daemon::State;
+
+type Body = Full<Bytes>;
+
+/// Serves until `shutdown` turns true. Connections are short; each runs on
+/// its own task.
+pub async fn serve(listener: TcpListener, state: Arc<State>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let state = state.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| handle(req, state.clone()));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+async fn handle(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Body>, Infallible> {
+    let response = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => match state.metrics() {
+            Ok(text) => reply(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", text),
+            Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("{e}\n")),
+        },
+        (&Method::GET, "/status") => match state.status() {
+            Ok(json) => reply(StatusCode::OK, "application/json", json.to_string()),
+            Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("{e}\n")),
+        },
+        (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n".into()),
+        (_, "/metrics" | "/status" | "/healthz") => {
+            reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n".into())
+        }
+        _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found: try /metrics, /status or /healthz\n".into()),
+    };
+    Ok(response)
+}
+
+fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
+    response
+}

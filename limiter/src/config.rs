@@ -1,0 +1,470 @@
+//! The configuration file: `key = value` lines, flat dotted keys, `[section]`
+//! headers that prefix the keys under them, `#`/`;` comments.
+//!
+//! The daemon owns `http.maxThreads`, `http.maxSessionConnections`,
+//! `http.maxWebConnections`, `http.listen`, `http.upstream` and every key
+//! under `kernel.`, `breaker.` and `admin.`. Unknown keys in those three
+//! namespaces are errors (a typo must not silently disable a limit); other
+//! `http.*` keys and other sections belong to the business runtime and are
+//! ignored, so the runtime's own `config.ini` works unchanged.
+//!
+//! Parsing is all-or-nothing: a bad file yields one error naming the file,
+//! line and key, and no partial configuration.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt, fs,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+};
+
+/// Defaults, also listed in the README's key table.
+pub mod defaults {
+    /// `http.maxThreads` of the business runtime.
+    pub const MAX_THREADS: u32 = 208;
+    /// Threads the runtime keeps for its acceptor/selector/housekeeping.
+    pub const SYSTEM_THREADS: u32 = 8;
+    /// Slots reserved for `/debug/` requests.
+    pub const DEBUG_SLOTS: u32 = 3;
+    /// `kernel.pinPath`.
+    pub const PIN_PATH: &str = "/sys/fs/bpf/limiter";
+    /// `admin.listen`.
+    pub const ADMIN_LISTEN: &str = "127.0.0.1:9901";
+    /// `http.listen`.
+    pub const HTTP_LISTEN: &str = "127.0.0.1:8080";
+    /// `breaker.threshold`.
+    pub const BREAKER_THRESHOLD: f64 = 0.5;
+    /// `breaker.minRequests`.
+    pub const BREAKER_MIN_REQUESTS: u32 = 10;
+    /// `breaker.sleepWindowMs`.
+    pub const BREAKER_SLEEP_WINDOW_MS: u64 = 30_000;
+    /// `breaker.windowMs`.
+    pub const BREAKER_WINDOW_MS: u64 = 30_000;
+    /// `breaker.bucketMs`.
+    pub const BREAKER_BUCKET_MS: u64 = 1_000;
+    /// `breaker.halfOpenMaxProbes`.
+    pub const BREAKER_HALF_OPEN_MAX_PROBES: u32 = 1;
+    /// `breaker.halfOpenSuccesses`.
+    pub const BREAKER_HALF_OPEN_SUCCESSES: u32 = 1;
+}
+
+/// The smallest `http.maxThreads` that leaves one normal slot.
+pub const MIN_MAX_THREADS: u32 = defaults::SYSTEM_THREADS + defaults::DEBUG_SLOTS + 1;
+
+/// Everything the daemon reads from its file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// The file this came from (for messages), if any.
+    pub source: Option<PathBuf>,
+    pub kernel: KernelConfig,
+    pub http: HttpConfig,
+    pub breaker: BreakerConfig,
+    pub admin: AdminConfig,
+    /// Keys the file had that belong to the business runtime.
+    pub ignored: Vec<String>,
+}
+
+/// `kernel.*`: the eBPF gate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelConfig {
+    /// Enforced ports → most established connections (`kernel.ports`).
+    pub ports: BTreeMap<u16, u32>,
+    /// Directory on bpffs holding the gate's maps and links (`kernel.pinPath`).
+    pub pin_path: PathBuf,
+    /// cgroup v2 directory whose sockets are counted (`kernel.cgroup`);
+    /// `None`: the root of the cgroup v2 mount.
+    pub cgroup: Option<PathBuf>,
+    /// Network namespace to gate (`kernel.netns`); `None`: the daemon's own.
+    pub netns: Option<PathBuf>,
+}
+
+/// `http.*` keys the daemon owns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpConfig {
+    pub max_threads: u32,
+    /// 0 = unlimited.
+    pub max_session_connections: u32,
+    /// 0 = unlimited.
+    pub max_web_connections: u32,
+    pub listen: SocketAddr,
+    /// `host:port` of the business application; `None`: no proxy configured.
+    pub upstream: Option<String>,
+}
+
+impl HttpConfig {
+    /// Requests that are not `/debug/` may use this many slots.
+    pub fn normal_limit(&self) -> u32 {
+        self.max_threads - defaults::SYSTEM_THREADS - defaults::DEBUG_SLOTS
+    }
+}
+
+/// `breaker.*`: the circuit breaker in front of the upstream.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BreakerConfig {
+    pub threshold: f64,
+    pub min_requests: u32,
+    pub sleep_window_ms: u64,
+    pub window_ms: u64,
+    pub bucket_ms: u64,
+    pub half_open_max_probes: u32,
+    pub half_open_successes: u32,
+    /// Inclusive ranges of upstream statuses that count as failures.
+    pub failure_statuses: Vec<(u16, u16)>,
+    pub bypass_debug: bool,
+}
+
+/// `admin.*`: the admin listener (metrics, status).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            source: None,
+            kernel: KernelConfig {
+                ports: BTreeMap::new(),
+                pin_path: PathBuf::from(defaults::PIN_PATH),
+                cgroup: None,
+                netns: None,
+            },
+            http: HttpConfig {
+                max_threads: defaults::MAX_THREADS,
+                max_session_connections: 0,
+                max_web_connections: 0,
+                listen: defaults::HTTP_LISTEN.parse().expect("valid default"),
+                upstream: None,
+            },
+            breaker: BreakerConfig {
+                threshold: defaults::BREAKER_THRESHOLD,
+                min_requests: defaults::BREAKER_MIN_REQUESTS,
+                sleep_window_ms: defaults::BREAKER_SLEEP_WINDOW_MS,
+                window_ms: defaults::BREAKER_WINDOW_MS,
+                bucket_ms: defaults::BREAKER_BUCKET_MS,
+                half_open_max_probes: defaults::BREAKER_HALF_OPEN_MAX_PROBES,
+                half_open_successes: defaults::BREAKER_HALF_OPEN_SUCCESSES,
+                failure_statuses: vec![(500, 599)],
+                bypass_debug: true,
+            },
+            admin: AdminConfig {
+                listen: defaults::ADMIN_LISTEN.parse().expect("valid default"),
+            },
+            ignored: Vec::new(),
+        }
+    }
+}
+
+/// A configuration error: where, which key, what was wrong.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError {
+    /// The file (or `<config>` for text without a file).
+    pub file: String,
+    /// 1-based line; 0 when the error is about the file as a whole.
+    pub line: usize,
+    /// The full dotted key, when the error is about one.
+    pub key: Option<String>,
+    /// The value as written, when the error is about one.
+    pub value: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file)?;
+        if self.line > 0 {
+            write!(f, ":{}", self.line)?;
+        }
+        match (&self.key, &self.value) {
+            (Some(k), Some(v)) => write!(f, ": {k} = {v}")?,
+            (Some(k), None) => write!(f, ": {k}")?,
+            _ => {}
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// Which kind of owner a key has.
+enum Owner {
+    Daemon,
+    Runtime,
+}
+
+fn owner(key: &str) -> Owner {
+    const OWNED_HTTP: [&str; 5] = [
+        "http.maxThreads",
+        "http.maxSessionConnections",
+        "http.maxWebConnections",
+        "http.listen",
+        "http.upstream",
+    ];
+    if key.starts_with("kernel.") || key.starts_with("breaker.") || key.starts_with("admin.") {
+        Owner::Daemon
+    } else if OWNED_HTTP.contains(&key) {
+        Owner::Daemon
+    } else {
+        Owner::Runtime
+    }
+}
+
+impl Config {
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let name = path.display().to_string();
+        let text = fs::read_to_string(path).map_err(|e| ConfigError {
+            file: name.clone(),
+            line: 0,
+            key: None,
+            value: None,
+            message: format!("cannot read the file: {e}"),
+        })?;
+        let mut config = Self::parse(&text, &name)?;
+        config.source = Some(path.to_path_buf());
+        Ok(config)
+    }
+
+    /// Parses and validates the text of a file called `name`.
+    pub fn parse(text: &str, name: &str) -> Result<Self, ConfigError> {
+        let mut config = Self::default();
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        let mut section = String::new();
+        for (index, raw) in text.lines().enumerate() {
+            let line = index + 1;
+            let err = |key: Option<&str>, value: Option<&str>, message: String| ConfigError {
+                file: name.to_owned(),
+                line,
+                key: key.map(str::to_owned),
+                value: value.map(str::to_owned),
+                message,
+            };
+            let content = strip_comment(raw).trim();
+            if content.is_empty() {
+                continue;
+            }
+            if let Some(header) = content.strip_prefix('[') {
+                let Some(inner) = header.strip_suffix(']') else {
+                    return Err(err(None, None, format!("malformed section header `{content}`")));
+                };
+                let inner = inner.trim();
+                if inner.is_empty() || inner.contains(char::is_whitespace) {
+                    return Err(err(None, None, format!("malformed section header `{content}`")));
+                }
+                section = inner.to_owned();
+                continue;
+            }
+            let Some((key, value)) = content.split_once('=') else {
+                return Err(err(None, None, format!("expected `key = value`, found `{content}`")));
+            };
+            let (key, value) = (key.trim(), value.trim());
+            if key.is_empty() || key.contains(char::is_whitespace) {
+                return Err(err(None, None, format!("malformed key in `{content}`")));
+            }
+            let key = if section.is_empty() { key.to_owned() } else { format!("{section}.{key}") };
+            if let Some(first) = seen.insert(key.clone(), line) {
+                return Err(err(Some(&key), None, format!("given twice (first at line {first})")));
+            }
+            match owner(&key) {
+                Owner::Runtime => config.ignored.push(key),
+                Owner::Daemon => config
+                    .set(&key, value)
+                    .map_err(|message| err(Some(&key), Some(value), message))?,
+            }
+        }
+        config.check().map_err(|(key, message)| ConfigError {
+            file: name.to_owned(),
+            line: seen.get(key).copied().unwrap_or(0),
+            key: Some(key.to_owned()),
+            value: None,
+            message,
+        })?;
+        Ok(config)
+    }
+
+    /// Sets one key the daemon owns.
+    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        match key {
+            "kernel.ports" => self.kernel.ports = parse_ports(value)?,
+            "kernel.pinPath" => self.kernel.pin_path = absolute_path(value)?,
+            "kernel.cgroup" => self.kernel.cgroup = Some(absolute_path(value)?),
+            "kernel.netns" => self.kernel.netns = Some(absolute_path(value)?),
+            "http.maxThreads" => self.http.max_threads = int_at_least(value, MIN_MAX_THREADS)?,
+            "http.maxSessionConnections" => self.http.max_session_connections = int_at_least(value, 0)?,
+            "http.maxWebConnections" => self.http.max_web_connections = int_at_least(value, 0)?,
+            "http.listen" => self.http.listen = socket_addr(value)?,
+            "http.upstream" => self.http.upstream = Some(upstream(value)?),
+            "breaker.threshold" => self.breaker.threshold = ratio(value)?,
+            "breaker.minRequests" => self.breaker.min_requests = int_at_least(value, 1)?,
+            "breaker.sleepWindowMs" => self.breaker.sleep_window_ms = u64::from(int_at_least(value, 1)?),
+            "breaker.windowMs" => self.breaker.window_ms = u64::from(int_at_least(value, 1)?),
+            "breaker.bucketMs" => self.breaker.bucket_ms = u64::from(int_at_least(value, 1)?),
+            "breaker.halfOpenMaxProbes" => self.breaker.half_open_max_probes = int_at_least(value, 1)?,
+            "breaker.halfOpenSuccesses" => self.breaker.half_open_successes = int_at_least(value, 1)?,
+            "breaker.failureStatuses" => self.breaker.failure_statuses = statuses(value)?,
+            "breaker.bypassDebug" => self.breaker.bypass_debug = boolean(value)?,
+            "admin.listen" => self.admin.listen = socket_addr(value)?,
+            _ => {
+                let namespace = key.split('.').next().unwrap_or(key);
+                return Err(format!(
+                    "unknown key under `{namespace}.` (keys there are the daemon's; see the README's key table)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that involve more than one key; names the key to blame.
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        let b = &self.breaker;
+        if b.bucket_ms > b.window_ms {
+            return Err((
+                "breaker.bucketMs",
+                format!("{} ms buckets do not fit in a {} ms window", b.bucket_ms, b.window_ms),
+            ));
+        }
+        if b.window_ms % b.bucket_ms != 0 {
+            return Err((
+                "breaker.windowMs",
+                format!("{} ms is not a whole number of {} ms buckets", b.window_ms, b.bucket_ms),
+            ));
+        }
+        if b.window_ms / b.bucket_ms > 3600 {
+            return Err(("breaker.windowMs", "more than 3600 buckets; use larger buckets".into()));
+        }
+        Ok(())
+    }
+
+    /// Keys whose change needs a restart, with their values here.
+    pub fn restart_only(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("kernel.pinPath", self.kernel.pin_path.display().to_string()),
+            ("kernel.cgroup", format!("{:?}", self.kernel.cgroup)),
+            ("kernel.netns", format!("{:?}", self.kernel.netns)),
+            ("admin.listen", self.admin.listen.to_string()),
+            ("http.listen", self.http.listen.to_string()),
+        ]
+    }
+}
+
+/// Drops a `#` or `;` comment: at the start of the line, or after blank space.
+fn strip_comment(line: &str) -> &str {
+    let bytes = line.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        if (b == b'#' || b == b';') && (i == 0 || bytes[i - 1].is_ascii_whitespace()) {
+            return &line[..i];
+        }
+    }
+    line
+}
+
+fn int_at_least(value: &str, min: u32) -> Result<u32, String> {
+    let n: i64 = value.parse().map_err(|_| format!("not a whole number (expected at least {min})"))?;
+    if n < i64::from(min) {
+        return Err(format!("must be at least {min}"));
+    }
+    u32::try_from(n).map_err(|_| format!("must be at most {}", u32::MAX))
+}
+
+fn ratio(value: &str) -> Result<f64, String> {
+    let x: f64 = value.parse().map_err(|_| "not a number (expected a ratio such as 0.5)".to_owned())?;
+    if !(x > 0.0 && x < 1.0) {
+        return Err("must be above 0 and below 1".into());
+    }
+    Ok(x)
+}
+
+fn boolean(value: &str) -> Result<bool, String> {
+    match value {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err("expected `true` or `false`".into()),
+    }
+}
+
+fn absolute_path(value: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(value);
+    if value.is_empty() || !path.is_absolute() {
+        return Err("must be an absolute path".into());
+    }
+    Ok(path)
+}
+
+fn socket_addr(value: &str) -> Result<SocketAddr, String> {
+    value
+        .parse()
+        .map_err(|_| "expected an address and port such as 127.0.0.1:9901 or [::1]:9901".into())
+}
+
+fn upstream(value: &str) -> Result<String, String> {
+    let rest = value.strip_prefix("http://").unwrap_or(value);
+    let rest = rest.trim_end_matches('/');
+    if rest.starts_with("https://") || value.starts_with("https://") {
+        return Err("TLS to the upstream is not supported; give host:port of a plain HTTP upstream".into());
+    }
+    let Some((host, port)) = rest.rsplit_once(':') else {
+        return Err("expected host:port (or http://host:port)".into());
+    };
+    if host.is_empty() || host.contains('/') || port.parse::<u16>().map_or(true, |p| p == 0) {
+        return Err("expected host:port (or http://host:port)".into());
+    }
+    Ok(rest.to_owned())
+}
+
+/// `8080:400, 8443:200`
+fn parse_ports(value: &str) -> Result<BTreeMap<u16, u32>, String> {
+    let mut ports = BTreeMap::new();
+    for item in value.split(',').map(str::trim) {
+        if item.is_empty() {
+            if value.trim().is_empty() {
+                break;
+            }
+            return Err("empty item in the list (expected port:max, port:max, ...)".into());
+        }
+        let Some((port, max)) = item.split_once(':') else {
+            return Err(format!("`{item}`: expected port:max, such as 8080:400"));
+        };
+        let port: i64 = port
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{item}`: the port is not a number"))?;
+        if !(1..=65535).contains(&port) {
+            return Err(format!("`{item}`: port {port} is outside 1-65535"));
+        }
+        let max: i64 = max
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{item}`: the limit is not a whole number"))?;
+        if max < 1 {
+            return Err(format!("`{item}`: the limit must be at least 1"));
+        }
+        let max = u32::try_from(max).map_err(|_| format!("`{item}`: the limit is too large"))?;
+        let port = port as u16;
+        if ports.insert(port, max).is_some() {
+            return Err(format!("port {port} is listed twice"));
+        }
+    }
+    Ok(ports)
+}
+
+/// `500-599, 429`
+fn statuses(value: &str) -> Result<Vec<(u16, u16)>, String> {
+    let mut out = Vec::new();
+    for item in value.split(',').map(str::trim) {
+        let (lo, hi) = item.split_once('-').unwrap_or((item, item));
+        let parse = |s: &str| -> Result<u16, String> {
+            let n: u16 = s.trim().parse().map_err(|_| format!("`{item}`: not a status code"))?;
+            if !(100..=599).contains(&n) {
+                return Err(format!("`{item}`: statuses are 100-599"));
+            }
+            Ok(n)
+        };
+        let (lo, hi) = (parse(lo)?, parse(hi)?);
+        if lo > hi {
+            return Err(format!("`{item}`: the range is backwards"));
+        }
+        out.push((lo, hi));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,207 @@
+use super::*;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, "limiter.ini")
+}
+
+fn error(text: &str) -> String {
+    parse(text).expect_err("should be rejected").to_string()
+}
+
+#[test]
+fn empty_file_gives_the_documented_defaults() {
+    let c = parse("").unwrap();
+    assert_eq!(c.http.max_threads, 208);
+    assert_eq!(c.http.normal_limit(), 197);
+    assert_eq!(c.http.max_session_connections, 0);
+    assert_eq!(c.http.max_web_connections, 0);
+    assert_eq!(c.kernel.pin_path, PathBuf::from("/sys/fs/bpf/limiter"));
+    assert_eq!(c.kernel.cgroup, None);
+    assert_eq!(c.kernel.netns, None);
+    assert!(c.kernel.ports.is_empty());
+    assert_eq!(c.admin.listen.to_string(), "127.0.0.1:9901");
+    assert_eq!(c.breaker.failure_statuses, vec![(500, 599)]);
+    assert_eq!(c.breaker.min_requests, 10);
+    assert!(c.breaker.bypass_debug);
+}
+
+#[test]
+fn ports_sections_and_comments() {
+    let c = parse(
+        "# limits\n\
+         kernel.ports = 8080:400, 8443:200 ; two ports\n\
+         \n\
+         [http]\n\
+         maxThreads = 20   # small\n\
+         maxSessionConnections=2\n\
+         [kernel]\n\
+         pinPath = /sys/fs/bpf/x\n",
+    )
+    .unwrap();
+    assert_eq!(c.kernel.ports, BTreeMap::from([(8080, 400), (8443, 200)]));
+    assert_eq!(c.http.max_threads, 20);
+    assert_eq!(c.http.normal_limit(), 9);
+    assert_eq!(c.http.max_session_connections, 2);
+    assert_eq!(c.kernel.pin_path, PathBuf::from("/sys/fs/bpf/x"));
+}
+
+#[test]
+fn the_runtimes_own_config_ini_is_accepted_and_its_keys_ignored() {
+    let c = parse(
+        "[http]\nmaxThreads = 208\nport = 8080\ncompression = true\n\
+         [db]\nurl = postgres://x;y\npool=10\n\
+         logging.level = info\n",
+    )
+    .unwrap();
+    assert_eq!(c.http.max_threads, 208);
+    assert_eq!(c.ignored, vec!["http.port", "http.compression", "db.url", "db.pool", "db.logging.level"]);
+}
+
+#[test]
+fn keys_are_case_sensitive() {
+    // `http.maxthreads` is not the daemon's key: the runtime's, ignored.
+    let c = parse("http.maxthreads = 20\n").unwrap();
+    assert_eq!(c.http.max_threads, 208);
+    // Under kernel. a wrong case is an unknown key: an error.
+    assert_eq!(
+        error("kernel.Ports = 80:1\n"),
+        "limiter.ini:1: kernel.Ports = 80:1: unknown key under `kernel.` (keys there are the daemon's; see the README's key table)"
+    );
+}
+
+#[test]
+fn errors_name_file_line_and_key() {
+    assert_eq!(
+        error("\n\nhttp.maxThreads = -3\n"),
+        "limiter.ini:3: http.maxThreads = -3: must be at least 12"
+    );
+    assert_eq!(
+        error("http.maxThreads = 11\n"),
+        "limiter.ini:1: http.maxThreads = 11: must be at least 12"
+    );
+    assert_eq!(
+        error("[http]\nmaxThreads = lots\n"),
+        "limiter.ini:2: http.maxThreads = lots: not a whole number (expected at least 12)"
+    );
+    assert_eq!(
+        error("http.maxSessionConnections = -1\n"),
+        "limiter.ini:1: http.maxSessionConnections = -1: must be at least 0"
+    );
+    assert_eq!(
+        error("http.maxWebConnections = 1.5\n"),
+        "limiter.ini:1: http.maxWebConnections = 1.5: not a whole number (expected at least 0)"
+    );
+}
+
+#[test]
+fn bad_ports_are_rejected() {
+    assert_eq!(
+        error("kernel.ports = 0:10\n"),
+        "limiter.ini:1: kernel.ports = 0:10: `0:10`: port 0 is outside 1-65535"
+    );
+    assert_eq!(
+        error("kernel.ports = 65536:10\n"),
+        "limiter.ini:1: kernel.ports = 65536:10: `65536:10`: port 65536 is outside 1-65535"
+    );
+    assert_eq!(
+        error("kernel.ports = 80:0\n"),
+        "limiter.ini:1: kernel.ports = 80:0: `80:0`: the limit must be at least 1"
+    );
+    assert_eq!(
+        error("kernel.ports = 80:-5\n"),
+        "limiter.ini:1: kernel.ports = 80:-5: `80:-5`: the limit must be at least 1"
+    );
+    assert_eq!(
+        error("kernel.ports = 80:5, 81:3, 80:7\n"),
+        "limiter.ini:1: kernel.ports = 80:5, 81:3, 80:7: port 80 is listed twice"
+    );
+    assert_eq!(
+        error("kernel.ports = 80\n"),
+        "limiter.ini:1: kernel.ports = 80: `80`: expected port:max, such as 8080:400"
+    );
+    assert_eq!(
+        error("kernel.ports = 80:1,,81:2\n"),
+        "limiter.ini:1: kernel.ports = 80:1,,81:2: empty item in the list (expected port:max, port:max, ...)"
+    );
+    assert_eq!(
+        error("kernel.ports = http:1\n"),
+        "limiter.ini:1: kernel.ports = http:1: `http:1`: the port is not a number"
+    );
+    // An empty list is allowed: count everything, enforce nothing.
+    assert!(parse("kernel.ports =\n").unwrap().kernel.ports.is_empty());
+}
+
+#[test]
+fn duplicates_unknown_keys_and_malformed_lines() {
+    assert_eq!(
+        error("kernel.ports = 80:1\n[kernel]\nports = 81:1\n"),
+        "limiter.ini:3: kernel.ports: given twice (first at line 1)"
+    );
+    assert_eq!(
+        error("breaker.treshold = 0.5\n"),
+        "limiter.ini:1: breaker.treshold = 0.5: unknown key under `breaker.` (keys there are the daemon's; see the README's key table)"
+    );
+    assert_eq!(
+        error("admin.port = 9\n"),
+        "limiter.ini:1: admin.port = 9: unknown key under `admin.` (keys there are the daemon's; see the README's key table)"
+    );
+    assert_eq!(error("just words\n"), "limiter.ini:1: expected `key = value`, found `just words`");
+    assert_eq!(error("[http\n"), "limiter.ini:1: malformed section header `[http`");
+    assert_eq!(error("= 3\n"), "limiter.ini:1: malformed key in `= 3`");
+    // Even a runtime key may not appear twice: the file is ambiguous.
+    assert_eq!(
+        error("http.port = 1\nhttp.port = 2\n"),
+        "limiter.ini:2: http.port: given twice (first at line 1)"
+    );
+}
+
+#[test]
+fn paths_and_addresses() {
+    assert_eq!(
+        error("kernel.pinPath = relative/dir\n"),
+        "limiter.ini:1: kernel.pinPath = relative/dir: must be an absolute path"
+    );
+    assert_eq!(
+        error("admin.listen = localhost\n"),
+        "limiter.ini:1: admin.listen = localhost: expected an address and port such as 127.0.0.1:9901 or [::1]:9901"
+    );
+    let c = parse("kernel.netns = /var/run/netns/blue\nkernel.cgroup = /sys/fs/cgroup/unified/x\nhttp.upstream = http://127.0.0.1:9000/\n").unwrap();
+    assert_eq!(c.kernel.netns, Some(PathBuf::from("/var/run/netns/blue")));
+    assert_eq!(c.kernel.cgroup, Some(PathBuf::from("/sys/fs/cgroup/unified/x")));
+    assert_eq!(c.http.upstream.as_deref(), Some("127.0.0.1:9000"));
+    assert!(error("http.upstream = https://a:1\n").contains("TLS"));
+    assert!(error("http.upstream = nohost\n").contains("expected host:port"));
+}
+
+#[test]
+fn breaker_keys() {
+    let c = parse(
+        "[breaker]\nthreshold = 0.25\nminRequests = 4\nsleepWindowMs = 500\nwindowMs = 10000\n\
+         bucketMs = 500\nhalfOpenMaxProbes = 2\nhalfOpenSuccesses = 3\nfailureStatuses = 502-504, 429\n\
+         bypassDebug = false\n",
+    )
+    .unwrap();
+    assert_eq!(c.breaker.threshold, 0.25);
+    assert_eq!(c.breaker.failure_statuses, vec![(502, 504), (429, 429)]);
+    assert!(!c.breaker.bypass_debug);
+    assert_eq!(error("breaker.threshold = 1.5\n"), "limiter.ini:1: breaker.threshold = 1.5: must be above 0 and below 1");
+    assert_eq!(
+        error("breaker.windowMs = 1000\nbreaker.bucketMs = 3000\n"),
+        "limiter.ini:2: breaker.bucketMs: 3000 ms buckets do not fit in a 1000 ms window"
+    );
+    assert_eq!(
+        error("breaker.windowMs = 2500\n"),
+        "limiter.ini:1: breaker.windowMs: 2500 ms is not a whole number of 1000 ms buckets"
+    );
+    assert_eq!(
+        error("breaker.failureStatuses = 599-500\n"),
+        "limiter.ini:1: breaker.failureStatuses = 599-500: `599-500`: the range is backwards"
+    );
+    assert_eq!(error("breaker.bypassDebug = yes\n"), "limiter.ini:1: breaker.bypassDebug = yes: expected `true` or `false`");
+}
+
+#[test]
+fn a_missing_file_names_the_file() {
+    let e = Config::load(Path::new("/nonexistent/limiter.ini")).unwrap_err().to_string();
+    assert!(e.starts_with("/nonexistent/limiter.ini: cannot read the file:"), "{e}");
+}

@@ -1,0 +1,201 @@
+//! `limiter run`: start (or adopt) the kernel gate, serve the admin
+//! listener, reload on SIGHUP, stop on SIGTERM/SIGINT leaving the gate
+//! pinned and enforcing (unless `--unload-on-exit`).
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::SystemTime,
+};
+
+use tokio::{
+    net::TcpListener,
+    signal::unix::{SignalKind, signal},
+    sync::watch,
+};
+
+use crate::{
+    config::{Config, ConfigError},
+    kernel::{self, Gate, KernelError, Origin, Target},
+    metrics::{self, Page},
+};
+
+/// Why the daemon could not start or had to stop.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error("admin.listen {addr}: cannot listen: {source}")]
+    AdminListen { addr: std::net::SocketAddr, source: std::io::Error },
+    #[error("installing signal handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+/// How `run` was asked to behave.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub config_path: PathBuf,
+    /// Remove the gate when the daemon stops (demos and tests).
+    pub unload_on_exit: bool,
+}
+
+/// What the admin listener and the signal handlers share.
+pub struct State {
+    /// Map handles; a mutex because reload writes while metrics read, and
+    /// each operation is a few syscalls.
+    gate: Mutex<Gate>,
+    config: Mutex<Config>,
+    target: Target,
+    origin: Origin,
+    started: SystemTime,
+    reloads_ok: AtomicU64,
+    reloads_failed: AtomicU64,
+}
+
+impl State {
+    pub fn metrics(&self) -> Result<String, KernelError> {
+        let snap = self.gate.lock().expect("gate lock").snapshot()?;
+        let mut page = Page::default();
+        page.family("limiter_build_info", "gauge", "Version of the running daemon.")
+            .sample("limiter_build_info", &[("version", env!("CARGO_PKG_VERSION"))], 1);
+        metrics::kernel(&mut page, &snap);
+        page.family("limiter_config_reloads_total", "counter", "Configuration reloads by result.")
+            .sample("limiter_config_reloads_total", &[("result", "applied")], self.reloads_ok.load(Ordering::Relaxed))
+            .sample("limiter_config_reloads_total", &[("result", "rejected")], self.reloads_failed.load(Ordering::Relaxed));
+        Ok(page.finish())
+    }
+
+    pub fn status(&self) -> Result<serde_json::Value, KernelError> {
+        let snap = self.gate.lock().expect("gate lock").snapshot()?;
+        let config = self.config.lock().expect("config lock");
+        Ok(serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "pid": std::process::id(),
+            "started_unix": self.started.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            "config": config.source,
+            "origin": match self.origin { Origin::Adopted => "adopted", Origin::Loaded { .. } => "loaded" },
+            "target": self.target,
+            "kernel": snap,
+        }))
+    }
+
+    /// Re-reads the file and applies it whole, or nothing.
+    fn reload(&self, path: &Path) {
+        match self.try_reload(path) {
+            Ok(changes) if changes.is_empty() => {
+                self.reloads_ok.fetch_add(1, Ordering::Relaxed);
+                tracing::info!("reload: configuration re-read, nothing changed");
+            }
+            Ok(changes) => {
+                self.reloads_ok.fetch_add(1, Ordering::Relaxed);
+                let text: Vec<String> = changes.iter().map(ToString::to_string).collect();
+                tracing::info!(changes = %text.join(" "), "reload: kernel.ports applied");
+            }
+            Err(why) => {
+                self.reloads_failed.fetch_add(1, Ordering::Relaxed);
+                tracing::error!("reload rejected, nothing changed: {why}");
+            }
+        }
+    }
+
+    fn try_reload(&self, path: &Path) -> Result<Vec<kernel::LimitChange>, String> {
+        let new = Config::load(path).map_err(|e| e.to_string())?;
+        let mut config = self.config.lock().expect("config lock");
+        let changed: Vec<&str> = config
+            .restart_only()
+            .into_iter()
+            .zip(new.restart_only())
+            .filter(|(old, new)| old != new)
+            .map(|((key, _), _)| key)
+            .collect();
+        if !changed.is_empty() {
+            return Err(format!("{} changed, which needs a restart", changed.join(", ")));
+        }
+        let changes = self
+            .gate
+            .lock()
+            .expect("gate lock")
+            .set_limits(&new.kernel.ports)
+            .map_err(|e| e.to_string())?;
+        *config = new;
+        Ok(changes)
+    }
+}
+
+/// Runs the daemon until SIGTERM or SIGINT.
+pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
+    let config = Config::load(&options.config_path)?;
+    for key in &config.ignored {
+        tracing::debug!(key, "ignored: belongs to the business runtime");
+    }
+    // Signals first: a SIGHUP during start-up must not kill the daemon.
+    let mut hup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
+    let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
+
+    let admin = TcpListener::bind(config.admin.listen)
+        .await
+        .map_err(|source| DaemonError::AdminListen { addr: config.admin.listen, source })?;
+    let (gate, origin, target, changes) = Gate::start(&config.kernel)?;
+    match origin {
+        Origin::Loaded { mounted_bpffs } => tracing::info!(
+            pin_path = %config.kernel.pin_path.display(),
+            cgroup = %target.cgroup.display(),
+            netns = %target.netns.display(),
+            netns_cookie = target.netns_cookie,
+            mounted_bpffs,
+            "kernel gate loaded and attached"
+        ),
+        Origin::Adopted => tracing::info!(
+            pin_path = %config.kernel.pin_path.display(),
+            "kernel gate adopted: it was pinned and enforcing; nothing re-attached"
+        ),
+    }
+    let ports: Vec<String> = config.kernel.ports.iter().map(|(p, m)| format!("{p}:{m}")).collect();
+    tracing::info!(
+        ports = %ports.join(", "),
+        changes = changes.len(),
+        admin = %admin.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        "enforcing"
+    );
+
+    let pin_path = config.kernel.pin_path.clone();
+    let state = Arc::new(State {
+        gate: Mutex::new(gate),
+        config: Mutex::new(config),
+        target,
+        origin,
+        started: SystemTime::now(),
+        reloads_ok: AtomicU64::new(0),
+        reloads_failed: AtomicU64::new(0),
+    });
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let admin_task = tokio::spawn(crate::admin::serve(admin, state.clone(), stop_rx));
+
+    loop {
+        tokio::select! {
+            _ = hup.recv() => {
+                let state = state.clone();
+                let path = options.config_path.clone();
+                let _ = tokio::task::spawn_blocking(move || state.reload(&path)).await;
+            }
+            _ = term.recv() => { tracing::info!("SIGTERM: stopping"); break; }
+            _ = int.recv() => { tracing::info!("SIGINT: stopping"); break; }
+        }
+    }
+    let _ = stop_tx.send(true);
+    let _ = admin_task.await;
+    if options.unload_on_exit {
+        drop(state);
+        let out = kernel::unload(&pin_path)?;
+        tracing::info!(removed = out.removed.len(), "kernel gate unloaded (--unload-on-exit)");
+    } else {
+        tracing::info!(pin_path = %pin_path.display(), "stopped; the kernel gate stays pinned and enforcing");
+    }
+    Ok(())
+}

@@ -1,0 +1,124 @@
+//! `limiter dump`: reads the pinned maps itself (so it works while the
+//! daemon is down) and adds what the running daemon reports on its admin
+//! listener, or says "daemon not running".
+
+use std::{
+    fmt::Write as _,
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpStream},
+    path::Path,
+    time::Duration,
+};
+
+use crate::kernel::{Gate, KernelError, Snapshot};
+
+/// The daemon's `/status`, or why there is none.
+#[derive(Debug)]
+pub enum DaemonView {
+    Running(serde_json::Value),
+    NotRunning { admin: SocketAddr },
+}
+
+/// Asks the admin listener for `/status`, briefly.
+pub fn daemon_view(admin: SocketAddr) -> DaemonView {
+    fetch(admin, "/status")
+        .and_then(|body| serde_json::from_str(&body).ok())
+        .map_or(DaemonView::NotRunning { admin }, DaemonView::Running)
+}
+
+/// A minimal HTTP/1.0 GET: enough for the daemon's own admin listener.
+pub fn fetch(addr: SocketAddr, path: &str) -> Option<String> {
+    let timeout = Duration::from_millis(500);
+    let mut stream = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    stream.set_read_timeout(Some(timeout)).ok()?;
+    stream.set_write_timeout(Some(timeout)).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).ok()?;
+    let (head, body) = raw.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?;
+    (head.starts_with("HTTP/1.") && status == "200").then(|| body.to_owned())
+}
+
+/// Reads the pins at `pin_dir`.
+pub fn snapshot(pin_dir: &Path) -> Result<Snapshot, KernelError> {
+    Gate::open(pin_dir)?.snapshot()
+}
+
+/// The JSON document `dump --json` prints.
+pub fn json(snap: &Snapshot, daemon: &DaemonView) -> serde_json::Value {
+    let daemon = match daemon {
+        DaemonView::Running(status) => {
+            // The kernel part is already here, read from the pins.
+            let mut status = status.clone();
+            if let Some(map) = status.as_object_mut() {
+                map.remove("kernel");
+            }
+            serde_json::json!({ "running": true, "status": status })
+        }
+        DaemonView::NotRunning { admin } => serde_json::json!({ "running": false, "admin": admin }),
+    };
+    serde_json::json!({ "kernel": snap, "daemon": daemon })
+}
+
+/// The table `dump` prints.
+pub fn table(snap: &Snapshot, daemon: &DaemonView) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "kernel gate at {} (layout {}, netns cookie {})",
+        snap.pin_path.display(),
+        snap.layout_version,
+        snap.netns_cookie
+    );
+    for link in &snap.links {
+        match (link.link_id, link.program_id) {
+            (Some(l), Some(p)) => {
+                let _ = writeln!(out, "  {:<15} link {l}, program {p}", link.pin);
+            }
+            _ => {
+                let _ = writeln!(out, "  {:<15} NOT PINNED (not enforcing)", link.pin);
+            }
+        }
+    }
+    if snap.untracked_sockets > 0 {
+        let _ = writeln!(out, "  untracked sockets: {}", snap.untracked_sockets);
+    }
+    let _ = writeln!(
+        out,
+        "\n{:>6} {:>8} {:>12} {:>8} {:>12} {:>10}",
+        "PORT", "LIMIT", "ESTABLISHED", "PEAK", "ADMITTED", "REFUSED"
+    );
+    for r in &snap.ports {
+        let limit = match (r.limit, r.dry_run) {
+            (Some(l), false) => l.to_string(),
+            (Some(l), true) => format!("{l} dry"),
+            (None, _) => "-".into(),
+        };
+        let refused = if r.dry_run { format!("({})", r.would_refuse) } else { r.refused.to_string() };
+        let _ = writeln!(
+            out,
+            "{:>6} {:>8} {:>12} {:>8} {:>12} {:>10}",
+            r.port, limit, r.established, r.high_watermark, r.admitted, refused
+        );
+    }
+    if snap.ports.is_empty() {
+        let _ = writeln!(out, "  (no port has completed a handshake yet, and none is enforced)");
+    }
+    out.push('\n');
+    match daemon {
+        DaemonView::Running(status) => {
+            let _ = writeln!(
+                out,
+                "daemon running: pid {}, version {}",
+                status["pid"], status["version"].as_str().unwrap_or("?")
+            );
+        }
+        DaemonView::NotRunning { admin } => {
+            let enforcing = snap.links.iter().all(|l| l.link_id.is_some());
+            let gate = if enforcing { "; the kernel gate above still enforces" } else { "" };
+            let _ = writeln!(out, "daemon not running (nothing answers on {admin}){gate}");
+        }
+    }
+    out
+}

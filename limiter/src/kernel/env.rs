@@ -1,0 +1,242 @@
+//! What the daemon probes before it touches the kernel: privileges, kernel
+//! version, the cgroup v2 mount, bpffs, the target network namespace. Each
+//! failure is one sentence that says what to do, never a raw errno.
+
+use std::{
+    fs::{self, File},
+    os::fd::AsFd as _,
+    os::unix::fs::{DirBuilderExt as _, MetadataExt as _},
+    path::{Path, PathBuf},
+};
+
+use nix::{
+    mount::{MsFlags, mount},
+    sched::{CloneFlags, setns},
+    sys::{
+        socket::{AddressFamily, SockFlag, SockType, getsockopt, socket},
+        statfs::statfs,
+    },
+};
+
+use super::KernelError;
+
+/// The oldest kernel the gate runs on: `bpf_get_netns_cookie` in sock_ops
+/// arrived in 5.15 (sk_lookup needs 5.9, cgroup bpf links 5.7,
+/// sk_storage in sock_ops 5.10, `SO_NETNS_COOKIE` 5.14).
+pub const MIN_KERNEL: (u32, u32) = (5, 15);
+
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+const NSFS_MAGIC: i64 = 0x6e73_6673;
+
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_BPF: u32 = 39;
+
+use nix::{getsockopt_impl, sockopt_impl};
+
+sockopt_impl!(
+    /// `SO_NETNS_COOKIE`: the cookie of the socket's network namespace.
+    NetnsCookie,
+    GetOnly,
+    libc::SOL_SOCKET,
+    libc::SO_NETNS_COOKIE,
+    u64
+);
+
+/// The running kernel's `major.minor`, from `/proc/sys/kernel/osrelease`.
+pub fn kernel_version() -> Result<(u32, u32), KernelError> {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    parse_release(release.trim()).ok_or(KernelError::UnknownKernel(release.trim().to_owned()))
+}
+
+/// `6.18.44-fc-v657` → (6, 18).
+pub fn parse_release(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// Fails unless `version` is at least [`MIN_KERNEL`].
+pub fn check_kernel(version: (u32, u32)) -> Result<(), KernelError> {
+    if version < MIN_KERNEL {
+        return Err(KernelError::KernelTooOld { found: version });
+    }
+    Ok(())
+}
+
+/// The effective capability set, from `/proc/self/status`.
+fn effective_caps() -> u64 {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0)
+}
+
+/// Fails unless the process may load and attach the gate's programs.
+pub fn check_privileges() -> Result<(), KernelError> {
+    let caps = effective_caps();
+    let has = |cap: u32| caps & (1 << cap) != 0;
+    let mut missing = Vec::new();
+    if !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
+        missing.push("CAP_BPF");
+    }
+    if !has(CAP_NET_ADMIN) {
+        missing.push("CAP_NET_ADMIN");
+    }
+    if !missing.is_empty() {
+        return Err(KernelError::Privileges { missing: missing.join(" and ") });
+    }
+    Ok(())
+}
+
+fn fs_type(path: &Path) -> Option<i64> {
+    statfs(path).ok().map(|s| s.filesystem_type().0 as i64)
+}
+
+/// The first cgroup v2 mount in `/proc/self/mounts` (here
+/// `/sys/fs/cgroup/unified`, on others `/sys/fs/cgroup`).
+pub fn cgroup2_mount() -> Result<PathBuf, KernelError> {
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    mounts
+        .lines()
+        .find_map(|line| {
+            let mut fields = line.split_whitespace();
+            let (_src, point, kind) = (fields.next()?, fields.next()?, fields.next()?);
+            (kind == "cgroup2").then(|| PathBuf::from(unescape_mount(point)))
+        })
+        .ok_or(KernelError::NoCgroup2)
+}
+
+/// `/proc/self/mounts` writes space, tab, newline and backslash as `\ooo`.
+fn unescape_mount(field: &str) -> String {
+    let mut out = String::new();
+    let mut chars = field.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            let digits: String = chars.clone().take(3).collect();
+            if let Ok(code) = u8::from_str_radix(&digits, 8) {
+                out.push(code as char);
+                chars.nth(2);
+                continue;
+            }
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Opens the cgroup to attach to, checking it is a cgroup v2 directory.
+pub fn open_cgroup(path: &Path) -> Result<File, KernelError> {
+    if !path.is_dir() {
+        return Err(KernelError::CgroupMissing(path.to_path_buf()));
+    }
+    if fs_type(path) != Some(CGROUP2_SUPER_MAGIC) {
+        return Err(KernelError::NotCgroup2(path.to_path_buf()));
+    }
+    File::open(path).map_err(|e| KernelError::io(format!("opening cgroup {}", path.display()), e))
+}
+
+/// Opens a network namespace file (`/proc/self/ns/net`, `/var/run/netns/NAME`).
+pub fn open_netns(path: &Path) -> Result<File, KernelError> {
+    let file = File::open(path).map_err(|e| KernelError::NetnsMissing(path.to_path_buf(), e.to_string()))?;
+    // A wrong path (a plain file) would only fail later inside setns; say
+    // it now. The namespace type is checked by setns(CLONE_NEWNET).
+    if fs_type(path) != Some(NSFS_MAGIC) {
+        return Err(KernelError::NetnsMissing(path.to_path_buf(), "not a namespace file (expected /proc/PID/ns/net or /var/run/netns/NAME)".into()));
+    }
+    Ok(file)
+}
+
+/// The inode that identifies a network namespace (as `ip netns`, `lsns`
+/// and `bpftool link` show it).
+pub fn netns_inode(netns: &File) -> u64 {
+    netns.metadata().map(|m| m.ino()).unwrap_or(0)
+}
+
+/// The cookie of `netns`, as `bpf_get_netns_cookie` returns it inside it.
+/// A socket must be created inside the namespace to ask; a namespace
+/// switch is per thread, so a short-lived thread does it.
+pub fn netns_cookie(netns: &File) -> Result<u64, KernelError> {
+    let netns = netns
+        .try_clone()
+        .map_err(|e| KernelError::io("duplicating the netns fd".into(), e))?;
+    std::thread::spawn(move || -> Result<u64, KernelError> {
+        setns(netns.as_fd(), CloneFlags::CLONE_NEWNET)
+            .map_err(|e| KernelError::io("entering the target network namespace".into(), e.into()))?;
+        let sock = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)
+            .map_err(|e| KernelError::io("creating a socket in the target network namespace".into(), e.into()))?;
+        getsockopt(&sock, NetnsCookie)
+            .map_err(|e| KernelError::io("reading SO_NETNS_COOKIE (kernel >= 5.14)".into(), e.into()))
+    })
+    .join()
+    .unwrap_or_else(|_| Err(KernelError::io("netns cookie thread".into(), std::io::Error::other("panicked"))))
+}
+
+/// Makes `pin_dir` an existing directory on bpffs (mode 0700), mounting
+/// bpffs at its parent when the parent is not on bpffs yet. Returns whether
+/// a mount was made.
+pub fn ensure_bpffs(pin_dir: &Path) -> Result<bool, KernelError> {
+    if pin_dir.is_dir() {
+        return if fs_type(pin_dir) == Some(BPF_FS_MAGIC) {
+            Ok(false)
+        } else {
+            Err(KernelError::PinDirNotBpffs(pin_dir.to_path_buf()))
+        };
+    }
+    let parent = pin_dir.parent().ok_or_else(|| KernelError::PinDirNotBpffs(pin_dir.to_path_buf()))?;
+    // The nearest existing ancestor tells whether bpffs is already there.
+    let ancestor = parent.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
+    let mut mounted = false;
+    if fs_type(ancestor) != Some(BPF_FS_MAGIC) {
+        fs::create_dir_all(parent)
+            .map_err(|e| KernelError::io(format!("creating {} to mount bpffs on", parent.display()), e))?;
+        mount(Some("bpf"), parent, Some("bpf"), MsFlags::empty(), Some("mode=0700"))
+            .map_err(|e| KernelError::MountBpffs(parent.to_path_buf(), e.desc().to_owned()))?;
+        mounted = true;
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(pin_dir)
+        .map_err(|e| KernelError::io(format!("creating the pin directory {}", pin_dir.display()), e))?;
+    Ok(mounted)
+}
+
+/// Whether `path` is on bpffs (dump uses this to explain an empty answer).
+pub fn is_bpffs(path: &Path) -> bool {
+    fs_type(path) == Some(BPF_FS_MAGIC)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn releases_parse() {
+        assert_eq!(parse_release("6.18.44-fc-v657"), Some((6, 18)));
+        assert_eq!(parse_release("5.15.0-91-generic"), Some((5, 15)));
+        assert_eq!(parse_release("4.19"), Some((4, 19)));
+        assert_eq!(parse_release("garbage"), None);
+    }
+
+    #[test]
+    fn old_kernels_are_refused_with_the_reason() {
+        assert!(check_kernel((6, 18)).is_ok());
+        assert!(check_kernel((5, 15)).is_ok());
+        let e = check_kernel((5, 10)).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "kernel 5.10 is too old: limiter needs 5.15 or newer (sk_lookup needs 5.9, \
+             bpf_get_netns_cookie in sock_ops 5.15)"
+        );
+        assert!(check_kernel((4, 19)).is_err());
+    }
+
+    #[test]
+    fn mount_points_unescape() {
+        assert_eq!(unescape_mount("/sys/fs/cgroup/unified"), "/sys/fs/cgroup/unified");
+        assert_eq!(unescape_mount("/mnt/a\\040b"), "/mnt/a b");
+    }
+}

@@ -1,0 +1,21 @@
+//! limiter: a node daemon that keeps servers alive under overload by
+//! admitting or refusing work from one set of limits.
+//!
+//! Layout:
+//! - [`config`]: the configuration file (grammar, keys, defaults, errors);
+//! - [`kernel`]: the eBPF gate (load, pin, adopt, unload, read the maps),
+//!   with [`kernel::env`] probing privileges, kernel, cgroup v2, bpffs;
+//! - [`daemon`]: `limiter run` (signals, reload, lifecycle);
+//! - [`admin`]: the admin listener (`/metrics`, `/status`);
+//! - [`metrics`]: Prometheus text exposition;
+//! - [`dump`]: `limiter dump`, from the pins and the admin listener.
+//!
+//! `main.rs` only parses the command line and calls into these.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod config;
+pub mod daemon;
+pub mod dump;
+pub mod kernel;
+pub mod metrics;

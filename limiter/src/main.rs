@@ -1,0 +1,182 @@
+//! The `limiter` command: parses the command line, calls the library.
+#![forbid(unsafe_code)]
+
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
+
+use clap::{Args, Parser, Subcommand};
+use limiter::{
+    config::{Config, defaults},
+    daemon::{self, RunOptions},
+    dump, kernel,
+};
+
+#[derive(Parser)]
+#[command(name = "limiter", version, about = "Refuses work at the SYN and at HTTP before a server drowns")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Load (or adopt) the kernel gate and run the daemon.
+    Run {
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        /// Remove the kernel gate when the daemon stops (demos, tests).
+        #[arg(long)]
+        unload_on_exit: bool,
+        /// Log as JSON lines instead of human-readable text.
+        #[arg(long)]
+        log_json: bool,
+    },
+    /// Validate a configuration file and print what it means.
+    CheckConfig { file: PathBuf },
+    /// Show the pinned kernel counters (works while the daemon is down).
+    Dump {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        target: PinTarget,
+    },
+    /// Detach the kernel gate and remove the daemon's own pins.
+    Unload {
+        #[command(flatten)]
+        target: PinTarget,
+    },
+}
+
+#[derive(Args)]
+#[group(multiple = false)]
+struct PinTarget {
+    /// Take the pin path and admin address from this configuration file.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The pin directory (default /sys/fs/bpf/limiter).
+    #[arg(long, value_name = "DIR")]
+    pin_path: Option<PathBuf>,
+}
+
+impl PinTarget {
+    fn resolve(&self) -> Result<(PathBuf, SocketAddr), String> {
+        match (&self.config, &self.pin_path) {
+            (Some(file), _) => {
+                let c = Config::load(file).map_err(|e| e.to_string())?;
+                Ok((c.kernel.pin_path, c.admin.listen))
+            }
+            (None, path) => Ok((
+                path.clone().unwrap_or_else(|| PathBuf::from(defaults::PIN_PATH)),
+                defaults::ADMIN_LISTEN.parse().expect("valid default"),
+            )),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run { config, unload_on_exit, log_json } => {
+            init_logging(log_json);
+            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => return fail(format!("starting the runtime: {e}")),
+            };
+            match runtime.block_on(daemon::run(RunOptions { config_path: config, unload_on_exit })) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e.to_string()),
+            }
+        }
+        Command::CheckConfig { file } => match Config::load(&file) {
+            Ok(c) => out(&describe(&c)),
+            Err(e) => {
+                eprintln!("limiter: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Dump { json, target } => {
+            let (pin_path, admin) = match target.resolve() {
+                Ok(t) => t,
+                Err(e) => return fail(e),
+            };
+            let snap = match dump::snapshot(&pin_path) {
+                Ok(s) => s,
+                Err(e) => return fail(e.to_string()),
+            };
+            let daemon = dump::daemon_view(admin);
+            let text = if json {
+                format!("{:#}\n", dump::json(&snap, &daemon))
+            } else {
+                dump::table(&snap, &daemon)
+            };
+            out(&text)
+        }
+        Command::Unload { target } => {
+            let (pin_path, _) = match target.resolve() {
+                Ok(t) => t,
+                Err(e) => return fail(e),
+            };
+            match kernel::unload(&pin_path) {
+                Ok(out) => {
+                    for path in &out.removed {
+                        println!("removed {}", path.display());
+                    }
+                    for path in &out.foreign {
+                        println!("left {} (not limiter's)", path.display());
+                    }
+                    println!("kernel gate unloaded from {}", pin_path.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e.to_string()),
+            }
+        }
+    }
+}
+
+fn describe(c: &Config) -> String {
+    let ports: Vec<String> = c.kernel.ports.iter().map(|(p, m)| format!("{p}:{m}")).collect();
+    let unlimited = |n: u32| if n == 0 { "unlimited".to_owned() } else { n.to_string() };
+    format!(
+        "{}: OK\n  kernel.ports       {}\n  kernel.pinPath     {}\n  kernel.cgroup      {}\n  kernel.netns       {}\n  \
+         http               maxThreads {} -> normal pool {}, /debug/ slots {}; per session {}; web clients {}\n  \
+         admin.listen       {}\n  ignored keys       {} (the business runtime's)\n",
+        c.source.as_ref().map_or("<config>".into(), |p| p.display().to_string()),
+        if ports.is_empty() { "(none: count only)".into() } else { ports.join(", ") },
+        c.kernel.pin_path.display(),
+        c.kernel.cgroup.as_ref().map_or("(the cgroup v2 root)".into(), |p| p.display().to_string()),
+        c.kernel.netns.as_ref().map_or("(the daemon's own)".into(), |p| p.display().to_string()),
+        c.http.max_threads,
+        c.http.normal_limit(),
+        defaults::DEBUG_SLOTS,
+        unlimited(c.http.max_session_connections),
+        unlimited(c.http.max_web_connections),
+        c.admin.listen,
+        c.ignored.len(),
+    )
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LIMITER_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Prints to stdout; a closed pipe (`limiter dump | head`) is not an error.
+fn out(text: &str) -> ExitCode {
+    use std::io::Write as _;
+    match std::io::stdout().write_all(text.as_bytes()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => fail(format!("writing to stdout: {e}")),
+    }
+}
+
+fn fail(message: String) -> ExitCode {
+    eprintln!("limiter: {message}");
+    ExitCode::FAILURE
+}

@@ -1,0 +1,5 @@
+use anyhow::{Result, bail};
+
+pub fn main(_args: &[String]) -> Result<()> {
+    bail!("no benchmarks yet")
+}

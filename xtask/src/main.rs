@@ -1,0 +1,120 @@
+//! `cargo xtask VERB`: the project's build, set-up, test and benchmark verbs.
+//!
+//! Every verb that builds first runs [`setup::ensure`], which installs only
+//! what is missing (nightly rust-src, LLVM 22, bpf-linker) and costs about a
+//! second when everything is present.
+
+mod bench;
+mod setup;
+
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+const USAGE: &str = "\
+usage: cargo xtask VERB [ARGS]
+
+  setup                      check and install the build prerequisites
+  run [--config FILE] [ARGS] build the daemon and run it (default: examples/limiter.ini,
+                             unloading the kernel gate on exit)
+  test [FILTER]              set up, then run every test: unit tests, then the
+                             real-kernel and HTTP tests one at a time (needs root)
+  bench kernel               accept/refuse rates and per-program cost against
+                             iptables connlimit; writes BENCHMARKS.md
+";
+
+fn main() {
+    if let Err(e) = real_main() {
+        eprintln!("xtask: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn real_main() -> Result<()> {
+    let mut args = env::args().skip(1);
+    let verb = args.next().unwrap_or_default();
+    let rest: Vec<String> = args.collect();
+    match verb.as_str() {
+        "setup" => setup::ensure(setup::Purpose::Test),
+        "run" => run(&rest),
+        "test" => test(&rest),
+        "bench" => bench::main(&rest),
+        "" | "-h" | "--help" | "help" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => bail!("unknown verb `{other}`\n{USAGE}"),
+    }
+}
+
+/// The workspace root (xtask lives one level below it).
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask has a parent").to_path_buf()
+}
+
+pub fn cargo() -> Command {
+    let mut cmd = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(root());
+    cmd
+}
+
+pub fn status(what: &str, cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("{what}: could not start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{what} failed ({status})");
+    }
+    Ok(())
+}
+
+/// Builds the daemon in the given profile and returns the binary's path.
+pub fn build_daemon(release: bool) -> Result<PathBuf> {
+    let mut cmd = cargo();
+    cmd.args(["build", "--package", "limiter", "--bin", "limiter"]);
+    if release {
+        cmd.arg("--release");
+    }
+    status("building the daemon", &mut cmd)?;
+    Ok(root().join("target").join(if release { "release" } else { "debug" }).join("limiter"))
+}
+
+fn run(args: &[String]) -> Result<()> {
+    setup::ensure(setup::Purpose::Build)?;
+    let bin = build_daemon(true)?;
+    let mut daemon_args: Vec<String> = vec!["run".into()];
+    if !args.iter().any(|a| a == "--config") {
+        daemon_args.push("--config".into());
+        daemon_args.push(root().join("examples/limiter.ini").display().to_string());
+        // The demo cleans up after itself; a real deployment keeps the gate.
+        daemon_args.push("--unload-on-exit".into());
+    }
+    daemon_args.extend(args.iter().cloned());
+    eprintln!("xtask: {} {}", bin.display(), daemon_args.join(" "));
+    status("the daemon", Command::new(bin).args(daemon_args))
+}
+
+fn test(filter: &[String]) -> Result<()> {
+    setup::ensure(setup::Purpose::Test)?;
+    // Unit tests: pure logic, no kernel, run in parallel.
+    let mut unit = cargo();
+    unit.args(["test", "--package", "limiter-common", "--package", "limiter", "--package", "xtask"])
+        .env("LIMITER_SETUP_DONE", "1");
+    if !filter.is_empty() {
+        unit.arg("--").args(filter);
+    }
+    status("unit tests", &mut unit)?;
+
+    // Integration tests: the real kernel, real sockets. A network namespace
+    // switch is per thread and cgroup membership per process, so one at a time.
+    let bin = build_daemon(false)?;
+    let mut integration = cargo();
+    integration
+        .args(["test", "--package", "limiter-tests", "--", "--test-threads=1"])
+        .args(filter)
+        .env("LIMITER_BIN", &bin)
+        .env("LIMITER_REQUIRE_KERNEL", "1");
+    status("integration tests", &mut integration)
+}
