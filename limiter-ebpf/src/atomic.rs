@@ -2,7 +2,10 @@
 //! no `AtomicU64` methods (it declares no compare-and-swap), so these use
 //! the intrinsics LLVM lowers to BPF atomic instructions.
 
-use core::intrinsics::{AtomicOrdering::{Relaxed, SeqCst}, atomic_cxchg, atomic_xadd, atomic_xsub};
+use core::intrinsics::{
+    AtomicOrdering::{Relaxed, SeqCst},
+    atomic_cxchg, atomic_xadd, atomic_xsub,
+};
 
 /// Adds `value` and returns the previous value.
 ///
@@ -45,7 +48,8 @@ pub unsafe fn raise(dst: *mut u64, value: u64) {
             return;
         }
         // SAFETY: forwarded to the caller.
-        let (now, swapped) = unsafe { atomic_cxchg::<u64, { Relaxed }, { Relaxed }>(dst, seen, value) };
+        let (now, swapped) =
+            unsafe { atomic_cxchg::<u64, { Relaxed }, { Relaxed }>(dst, seen, value) };
         if swapped {
             return;
         }

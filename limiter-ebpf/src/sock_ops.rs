@@ -65,7 +65,11 @@ fn on_established(ctx: &SockOpsContext) {
         untracked(settings);
         return;
     }
-    let mut mark = SockMark { port, _pad: 0, counted: 1 };
+    let mut mark = SockMark {
+        port,
+        _pad: 0,
+        counted: 1,
+    };
     let Some(stored) = sock_mark(ctx, &mut mark, BPF_SK_STORAGE_GET_F_CREATE.into()) else {
         untracked(settings);
         return;
@@ -121,7 +125,8 @@ fn sock_mark(ctx: &SockOpsContext, init: *mut SockMark, flags: u64) -> Option<*m
     }
     let map = ptr::from_ref(&LIMITER_SOCKS).cast_mut().cast::<c_void>();
     // SAFETY: `sk` is the non-null full socket of this callback.
-    let stored = unsafe { bpf_sk_storage_get(map, sk.cast(), init.cast(), flags) }.cast::<SockMark>();
+    let stored =
+        unsafe { bpf_sk_storage_get(map, sk.cast(), init.cast(), flags) }.cast::<SockMark>();
     (!stored.is_null()).then_some(stored)
 }
 

@@ -198,9 +198,8 @@ fn owner(key: &str) -> Owner {
         "http.listen",
         "http.upstream",
     ];
-    if key.starts_with("kernel.") || key.starts_with("breaker.") || key.starts_with("admin.") {
-        Owner::Daemon
-    } else if OWNED_HTTP.contains(&key) {
+    let namespace = key.split('.').next().unwrap_or("");
+    if matches!(namespace, "kernel" | "breaker" | "admin") || OWNED_HTTP.contains(&key) {
         Owner::Daemon
     } else {
         Owner::Runtime
@@ -243,25 +242,45 @@ impl Config {
             }
             if let Some(header) = content.strip_prefix('[') {
                 let Some(inner) = header.strip_suffix(']') else {
-                    return Err(err(None, None, format!("malformed section header `{content}`")));
+                    return Err(err(
+                        None,
+                        None,
+                        format!("malformed section header `{content}`"),
+                    ));
                 };
                 let inner = inner.trim();
                 if inner.is_empty() || inner.contains(char::is_whitespace) {
-                    return Err(err(None, None, format!("malformed section header `{content}`")));
+                    return Err(err(
+                        None,
+                        None,
+                        format!("malformed section header `{content}`"),
+                    ));
                 }
                 section = inner.to_owned();
                 continue;
             }
             let Some((key, value)) = content.split_once('=') else {
-                return Err(err(None, None, format!("expected `key = value`, found `{content}`")));
+                return Err(err(
+                    None,
+                    None,
+                    format!("expected `key = value`, found `{content}`"),
+                ));
             };
             let (key, value) = (key.trim(), value.trim());
             if key.is_empty() || key.contains(char::is_whitespace) {
                 return Err(err(None, None, format!("malformed key in `{content}`")));
             }
-            let key = if section.is_empty() { key.to_owned() } else { format!("{section}.{key}") };
+            let key = if section.is_empty() {
+                key.to_owned()
+            } else {
+                format!("{section}.{key}")
+            };
             if let Some(first) = seen.insert(key.clone(), line) {
-                return Err(err(Some(&key), None, format!("given twice (first at line {first})")));
+                return Err(err(
+                    Some(&key),
+                    None,
+                    format!("given twice (first at line {first})"),
+                ));
             }
             match owner(&key) {
                 Owner::Runtime => config.ignored.push(key),
@@ -288,17 +307,25 @@ impl Config {
             "kernel.cgroup" => self.kernel.cgroup = Some(absolute_path(value)?),
             "kernel.netns" => self.kernel.netns = Some(absolute_path(value)?),
             "http.maxThreads" => self.http.max_threads = int_at_least(value, MIN_MAX_THREADS)?,
-            "http.maxSessionConnections" => self.http.max_session_connections = int_at_least(value, 0)?,
+            "http.maxSessionConnections" => {
+                self.http.max_session_connections = int_at_least(value, 0)?
+            }
             "http.maxWebConnections" => self.http.max_web_connections = int_at_least(value, 0)?,
             "http.listen" => self.http.listen = socket_addr(value)?,
             "http.upstream" => self.http.upstream = Some(upstream(value)?),
             "breaker.threshold" => self.breaker.threshold = ratio(value)?,
             "breaker.minRequests" => self.breaker.min_requests = int_at_least(value, 1)?,
-            "breaker.sleepWindowMs" => self.breaker.sleep_window_ms = u64::from(int_at_least(value, 1)?),
+            "breaker.sleepWindowMs" => {
+                self.breaker.sleep_window_ms = u64::from(int_at_least(value, 1)?)
+            }
             "breaker.windowMs" => self.breaker.window_ms = u64::from(int_at_least(value, 1)?),
             "breaker.bucketMs" => self.breaker.bucket_ms = u64::from(int_at_least(value, 1)?),
-            "breaker.halfOpenMaxProbes" => self.breaker.half_open_max_probes = int_at_least(value, 1)?,
-            "breaker.halfOpenSuccesses" => self.breaker.half_open_successes = int_at_least(value, 1)?,
+            "breaker.halfOpenMaxProbes" => {
+                self.breaker.half_open_max_probes = int_at_least(value, 1)?
+            }
+            "breaker.halfOpenSuccesses" => {
+                self.breaker.half_open_successes = int_at_least(value, 1)?
+            }
             "breaker.failureStatuses" => self.breaker.failure_statuses = statuses(value)?,
             "breaker.bypassDebug" => self.breaker.bypass_debug = boolean(value)?,
             "admin.listen" => self.admin.listen = socket_addr(value)?,
@@ -318,17 +345,26 @@ impl Config {
         if b.bucket_ms > b.window_ms {
             return Err((
                 "breaker.bucketMs",
-                format!("{} ms buckets do not fit in a {} ms window", b.bucket_ms, b.window_ms),
+                format!(
+                    "{} ms buckets do not fit in a {} ms window",
+                    b.bucket_ms, b.window_ms
+                ),
             ));
         }
-        if b.window_ms % b.bucket_ms != 0 {
+        if !b.window_ms.is_multiple_of(b.bucket_ms) {
             return Err((
                 "breaker.windowMs",
-                format!("{} ms is not a whole number of {} ms buckets", b.window_ms, b.bucket_ms),
+                format!(
+                    "{} ms is not a whole number of {} ms buckets",
+                    b.window_ms, b.bucket_ms
+                ),
             ));
         }
         if b.window_ms / b.bucket_ms > 3600 {
-            return Err(("breaker.windowMs", "more than 3600 buckets; use larger buckets".into()));
+            return Err((
+                "breaker.windowMs",
+                "more than 3600 buckets; use larger buckets".into(),
+            ));
         }
         Ok(())
     }
@@ -357,7 +393,9 @@ fn strip_comment(line: &str) -> &str {
 }
 
 fn int_at_least(value: &str, min: u32) -> Result<u32, String> {
-    let n: i64 = value.parse().map_err(|_| format!("not a whole number (expected at least {min})"))?;
+    let n: i64 = value
+        .parse()
+        .map_err(|_| format!("not a whole number (expected at least {min})"))?;
     if n < i64::from(min) {
         return Err(format!("must be at least {min}"));
     }
@@ -365,7 +403,9 @@ fn int_at_least(value: &str, min: u32) -> Result<u32, String> {
 }
 
 fn ratio(value: &str) -> Result<f64, String> {
-    let x: f64 = value.parse().map_err(|_| "not a number (expected a ratio such as 0.5)".to_owned())?;
+    let x: f64 = value
+        .parse()
+        .map_err(|_| "not a number (expected a ratio such as 0.5)".to_owned())?;
     if !(x > 0.0 && x < 1.0) {
         return Err("must be above 0 and below 1".into());
     }
@@ -398,7 +438,9 @@ fn upstream(value: &str) -> Result<String, String> {
     let rest = value.strip_prefix("http://").unwrap_or(value);
     let rest = rest.trim_end_matches('/');
     if rest.starts_with("https://") || value.starts_with("https://") {
-        return Err("TLS to the upstream is not supported; give host:port of a plain HTTP upstream".into());
+        return Err(
+            "TLS to the upstream is not supported; give host:port of a plain HTTP upstream".into(),
+        );
     }
     let Some((host, port)) = rest.rsplit_once(':') else {
         return Err("expected host:port (or http://host:port)".into());
@@ -451,7 +493,10 @@ fn statuses(value: &str) -> Result<Vec<(u16, u16)>, String> {
     for item in value.split(',').map(str::trim) {
         let (lo, hi) = item.split_once('-').unwrap_or((item, item));
         let parse = |s: &str| -> Result<u16, String> {
-            let n: u16 = s.trim().parse().map_err(|_| format!("`{item}`: not a status code"))?;
+            let n: u16 = s
+                .trim()
+                .parse()
+                .map_err(|_| format!("`{item}`: not a status code"))?;
             if !(100..=599).contains(&n) {
                 return Err(format!("`{item}`: statuses are 100-599"));
             }

@@ -1,0 +1,527 @@
+//! Harness for limiter's black-box tests: a throwaway network namespace and
+//! child cgroup per test, the real daemon binary, real sockets.
+//!
+//! Why it is shaped like this (TOOLCHAIN.md): a network namespace switch
+//! applies to one thread, cgroup membership to a whole process, and a socket
+//! keeps the namespace and cgroup it was created in. So sockets are created
+//! on short-lived threads that entered the test's namespace, and a
+//! listener is created while this process sits in the test's cgroup (it is
+//! moved back at once); accepted sockets inherit the listener's cgroup.
+//! Tests therefore run one at a time (`--test-threads=1`).
+//!
+//! The daemon itself runs in the host's namespace and is pointed at the
+//! test's namespace and cgroup by its configuration, as an operator would
+//! point it at a container's.
+
+use std::{
+    fs::{self, File},
+    io::{self, Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    os::fd::AsFd as _,
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use nix::{
+    sched::{CloneFlags, setns},
+    sys::signal::{Signal, kill},
+    unistd::Pid,
+};
+use serde_json::Value;
+
+pub const CGROUP_ROOT: &str = "/sys/fs/cgroup/unified";
+
+/// The daemon binary under test.
+pub fn limiter_bin() -> PathBuf {
+    std::env::var_os("LIMITER_BIN").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/limiter"),
+        PathBuf::from,
+    )
+}
+
+/// Runs `limiter ARGS` to completion.
+pub fn limiter(args: &[&str]) -> Output {
+    Command::new(limiter_bin())
+        .args(args)
+        .output()
+        .expect("run limiter")
+}
+
+/// Whether this process may run kernel tests. Under `cargo xtask test`
+/// (`LIMITER_REQUIRE_KERNEL=1`) a missing privilege is a failure, never a
+/// silent pass.
+pub fn kernel_tests_allowed() -> bool {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let caps = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        .unwrap_or(0);
+    let privileged = caps & (1 << 39) != 0 && caps & (1 << 12) != 0 && caps & (1 << 21) != 0;
+    if !privileged {
+        assert!(
+            std::env::var_os("LIMITER_REQUIRE_KERNEL").is_none(),
+            "kernel tests need root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN)"
+        );
+        eprintln!("SKIPPED: kernel tests need root");
+    }
+    privileged
+}
+
+/// Skips the calling test (visibly) unless kernel tests can run.
+#[macro_export]
+macro_rules! require_kernel {
+    () => {
+        if !$crate::kernel_tests_allowed() {
+            return;
+        }
+    };
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// One test's network namespace, cgroup and pin directory, removed on drop.
+pub struct Sandbox {
+    pub name: String,
+    pub netns_path: PathBuf,
+    pub cgroup: PathBuf,
+    pub pin_path: PathBuf,
+    pub dir: PathBuf,
+    netns: File,
+    home_cgroup: PathBuf,
+}
+
+impl Sandbox {
+    pub fn new() -> Result<Self> {
+        let name = format!(
+            "lt-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        run("ip", &["netns", "add", &name])?;
+        run("ip", &["-n", &name, "link", "set", "lo", "up"])?;
+        let netns_path = PathBuf::from(format!("/var/run/netns/{name}"));
+        let netns = File::open(&netns_path).context("open netns")?;
+        let cgroup = Path::new(CGROUP_ROOT).join(&name);
+        fs::create_dir(&cgroup).context("create child cgroup")?;
+        let dir = std::env::temp_dir().join(&name);
+        fs::create_dir_all(&dir)?;
+        Ok(Self {
+            pin_path: PathBuf::from(format!("/sys/fs/bpf/{name}")),
+            home_cgroup: home_cgroup()?,
+            netns_path,
+            netns,
+            cgroup,
+            dir,
+            name,
+        })
+    }
+
+    /// A new handle on this namespace, for threads that enter it.
+    pub fn netns_file(&self) -> File {
+        self.netns.try_clone().expect("dup netns fd")
+    }
+
+    /// The inode `bpftool link` reports for this namespace.
+    pub fn netns_inode(&self) -> u64 {
+        self.netns.metadata().map(|m| m.ino()).unwrap_or(0)
+    }
+
+    /// Writes a configuration targeting this sandbox; `extra` is appended.
+    pub fn config(&self, ports: &str, extra: &str) -> PathBuf {
+        let path = self.dir.join("limiter.ini");
+        let text = format!(
+            "kernel.ports = {ports}\nkernel.pinPath = {}\nkernel.cgroup = {}\nkernel.netns = {}\nadmin.listen = 127.0.0.1:{}\n{extra}",
+            self.pin_path.display(),
+            self.cgroup.display(),
+            self.netns_path.display(),
+            free_port(),
+        );
+        fs::write(&path, text).expect("write config");
+        path
+    }
+
+    /// Runs `f` on a thread inside this namespace.
+    pub fn in_netns<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let netns = self.netns.try_clone().expect("dup netns fd");
+        std::thread::spawn(move || {
+            setns(netns.as_fd(), CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .expect("netns thread")
+    }
+
+    /// Runs `f` while this whole process sits in the sandbox cgroup.
+    fn in_cgroup<T>(&self, f: impl FnOnce() -> T) -> T {
+        let pid = std::process::id().to_string();
+        fs::write(self.cgroup.join("cgroup.procs"), &pid).expect("enter cgroup");
+        let out = f();
+        fs::write(self.home_cgroup.join("cgroup.procs"), &pid).expect("leave cgroup");
+        out
+    }
+
+    /// A TCP listener on `addr` (in this namespace, in this cgroup, so the
+    /// gate counts its connections).
+    pub fn listen(&self, addr: &str, backlog: i32) -> TcpListener {
+        self.in_cgroup(|| self.listen_uncounted_with(addr, backlog))
+    }
+
+    /// A listener in this namespace but outside the cgroup: not counted.
+    pub fn listen_uncounted(&self, addr: &str) -> TcpListener {
+        self.listen_uncounted_with(addr, 128)
+    }
+
+    fn listen_uncounted_with(&self, addr: &str, backlog: i32) -> TcpListener {
+        let addr: SocketAddr = addr.parse().expect("address");
+        self.in_netns(move || {
+            let domain = socket2::Domain::for_address(addr);
+            let s = socket2::Socket::new(domain, socket2::Type::STREAM, None).expect("socket");
+            s.set_reuse_address(true).expect("SO_REUSEADDR");
+            if addr.is_ipv6() {
+                s.set_only_v6(true).expect("IPV6_V6ONLY");
+            }
+            s.bind(&addr.into()).expect("bind");
+            s.listen(backlog).expect("listen");
+            TcpListener::from(s)
+        })
+    }
+
+    /// A client connection made from inside the counted cgroup.
+    pub fn connect_from_cgroup(&self, addr: &str) -> io::Result<TcpStream> {
+        self.in_cgroup(|| self.connect(addr))
+    }
+
+    /// A UDP socket bound in this namespace.
+    pub fn udp(&self, addr: &str) -> UdpSocket {
+        let addr = addr.to_owned();
+        self.in_netns(move || UdpSocket::bind(addr).expect("bind udp"))
+    }
+
+    /// A blocking client connection (client sockets live in the test's own
+    /// cgroup, so they are never counted).
+    pub fn connect(&self, addr: &str) -> io::Result<TcpStream> {
+        let addr: SocketAddr = addr.parse().expect("address");
+        self.in_netns(move || TcpStream::connect_timeout(&addr, Duration::from_secs(3)))
+    }
+
+    /// `n` non-blocking connects fired back to back from one thread per
+    /// CPU at once (so handshakes race on every CPU); returns the sockets.
+    pub fn connect_burst(&self, addr: &str, n: usize) -> Vec<socket2::Socket> {
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let start = std::sync::Arc::new(std::sync::Barrier::new(threads));
+        let handles: Vec<_> = (0..threads)
+            .map(|i| {
+                let share = n / threads + usize::from(i < n % threads);
+                let netns = self.netns.try_clone().expect("dup netns fd");
+                let start = start.clone();
+                let addr = addr.to_owned();
+                std::thread::spawn(move || {
+                    setns(netns.as_fd(), CloneFlags::CLONE_NEWNET).expect("setns");
+                    start.wait();
+                    connect_nonblocking(&addr, share)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("burst thread"))
+            .collect()
+    }
+}
+
+/// `n` non-blocking connects from the calling thread's namespace.
+fn connect_nonblocking(addr: &str, n: usize) -> Vec<socket2::Socket> {
+    let addr: SocketAddr = addr.parse().expect("address");
+    {
+        {
+            (0..n)
+                .map(|_| {
+                    let s = socket2::Socket::new(
+                        socket2::Domain::for_address(addr),
+                        socket2::Type::STREAM,
+                        None,
+                    )
+                    .expect("socket");
+                    s.set_nonblocking(true).expect("nonblocking");
+                    let _ = s.connect(&addr.into()); // EINPROGRESS or ECONNREFUSED
+                    s
+                })
+                .collect()
+        }
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        // Only this sandbox's own objects, by their own names.
+        if self.pin_path.exists() {
+            for entry in fs::read_dir(&self.pin_path).into_iter().flatten().flatten() {
+                let _ = fs::remove_file(entry.path());
+            }
+            let _ = fs::remove_dir(&self.pin_path);
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+        let _ = fs::remove_dir(&self.cgroup);
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// This process's cgroup v2 directory, from `/proc/self/cgroup` ("0::/path").
+fn home_cgroup() -> Result<PathBuf> {
+    let text = fs::read_to_string("/proc/self/cgroup")?;
+    let rel = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .context("no cgroup v2 line in /proc/self/cgroup")?;
+    Ok(Path::new(CGROUP_ROOT).join(rel.trim_start_matches('/')))
+}
+
+/// A port free on the host's loopback right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+pub fn run(cmd: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .with_context(|| format!("run {cmd}"))?;
+    ensure!(
+        out.status.success(),
+        "{cmd} {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A running daemon, killed (by its own pid) on drop.
+pub struct Daemon {
+    child: Child,
+    pub config: PathBuf,
+    pub admin: SocketAddr,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `limiter run --config CONFIG` and waits until its admin
+    /// listener answers.
+    pub fn start(config: &Path, extra_args: &[&str]) -> Result<Self> {
+        let text = fs::read_to_string(config)?;
+        let admin: SocketAddr = text
+            .lines()
+            .find_map(|l| l.strip_prefix("admin.listen = "))
+            .context("config has admin.listen")?
+            .parse()?;
+        let log = config.with_extension(format!("log.{}", SEQ.fetch_add(1, Ordering::Relaxed)));
+        let child = Command::new(limiter_bin())
+            .arg("run")
+            .arg("--config")
+            .arg(config)
+            .args(extra_args)
+            .stdout(Stdio::null())
+            .stderr(File::create(&log)?)
+            .env("LIMITER_LOG", "debug")
+            .spawn()?;
+        let mut daemon = Self {
+            child,
+            config: config.to_path_buf(),
+            admin,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(status) = daemon.child.try_wait()? {
+                bail!(
+                    "daemon exited during start-up ({status}):\n{}",
+                    daemon.log()
+                );
+            }
+            if http_get(admin, "/healthz").is_ok() {
+                return Ok(daemon);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bail!(
+            "daemon did not answer on {admin} within 10 s:\n{}",
+            daemon.log()
+        )
+    }
+
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.id() as i32)
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn signal(&self, signal: Signal) {
+        kill(self.pid(), signal).expect("signal the daemon");
+    }
+
+    /// Sends SIGHUP and waits until the log shows the reload's outcome.
+    pub fn reload(&self) -> String {
+        let before = self.log().matches("reload").count();
+        self.signal(Signal::SIGHUP);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            let log = self.log();
+            if log.matches("reload").count() > before {
+                return log
+                    .lines()
+                    .rfind(|l| l.contains("reload"))
+                    .unwrap_or("")
+                    .to_owned();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("no reload outcome logged:\n{}", self.log());
+    }
+
+    /// Waits for the daemon to exit and returns its status code.
+    pub fn wait(&mut self) -> Option<i32> {
+        self.child.wait().ok().and_then(|s| s.code())
+    }
+
+    pub fn metrics(&self) -> String {
+        http_get(self.admin, "/metrics").expect("GET /metrics")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A one-shot HTTP/1.0 GET returning the body of a 200.
+pub fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n")?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let (head, body) = raw.split_once("\r\n\r\n").context("no header end")?;
+    ensure!(
+        head.split_whitespace().nth(1) == Some("200"),
+        "status: {head}"
+    );
+    Ok(body.to_owned())
+}
+
+/// The kernel part of `limiter dump --json --pin-path DIR`.
+pub fn dump(pin_path: &Path) -> Value {
+    let out = limiter(&[
+        "dump",
+        "--json",
+        "--pin-path",
+        pin_path.to_str().expect("utf-8"),
+    ]);
+    assert!(
+        out.status.success(),
+        "dump failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("dump --json is JSON")
+}
+
+/// One port's row from a dump (all zero if the port has none).
+pub fn port(dump: &Value, port: u16) -> PortView {
+    let row = dump["kernel"]["ports"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["port"] == port))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let n = |k: &str| row[k].as_u64().unwrap_or(0);
+    PortView {
+        limit: row["limit"].as_u64(),
+        established: n("established"),
+        high_watermark: n("high_watermark"),
+        admitted: n("admitted"),
+        refused: n("refused"),
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortView {
+    pub limit: Option<u64>,
+    pub established: u64,
+    pub high_watermark: u64,
+    pub admitted: u64,
+    pub refused: u64,
+}
+
+/// Polls the dump until `port`'s established count is `want` (closes are
+/// processed asynchronously by the kernel), then returns the row; panics
+/// with the last row seen after 5 s.
+pub fn wait_established(pin_path: &Path, p: u16, want: u64) -> PortView {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let row = port(&dump(pin_path), p);
+        if row.established == want {
+            return row;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "port {p}: established stayed {} (want {want}): {row:?}",
+            row.established
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Accepts until `n` connections are held (with a deadline).
+pub fn accept_n(listener: &TcpListener, n: usize) -> Vec<TcpStream> {
+    listener.set_nonblocking(false).expect("blocking");
+    (0..n)
+        .map(|_| listener.accept().expect("accept").0)
+        .collect()
+}
+
+/// Whether the listener has nothing waiting to be accepted.
+pub fn accept_queue_empty(listener: &TcpListener) -> bool {
+    listener.set_nonblocking(true).expect("nonblocking");
+    let empty = matches!(listener.accept(), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+    listener.set_nonblocking(false).expect("blocking");
+    empty
+}
+
+/// Sets SO_LINGER to zero so that closing sends a RST.
+pub fn reset_on_close(stream: &TcpStream) {
+    socket2::SockRef::from(stream)
+        .set_linger(Some(Duration::ZERO))
+        .expect("SO_LINGER");
+}
+
+/// Writes a line on `client` and expects it echoed back by `server`'s
+/// side (the test plays both ends).
+pub fn carries_data(client: &mut TcpStream, server: &mut TcpStream) -> bool {
+    let msg = b"ping\n";
+    if client.write_all(msg).is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 5];
+    server.set_read_timeout(Some(Duration::from_secs(2))).ok();
+    if server.read_exact(&mut buf).is_err() || &buf != msg {
+        return false;
+    }
+    if server.write_all(&buf).is_err() {
+        return false;
+    }
+    client.set_read_timeout(Some(Duration::from_secs(2))).ok();
+    client.read_exact(&mut buf).is_ok() && &buf == msg
+}

@@ -23,7 +23,12 @@ pub const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 pub const NIGHTLY: &str = "nightly";
 
 /// Debian packages bpf-linker links against.
-pub const BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev"];
+pub const BUILD_PACKAGES: &[&str] = &[
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "libzstd-dev",
+    "zlib1g-dev",
+];
 /// Debian packages the test suite drives (network namespaces, an
 /// independent view of what is attached).
 pub const TEST_PACKAGES: &[&str] = &["iproute2", "bpftool", "util-linux"];
@@ -50,7 +55,7 @@ impl Purpose {
     }
 }
 
-/// The machine as seen by the probe.
+/// The machine as seen by the probe (`$CARGO_HOME/bin` is part of `path`).
 #[derive(Clone, Debug)]
 pub struct Host {
     /// Prefix for absolute system paths (`/` on the real machine).
@@ -58,7 +63,6 @@ pub struct Host {
     /// Directories searched for executables.
     pub path: Vec<PathBuf>,
     pub rustup_home: PathBuf,
-    pub cargo_home: PathBuf,
     /// The host triple whose nightly toolchain builds the eBPF crate.
     pub triple: String,
 }
@@ -67,8 +71,10 @@ impl Host {
     /// The machine this process runs on.
     pub fn current() -> Self {
         let home = env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
-        let rustup_home = env::var_os("RUSTUP_HOME").map_or_else(|| home.join(".rustup"), PathBuf::from);
-        let cargo_home = env::var_os("CARGO_HOME").map_or_else(|| home.join(".cargo"), PathBuf::from);
+        let rustup_home =
+            env::var_os("RUSTUP_HOME").map_or_else(|| home.join(".rustup"), PathBuf::from);
+        let cargo_home =
+            env::var_os("CARGO_HOME").map_or_else(|| home.join(".cargo"), PathBuf::from);
         let mut path: Vec<PathBuf> = env::var_os("PATH")
             .map(|p| env::split_paths(&p).collect())
             .unwrap_or_default();
@@ -78,7 +84,6 @@ impl Host {
             root: PathBuf::from("/"),
             path,
             rustup_home,
-            cargo_home,
             triple: format!("{}-unknown-linux-gnu", env::consts::ARCH),
         }
     }
@@ -88,11 +93,16 @@ impl Host {
     }
 
     fn which(&self, name: &str) -> Option<PathBuf> {
-        self.path.iter().map(|dir| dir.join(name)).find(|p| p.is_file())
+        self.path
+            .iter()
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
     }
 
     fn nightly_dir(&self) -> PathBuf {
-        self.rustup_home.join("toolchains").join(format!("{NIGHTLY}-{}", self.triple))
+        self.rustup_home
+            .join("toolchains")
+            .join(format!("{NIGHTLY}-{}", self.triple))
     }
 
     /// Installed Debian packages, from dpkg's own status database.
@@ -159,7 +169,9 @@ pub fn probe(host: &Host, purpose: Purpose) -> Report {
     }
     let nightly = host.nightly_dir();
     if nightly.join("bin").join("rustc").is_file() {
-        report.present.push(format!("nightly toolchain at {}", nightly.display()));
+        report
+            .present
+            .push(format!("nightly toolchain at {}", nightly.display()));
         let core = nightly.join("lib/rustlib/src/rust/library/core/Cargo.toml");
         if core.is_file() {
             report.present.push("rust-src for nightly".into());
@@ -172,19 +184,27 @@ pub fn probe(host: &Host, purpose: Purpose) -> Report {
     }
 
     let installed = host.installed_packages();
-    let (have, lack): (Vec<_>, Vec<_>) =
-        purpose.packages().into_iter().partition(|p| installed.contains(*p));
+    let (have, lack): (Vec<_>, Vec<_>) = purpose
+        .packages()
+        .into_iter()
+        .partition(|p| installed.contains(*p));
     if !have.is_empty() {
-        report.present.push(format!("Debian packages: {}", have.join(" ")));
+        report
+            .present
+            .push(format!("Debian packages: {}", have.join(" ")));
     }
     if !lack.is_empty() {
-        report.missing.push(Need::Packages(lack.into_iter().map(str::to_owned).collect()));
+        report.missing.push(Need::Packages(
+            lack.into_iter().map(str::to_owned).collect(),
+        ));
     }
 
     match host.which("bpf-linker") {
         Some(p) => match linker_version(&p) {
             Some(v) if v == BPF_LINKER_VERSION => {
-                report.present.push(format!("bpf-linker {v} at {}", p.display()));
+                report
+                    .present
+                    .push(format!("bpf-linker {v} at {}", p.display()));
             }
             found => report.missing.push(Need::BpfLinker { found }),
         },
@@ -209,7 +229,10 @@ pub fn ensure(purpose: Purpose) -> Result<()> {
         eprintln!("setup: found {p}");
     }
     if report.missing.is_empty() {
-        eprintln!("setup: everything present ({} ms)", started.elapsed().as_millis());
+        eprintln!(
+            "setup: everything present ({} ms)",
+            started.elapsed().as_millis()
+        );
         return Ok(());
     }
     for need in &report.missing {
@@ -230,7 +253,10 @@ pub fn ensure(purpose: Purpose) -> Result<()> {
     let again = probe(&host, purpose);
     if !again.missing.is_empty() {
         let names: Vec<_> = again.missing.iter().map(Need::describe).collect();
-        bail!("set-up installed what it could, but these are still missing: {}", names.join("; "));
+        bail!(
+            "set-up installed what it could, but these are still missing: {}",
+            names.join("; ")
+        );
     }
     eprintln!("setup: done in {} s", started.elapsed().as_secs());
     Ok(())
@@ -243,7 +269,15 @@ fn install(need: &Need) -> Result<()> {
         ),
         Need::NightlyToolchain => run(
             "installing the nightly toolchain",
-            Command::new("rustup").args(["toolchain", "install", NIGHTLY, "--profile", "minimal", "--component", "rust-src"]),
+            Command::new("rustup").args([
+                "toolchain",
+                "install",
+                NIGHTLY,
+                "--profile",
+                "minimal",
+                "--component",
+                "rust-src",
+            ]),
         ),
         Need::RustSrc => run(
             "adding rust-src to the nightly toolchain",
@@ -266,7 +300,14 @@ fn install(need: &Need) -> Result<()> {
         Need::BpfLinker { .. } => run(
             &format!("building bpf-linker {BPF_LINKER_VERSION} against LLVM 22 (about 70 s)"),
             Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-                .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION, "--locked", "--force"])
+                .args([
+                    "install",
+                    "bpf-linker",
+                    "--version",
+                    BPF_LINKER_VERSION,
+                    "--locked",
+                    "--force",
+                ])
                 .args(["--no-default-features", "--features", "llvm-22"])
                 .env("LLVM_PREFIX", LLVM_PREFIX),
         ),
@@ -289,7 +330,9 @@ fn require_root(what: &str) -> Result<()> {
 
 fn run(what: &str, cmd: &mut Command) -> Result<()> {
     eprintln!("setup: {what}: {cmd:?}");
-    let status = cmd.status().with_context(|| format!("{what}: could not start {cmd:?}"))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("{what}: could not start {cmd:?}"))?;
     if !status.success() {
         bail!("{what} failed ({status}): {cmd:?}");
     }
@@ -305,7 +348,6 @@ mod tests {
             root: dir.join("root"),
             path: vec![dir.join("bin")],
             rustup_home: dir.join("rustup"),
-            cargo_home: dir.join("cargo"),
             triple: "x86_64-unknown-linux-gnu".into(),
         }
     }
@@ -358,7 +400,11 @@ mod tests {
         let linker = dir.join("bin/bpf-linker");
         fs::create_dir_all(linker.parent().unwrap()).unwrap();
         fs::write(&linker, "#!/bin/sh\necho bpf-linker 0.12.1\n").unwrap();
-        Command::new("chmod").arg("+x").arg(&linker).status().unwrap();
+        Command::new("chmod")
+            .arg("+x")
+            .arg(&linker)
+            .status()
+            .unwrap();
 
         let report = probe(&host, Purpose::Build);
         assert_eq!(
@@ -367,12 +413,16 @@ mod tests {
                 Need::Rustup,
                 Need::RustSrc,
                 Need::Packages(vec!["libpolly-22-dev".into(), "libzstd-dev".into()]),
-                Need::BpfLinker { found: Some("0.12.1".into()) },
+                Need::BpfLinker {
+                    found: Some("0.12.1".into())
+                },
             ]
         );
 
         // Completing it makes the plan empty but for rustup.
-        let core = host.nightly_dir().join("lib/rustlib/src/rust/library/core/Cargo.toml");
+        let core = host
+            .nightly_dir()
+            .join("lib/rustlib/src/rust/library/core/Cargo.toml");
         fs::create_dir_all(core.parent().unwrap()).unwrap();
         fs::write(&core, "").unwrap();
         fs::write(&linker, "#!/bin/sh\necho bpf-linker 0.13.0\n").unwrap();

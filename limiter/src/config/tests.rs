@@ -54,7 +54,16 @@ fn the_runtimes_own_config_ini_is_accepted_and_its_keys_ignored() {
     )
     .unwrap();
     assert_eq!(c.http.max_threads, 208);
-    assert_eq!(c.ignored, vec!["http.port", "http.compression", "db.url", "db.pool", "db.logging.level"]);
+    assert_eq!(
+        c.ignored,
+        vec![
+            "http.port",
+            "http.compression",
+            "db.url",
+            "db.pool",
+            "db.logging.level"
+        ]
+    );
 }
 
 #[test]
@@ -145,8 +154,14 @@ fn duplicates_unknown_keys_and_malformed_lines() {
         error("admin.port = 9\n"),
         "limiter.ini:1: admin.port = 9: unknown key under `admin.` (keys there are the daemon's; see the README's key table)"
     );
-    assert_eq!(error("just words\n"), "limiter.ini:1: expected `key = value`, found `just words`");
-    assert_eq!(error("[http\n"), "limiter.ini:1: malformed section header `[http`");
+    assert_eq!(
+        error("just words\n"),
+        "limiter.ini:1: expected `key = value`, found `just words`"
+    );
+    assert_eq!(
+        error("[http\n"),
+        "limiter.ini:1: malformed section header `[http`"
+    );
     assert_eq!(error("= 3\n"), "limiter.ini:1: malformed key in `= 3`");
     // Even a runtime key may not appear twice: the file is ambiguous.
     assert_eq!(
@@ -167,7 +182,10 @@ fn paths_and_addresses() {
     );
     let c = parse("kernel.netns = /var/run/netns/blue\nkernel.cgroup = /sys/fs/cgroup/unified/x\nhttp.upstream = http://127.0.0.1:9000/\n").unwrap();
     assert_eq!(c.kernel.netns, Some(PathBuf::from("/var/run/netns/blue")));
-    assert_eq!(c.kernel.cgroup, Some(PathBuf::from("/sys/fs/cgroup/unified/x")));
+    assert_eq!(
+        c.kernel.cgroup,
+        Some(PathBuf::from("/sys/fs/cgroup/unified/x"))
+    );
     assert_eq!(c.http.upstream.as_deref(), Some("127.0.0.1:9000"));
     assert!(error("http.upstream = https://a:1\n").contains("TLS"));
     assert!(error("http.upstream = nohost\n").contains("expected host:port"));
@@ -184,7 +202,10 @@ fn breaker_keys() {
     assert_eq!(c.breaker.threshold, 0.25);
     assert_eq!(c.breaker.failure_statuses, vec![(502, 504), (429, 429)]);
     assert!(!c.breaker.bypass_debug);
-    assert_eq!(error("breaker.threshold = 1.5\n"), "limiter.ini:1: breaker.threshold = 1.5: must be above 0 and below 1");
+    assert_eq!(
+        error("breaker.threshold = 1.5\n"),
+        "limiter.ini:1: breaker.threshold = 1.5: must be above 0 and below 1"
+    );
     assert_eq!(
         error("breaker.windowMs = 1000\nbreaker.bucketMs = 3000\n"),
         "limiter.ini:2: breaker.bucketMs: 3000 ms buckets do not fit in a 1000 ms window"
@@ -197,11 +218,19 @@ fn breaker_keys() {
         error("breaker.failureStatuses = 599-500\n"),
         "limiter.ini:1: breaker.failureStatuses = 599-500: `599-500`: the range is backwards"
     );
-    assert_eq!(error("breaker.bypassDebug = yes\n"), "limiter.ini:1: breaker.bypassDebug = yes: expected `true` or `false`");
+    assert_eq!(
+        error("breaker.bypassDebug = yes\n"),
+        "limiter.ini:1: breaker.bypassDebug = yes: expected `true` or `false`"
+    );
 }
 
 #[test]
 fn a_missing_file_names_the_file() {
-    let e = Config::load(Path::new("/nonexistent/limiter.ini")).unwrap_err().to_string();
-    assert!(e.starts_with("/nonexistent/limiter.ini: cannot read the file:"), "{e}");
+    let e = Config::load(Path::new("/nonexistent/limiter.ini"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("/nonexistent/limiter.ini: cannot read the file:"),
+        "{e}"
+    );
 }

@@ -86,13 +86,15 @@ pub fn check_privileges() -> Result<(), KernelError> {
         missing.push("CAP_NET_ADMIN");
     }
     if !missing.is_empty() {
-        return Err(KernelError::Privileges { missing: missing.join(" and ") });
+        return Err(KernelError::Privileges {
+            missing: missing.join(" and "),
+        });
     }
     Ok(())
 }
 
 fn fs_type(path: &Path) -> Option<i64> {
-    statfs(path).ok().map(|s| s.filesystem_type().0 as i64)
+    statfs(path).ok().map(|s| s.filesystem_type().0)
 }
 
 /// The first cgroup v2 mount in `/proc/self/mounts` (here
@@ -140,11 +142,15 @@ pub fn open_cgroup(path: &Path) -> Result<File, KernelError> {
 
 /// Opens a network namespace file (`/proc/self/ns/net`, `/var/run/netns/NAME`).
 pub fn open_netns(path: &Path) -> Result<File, KernelError> {
-    let file = File::open(path).map_err(|e| KernelError::NetnsMissing(path.to_path_buf(), e.to_string()))?;
+    let file = File::open(path)
+        .map_err(|e| KernelError::NetnsMissing(path.to_path_buf(), e.to_string()))?;
     // A wrong path (a plain file) would only fail later inside setns; say
     // it now. The namespace type is checked by setns(CLONE_NEWNET).
     if fs_type(path) != Some(NSFS_MAGIC) {
-        return Err(KernelError::NetnsMissing(path.to_path_buf(), "not a namespace file (expected /proc/PID/ns/net or /var/run/netns/NAME)".into()));
+        return Err(KernelError::NetnsMissing(
+            path.to_path_buf(),
+            "not a namespace file (expected /proc/PID/ns/net or /var/run/netns/NAME)".into(),
+        ));
     }
     Ok(file)
 }
@@ -163,15 +169,32 @@ pub fn netns_cookie(netns: &File) -> Result<u64, KernelError> {
         .try_clone()
         .map_err(|e| KernelError::io("duplicating the netns fd".into(), e))?;
     std::thread::spawn(move || -> Result<u64, KernelError> {
-        setns(netns.as_fd(), CloneFlags::CLONE_NEWNET)
-            .map_err(|e| KernelError::io("entering the target network namespace".into(), e.into()))?;
-        let sock = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)
-            .map_err(|e| KernelError::io("creating a socket in the target network namespace".into(), e.into()))?;
-        getsockopt(&sock, NetnsCookie)
-            .map_err(|e| KernelError::io("reading SO_NETNS_COOKIE (kernel >= 5.14)".into(), e.into()))
+        setns(netns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| {
+            KernelError::io("entering the target network namespace".into(), e.into())
+        })?;
+        let sock = socket(
+            AddressFamily::Inet,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map_err(|e| {
+            KernelError::io(
+                "creating a socket in the target network namespace".into(),
+                e.into(),
+            )
+        })?;
+        getsockopt(&sock, NetnsCookie).map_err(|e| {
+            KernelError::io("reading SO_NETNS_COOKIE (kernel >= 5.14)".into(), e.into())
+        })
     })
     .join()
-    .unwrap_or_else(|_| Err(KernelError::io("netns cookie thread".into(), std::io::Error::other("panicked"))))
+    .unwrap_or_else(|_| {
+        Err(KernelError::io(
+            "netns cookie thread".into(),
+            std::io::Error::other("panicked"),
+        ))
+    })
 }
 
 /// Makes `pin_dir` an existing directory on bpffs (mode 0700), mounting
@@ -185,22 +208,42 @@ pub fn ensure_bpffs(pin_dir: &Path) -> Result<bool, KernelError> {
             Err(KernelError::PinDirNotBpffs(pin_dir.to_path_buf()))
         };
     }
-    let parent = pin_dir.parent().ok_or_else(|| KernelError::PinDirNotBpffs(pin_dir.to_path_buf()))?;
+    let parent = pin_dir
+        .parent()
+        .ok_or_else(|| KernelError::PinDirNotBpffs(pin_dir.to_path_buf()))?;
     // The nearest existing ancestor tells whether bpffs is already there.
-    let ancestor = parent.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
+    let ancestor = parent
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"));
     let mut mounted = false;
     if fs_type(ancestor) != Some(BPF_FS_MAGIC) {
-        fs::create_dir_all(parent)
-            .map_err(|e| KernelError::io(format!("creating {} to mount bpffs on", parent.display()), e))?;
-        mount(Some("bpf"), parent, Some("bpf"), MsFlags::empty(), Some("mode=0700"))
-            .map_err(|e| KernelError::MountBpffs(parent.to_path_buf(), e.desc().to_owned()))?;
+        fs::create_dir_all(parent).map_err(|e| {
+            KernelError::io(
+                format!("creating {} to mount bpffs on", parent.display()),
+                e,
+            )
+        })?;
+        mount(
+            Some("bpf"),
+            parent,
+            Some("bpf"),
+            MsFlags::empty(),
+            Some("mode=0700"),
+        )
+        .map_err(|e| KernelError::MountBpffs(parent.to_path_buf(), e.desc().to_owned()))?;
         mounted = true;
     }
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(pin_dir)
-        .map_err(|e| KernelError::io(format!("creating the pin directory {}", pin_dir.display()), e))?;
+        .map_err(|e| {
+            KernelError::io(
+                format!("creating the pin directory {}", pin_dir.display()),
+                e,
+            )
+        })?;
     Ok(mounted)
 }
 
@@ -236,7 +279,10 @@ mod tests {
 
     #[test]
     fn mount_points_unescape() {
-        assert_eq!(unescape_mount("/sys/fs/cgroup/unified"), "/sys/fs/cgroup/unified");
+        assert_eq!(
+            unescape_mount("/sys/fs/cgroup/unified"),
+            "/sys/fs/cgroup/unified"
+        );
         assert_eq!(unescape_mount("/mnt/a\\040b"), "/mnt/a b");
     }
 }

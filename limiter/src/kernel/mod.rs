@@ -21,8 +21,7 @@ pub mod env;
 
 use std::{
     collections::BTreeMap,
-    fs,
-    io,
+    fs, io,
     path::{Path, PathBuf},
 };
 
@@ -79,7 +78,9 @@ pub enum KernelError {
     NoCgroup2,
     #[error("kernel.cgroup {0} does not exist: create the cgroup or fix the path")]
     CgroupMissing(PathBuf),
-    #[error("kernel.cgroup {0} is not a cgroup v2 directory (sock_ops programs attach only to cgroup v2)")]
+    #[error(
+        "kernel.cgroup {0} is not a cgroup v2 directory (sock_ops programs attach only to cgroup v2)"
+    )]
     NotCgroup2(PathBuf),
     #[error("kernel.netns {0}: {1}")]
     NetnsMissing(PathBuf, String),
@@ -101,7 +102,11 @@ pub enum KernelError {
          configuration targets cookie {wanted}: changing kernel.netns needs `limiter unload` first",
         dir = pin_dir.display()
     )]
-    NetnsChanged { pin_dir: PathBuf, pinned: u64, wanted: u64 },
+    NetnsChanged {
+        pin_dir: PathBuf,
+        pinned: u64,
+        wanted: u64,
+    },
     #[error("no gate is pinned at {}: start it with `limiter run`", .0.display())]
     NotLoaded(PathBuf),
     #[error("loading the kernel programs failed: {0}")]
@@ -206,7 +211,9 @@ pub struct Gate {
 
 impl std::fmt::Debug for Gate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gate").field("pin_dir", &self.pin_dir).finish_non_exhaustive()
+        f.debug_struct("Gate")
+            .field("pin_dir", &self.pin_dir)
+            .finish_non_exhaustive()
     }
 }
 
@@ -250,7 +257,9 @@ impl Gate {
     /// Probes the environment, then adopts the gate pinned at
     /// `config.pin_path` or loads and attaches a new one, and applies
     /// `config.ports`.
-    pub fn start(config: &KernelConfig) -> Result<(Self, Origin, Target, Vec<LimitChange>), KernelError> {
+    pub fn start(
+        config: &KernelConfig,
+    ) -> Result<(Self, Origin, Target, Vec<LimitChange>), KernelError> {
         env::check_privileges()?;
         env::check_kernel(env::kernel_version()?)?;
         let cgroup = match &config.cgroup {
@@ -258,7 +267,10 @@ impl Gate {
             None => env::cgroup2_mount()?,
         };
         let cgroup_fd = env::open_cgroup(&cgroup)?;
-        let netns = config.netns.clone().unwrap_or_else(|| PathBuf::from("/proc/self/ns/net"));
+        let netns = config
+            .netns
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/proc/self/ns/net"));
         let netns_fd = env::open_netns(&netns)?;
         let target = Target {
             netns_inode: env::netns_inode(&netns_fd),
@@ -274,7 +286,11 @@ impl Gate {
                 let mut gate = Self::open(&pin_dir)?;
                 let pinned = gate.settings()?.netns_cookie;
                 if pinned != target.netns_cookie {
-                    return Err(KernelError::NetnsChanged { pin_dir, pinned, wanted: target.netns_cookie });
+                    return Err(KernelError::NetnsChanged {
+                        pin_dir,
+                        pinned,
+                        wanted: target.netns_cookie,
+                    });
                 }
                 let changes = gate.set_limits(&config.ports)?;
                 return Ok((gate, Origin::Adopted, target, changes));
@@ -285,26 +301,38 @@ impl Gate {
                     "removing the pins of a gate whose load never completed (no link was pinned)"
                 );
                 for path in stale {
-                    fs::remove_file(&path)
-                        .map_err(|e| KernelError::io(format!("removing stale pin {}", path.display()), e))?;
+                    fs::remove_file(&path).map_err(|e| {
+                        KernelError::io(format!("removing stale pin {}", path.display()), e)
+                    })?;
                 }
             }
             PinState::Empty => {}
         }
 
         let mut rollback = PinRollback(Vec::new());
-        let mut ebpf = EbpfLoader::new().load(EBPF_OBJECT).map_err(KernelError::load)?;
+        let mut ebpf = EbpfLoader::new()
+            .load(EBPF_OBJECT)
+            .map_err(KernelError::load)?;
         {
-            let map = ebpf.map_mut(map_names::SETTINGS).ok_or_else(|| missing(map_names::SETTINGS))?;
+            let map = ebpf
+                .map_mut(map_names::SETTINGS)
+                .ok_or_else(|| missing(map_names::SETTINGS))?;
             let mut settings: Array<&mut MapData, Settings> =
                 Array::try_from(map).map_err(KernelError::map("opening the settings map"))?;
-            let value = Settings { layout_version: LAYOUT_VERSION, netns_cookie: target.netns_cookie, ..Settings::default() };
-            settings.set(0, value, 0).map_err(KernelError::map("writing the settings map"))?;
+            let value = Settings {
+                layout_version: LAYOUT_VERSION,
+                netns_cookie: target.netns_cookie,
+                ..Settings::default()
+            };
+            settings
+                .set(0, value, 0)
+                .map_err(KernelError::map("writing the settings map"))?;
         }
         for name in map_names::ALL {
             let path = pin_dir.join(name);
             let map = ebpf.map(name).ok_or_else(|| missing(name))?;
-            map.pin(&path).map_err(|e| KernelError::Load(format!("pinning {}: {e}", path.display())))?;
+            map.pin(&path)
+                .map_err(|e| KernelError::Load(format!("pinning {}: {e}", path.display())))?;
             rollback.0.push(path);
         }
         // Limits before attaching: enforcement starts with the first SYN.
@@ -317,11 +345,23 @@ impl Gate {
             .ok_or_else(|| missing(program_names::COUNT))?
             .try_into()
             .map_err(KernelError::load)?;
-        count.load().map_err(|e| KernelError::Load(format!("{}: {e}", program_names::COUNT)))?;
+        count
+            .load()
+            .map_err(|e| KernelError::Load(format!("{}: {e}", program_names::COUNT)))?;
         let id = count
             .attach(&cgroup_fd, CgroupAttachMode::Single)
-            .map_err(|e| KernelError::Load(format!("attaching {} to {}: {e}", program_names::COUNT, target.cgroup.display())))?;
-        let link: FdLink = count.take_link(id).map_err(KernelError::load)?.try_into().map_err(KernelError::load)?;
+            .map_err(|e| {
+                KernelError::Load(format!(
+                    "attaching {} to {}: {e}",
+                    program_names::COUNT,
+                    target.cgroup.display()
+                ))
+            })?;
+        let link: FdLink = count
+            .take_link(id)
+            .map_err(KernelError::load)?
+            .try_into()
+            .map_err(KernelError::load)?;
         pin_link(link, &pin_dir.join(LINK_COUNT), &mut rollback)?;
 
         let refuse: &mut SkLookup = ebpf
@@ -329,10 +369,16 @@ impl Gate {
             .ok_or_else(|| missing(program_names::REFUSE))?
             .try_into()
             .map_err(KernelError::load)?;
-        refuse.load().map_err(|e| KernelError::Load(format!("{}: {e}", program_names::REFUSE)))?;
-        let id = refuse
-            .attach(&netns_fd)
-            .map_err(|e| KernelError::Load(format!("attaching {} to {}: {e}", program_names::REFUSE, target.netns.display())))?;
+        refuse
+            .load()
+            .map_err(|e| KernelError::Load(format!("{}: {e}", program_names::REFUSE)))?;
+        let id = refuse.attach(&netns_fd).map_err(|e| {
+            KernelError::Load(format!(
+                "attaching {} to {}: {e}",
+                program_names::REFUSE,
+                target.netns.display()
+            ))
+        })?;
         let link: FdLink = refuse.take_link(id).map_err(KernelError::load)?.into();
         pin_link(link, &pin_dir.join(LINK_REFUSE), &mut rollback)?;
 
@@ -345,16 +391,27 @@ impl Gate {
         if !pin_dir.join(map_names::SETTINGS).exists() {
             return Err(KernelError::NotLoaded(pin_dir.to_path_buf()));
         }
-        let incompatible = |detail: String| KernelError::IncompatiblePins { pin_dir: pin_dir.to_path_buf(), detail };
+        let incompatible = |detail: String| KernelError::IncompatiblePins {
+            pin_dir: pin_dir.to_path_buf(),
+            detail,
+        };
         let open = |name: &str| -> Result<Map, KernelError> {
             let data = MapData::from_pin(pin_dir.join(name)).map_err(|e| match e {
                 MapError::SyscallError(ref s) if s.io_error.kind() == io::ErrorKind::NotFound => {
                     incompatible(format!("map {name} is missing"))
                 }
-                MapError::SyscallError(ref s) if s.io_error.raw_os_error() == Some(libc::EPERM) || s.io_error.raw_os_error() == Some(libc::EACCES) => {
-                    KernelError::Privileges { missing: "CAP_BPF".into() }
+                MapError::SyscallError(ref s)
+                    if s.io_error.raw_os_error() == Some(libc::EPERM)
+                        || s.io_error.raw_os_error() == Some(libc::EACCES) =>
+                {
+                    KernelError::Privileges {
+                        missing: "CAP_BPF".into(),
+                    }
                 }
-                other => KernelError::Map { what: format!("opening pinned map {name}"), source: other },
+                other => KernelError::Map {
+                    what: format!("opening pinned map {name}"),
+                    source: other,
+                },
             })?;
             Map::from_map_data(data).map_err(|e| incompatible(format!("map {name}: {e}")))
         };
@@ -365,13 +422,20 @@ impl Gate {
             .map_err(KernelError::map("reading the settings map"))?
             .layout_version;
         if version != LAYOUT_VERSION {
-            return Err(incompatible(format!("layout version {version}, this limiter uses {LAYOUT_VERSION}")));
+            return Err(incompatible(format!(
+                "layout version {version}, this limiter uses {LAYOUT_VERSION}"
+            )));
         }
         let limits = HashMap::try_from(open(map_names::LIMITS)?)
             .map_err(|e| incompatible(format!("map {}: {e}", map_names::LIMITS)))?;
         let stats = HashMap::try_from(open(map_names::STATS)?)
             .map_err(|e| incompatible(format!("map {}: {e}", map_names::STATS)))?;
-        Ok(Self { pin_dir: pin_dir.to_path_buf(), limits, stats, settings })
+        Ok(Self {
+            pin_dir: pin_dir.to_path_buf(),
+            limits,
+            stats,
+            settings,
+        })
     }
 
     pub fn pin_dir(&self) -> &Path {
@@ -379,7 +443,9 @@ impl Gate {
     }
 
     pub fn settings(&self) -> Result<Settings, KernelError> {
-        self.settings.get(&0, 0).map_err(KernelError::map("reading the settings map"))
+        self.settings
+            .get(&0, 0)
+            .map_err(KernelError::map("reading the settings map"))
     }
 
     /// The enforced ports as the kernel has them now.
@@ -395,7 +461,10 @@ impl Gate {
     /// Makes the enforced ports exactly `ports`, entry by entry (each
     /// update is atomic in the kernel; established connections are never
     /// touched). Returns what changed.
-    pub fn set_limits(&mut self, ports: &BTreeMap<u16, u32>) -> Result<Vec<LimitChange>, KernelError> {
+    pub fn set_limits(
+        &mut self,
+        ports: &BTreeMap<u16, u32>,
+    ) -> Result<Vec<LimitChange>, KernelError> {
         let current = self.limits()?;
         let mut changes = Vec::new();
         for (&port, &max) in ports {
@@ -405,10 +474,23 @@ impl Gate {
             }
             let flags = old.map_or(0, |l| l.flags);
             self.limits
-                .insert(PortKey::new(port), PortLimit { max_established: max, flags }, 0)
-                .map_err(KernelError::map(format!("setting the limit of port {port}")))?;
+                .insert(
+                    PortKey::new(port),
+                    PortLimit {
+                        max_established: max,
+                        flags,
+                    },
+                    0,
+                )
+                .map_err(KernelError::map(format!(
+                    "setting the limit of port {port}"
+                )))?;
             changes.push(match old {
-                Some(l) => LimitChange::Changed { port, from: l.max_established, to: max },
+                Some(l) => LimitChange::Changed {
+                    port,
+                    from: l.max_established,
+                    to: max,
+                },
                 None => LimitChange::Added { port, max },
             });
         }
@@ -416,8 +498,13 @@ impl Gate {
             if !ports.contains_key(&port) {
                 self.limits
                     .remove(&PortKey::new(port))
-                    .map_err(KernelError::map(format!("removing the limit of port {port}")))?;
-                changes.push(LimitChange::Removed { port, max: limit.max_established });
+                    .map_err(KernelError::map(format!(
+                        "removing the limit of port {port}"
+                    )))?;
+                changes.push(LimitChange::Removed {
+                    port,
+                    max: limit.max_established,
+                });
             }
         }
         Ok(changes)
@@ -433,7 +520,8 @@ impl Gate {
             rows.insert(key.port, row(key.port, limits.get(&key.port), &s));
         }
         for (port, limit) in &limits {
-            rows.entry(*port).or_insert_with(|| row(*port, Some(limit), &PortStats::default()));
+            rows.entry(*port)
+                .or_insert_with(|| row(*port, Some(limit), &PortStats::default()));
         }
         let links = [LINK_COUNT, LINK_REFUSE]
             .into_iter()
@@ -510,10 +598,12 @@ pub fn unload(pin_dir: &Path) -> Result<Unloaded, KernelError> {
             Err(e) => return Err(KernelError::io(format!("removing {}", path.display()), e)),
         }
     }
-    let entries = fs::read_dir(pin_dir).map_err(|e| KernelError::io(format!("reading {}", pin_dir.display()), e))?;
+    let entries = fs::read_dir(pin_dir)
+        .map_err(|e| KernelError::io(format!("reading {}", pin_dir.display()), e))?;
     out.foreign = entries.filter_map(Result::ok).map(|e| e.path()).collect();
     if out.foreign.is_empty() {
-        fs::remove_dir(pin_dir).map_err(|e| KernelError::io(format!("removing {}", pin_dir.display()), e))?;
+        fs::remove_dir(pin_dir)
+            .map_err(|e| KernelError::io(format!("removing {}", pin_dir.display()), e))?;
         out.removed_dir = true;
     }
     if out.removed.is_empty() {
