@@ -6,11 +6,7 @@ use std::path::Path;
 fn main() {
     let ebpf_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../limiter-ebpf");
     let ebpf_dir = ebpf_dir.to_str().expect("workspace path is UTF-8");
-    let package = aya_build::Package {
-        name: "limiter-ebpf",
-        root_dir: ebpf_dir,
-        ..Default::default()
-    };
+    let package = aya_build::Package { name: "limiter-ebpf", root_dir: ebpf_dir, ..Default::default() };
     if let Err(e) = aya_build::build_ebpf([package], aya_build::Toolchain::default()) {
         // The usual cause is a missing prerequisite; say which command fixes it.
         panic!(

@@ -21,16 +21,25 @@ pub const LAYOUT_VERSION: u32 = 1;
 /// Names of the maps, as the kernel and the pin directory show them
 /// (at most 15 bytes: `BPF_OBJ_NAME_LEN`).
 pub mod map_names {
-    /// [`super::PortKey`] → [`super::PortLimit`]: the enforced ports.
+    /// Array indexed by port → [`super::PortLimit`]: what the kernel reads
+    /// on every SYN (`max_established == 0`: not enforced).
     pub const LIMITS: &str = "LIMITER_LIMITS";
-    /// [`super::PortKey`] → [`super::PortStats`]: counters of every local port.
+    /// Hash [`super::PortKey`] → [`super::PortLimit`]: the enforced ports
+    /// only, a copy the daemon keeps for readers (`dump`, `bpftool`).
+    pub const LISTED: &str = "LIMITER_LISTED";
+    /// Array indexed by port → [`super::PortStats`]: counters of every port.
     pub const STATS: &str = "LIMITER_STATS";
+    /// Hash [`super::PortKey`] → `u32`: ports that ever completed a
+    /// handshake, so readers need not scan all 65,536 counters.
+    pub const ACTIVE: &str = "LIMITER_ACTIVE";
+    /// Per-CPU hash [`super::PortKey`] → [`super::Refusals`].
+    pub const REFUSED: &str = "LIMITER_REFUSED";
     /// `u32` index 0 → [`super::Settings`].
     pub const SETTINGS: &str = "LIMITER_CONFIG";
     /// Socket-local storage → [`super::SockMark`]: which sockets were counted.
     pub const SOCKS: &str = "LIMITER_SOCKS";
     /// Every map the daemon pins, in the order it pins them.
-    pub const ALL: [&str; 4] = [SETTINGS, LIMITS, STATS, SOCKS];
+    pub const ALL: [&str; 7] = [SETTINGS, LIMITS, LISTED, STATS, ACTIVE, REFUSED, SOCKS];
 }
 
 /// Names of the programs (the function names in `limiter-ebpf`).
@@ -41,7 +50,9 @@ pub mod program_names {
     pub const REFUSE: &str = "limiter_refuse";
 }
 
-/// Number of ports: the counter map can hold every local port.
+/// Number of ports: the arrays are indexed by port, so lookups on the SYN
+/// path are a bounds check and an offset (inlined by the verifier), not a
+/// hash.
 pub const MAX_PORTS: u32 = 65_536;
 
 /// `PortLimit::flags` bit: count would-be refusals, refuse nothing.
@@ -64,11 +75,12 @@ impl PortKey {
     }
 }
 
-/// The limit of one enforced port.
+/// The limit of one port.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct PortLimit {
-    /// At most this many established server-side connections.
+    /// At most this many established server-side connections; 0: the port
+    /// is not enforced (counted only).
     pub max_established: u32,
     /// `LIMIT_FLAG_*` bits.
     pub flags: u32,
@@ -85,6 +97,14 @@ pub struct PortStats {
     pub high_watermark: u64,
     /// Handshakes completed (connections counted) since the gate was loaded.
     pub admitted: u64,
+}
+
+/// Refusals of one port, kept per CPU: under a flood every CPU refuses at
+/// once, and a shared counter would bounce its cache line between them on
+/// every SYN. Readers sum the CPUs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Refusals {
     /// Connection attempts refused because the port was full.
     pub refused: u64,
     /// Attempts that would have been refused in dry-run mode.
@@ -124,7 +144,8 @@ pub struct SockMark {
 const _: () = {
     assert!(size_of::<PortKey>() == 4);
     assert!(size_of::<PortLimit>() == 8);
-    assert!(size_of::<PortStats>() == 40);
+    assert!(size_of::<PortStats>() == 24);
+    assert!(size_of::<Refusals>() == 16);
     assert!(size_of::<Settings>() == 24);
     assert!(size_of::<SockMark>() == 8);
     assert!(align_of::<PortStats>() == 8);
@@ -144,6 +165,8 @@ mod user {
     unsafe impl aya::Pod for PortLimit {}
     // SAFETY: as above.
     unsafe impl aya::Pod for PortStats {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for Refusals {}
     // SAFETY: as above.
     unsafe impl aya::Pod for Settings {}
     // SAFETY: as above.

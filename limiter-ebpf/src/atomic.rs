@@ -48,8 +48,7 @@ pub unsafe fn raise(dst: *mut u64, value: u64) {
             return;
         }
         // SAFETY: forwarded to the caller.
-        let (now, swapped) =
-            unsafe { atomic_cxchg::<u64, { Relaxed }, { Relaxed }>(dst, seen, value) };
+        let (now, swapped) = unsafe { atomic_cxchg::<u64, { Relaxed }, { Relaxed }>(dst, seen, value) };
         if swapped {
             return;
         }

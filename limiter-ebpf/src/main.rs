@@ -12,10 +12,7 @@
 #![no_std]
 #![no_main]
 #![feature(core_intrinsics)]
-#![expect(
-    internal_features,
-    reason = "the bpf target has no stable 64-bit atomics"
-)]
+#![expect(internal_features, reason = "the bpf target has no stable 64-bit atomics")]
 
 mod atomic;
 mod maps;

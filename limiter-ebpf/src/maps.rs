@@ -1,20 +1,34 @@
 //! The maps, BTF-typed so `bpftool map dump` prints named fields.
 //! Keys and values come from `limiter-common`; names are fixed there too.
+//! The SYN path reads only arrays indexed by port (inlined lookups); the
+//! hashes are indexes for readers.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, SkStorage},
+    btf_maps::{Array, HashMap, PerCpuHashMap, SkStorage},
     macros::btf_map,
 };
-use limiter_common::{MAX_PORTS, PortKey, PortLimit, PortStats, Settings, SockMark};
+use limiter_common::{MAX_PORTS, PortKey, PortLimit, PortStats, Refusals, Settings, SockMark};
 
-/// Enforced ports and their limits; written only by the daemon.
+/// Limit of every port, indexed by port; written only by the daemon.
 #[btf_map]
-pub static LIMITER_LIMITS: HashMap<PortKey, PortLimit, { MAX_PORTS as usize }> = HashMap::new();
+pub static LIMITER_LIMITS: Array<PortLimit, { MAX_PORTS as usize }> = Array::new();
 
-/// Counters of every local port that ever completed a handshake. Entries
-/// are never removed by the kernel, so a pointer to one stays valid.
+/// The enforced ports only; the daemon keeps it next to `LIMITER_LIMITS`
+/// for readers. The programs never read it.
 #[btf_map]
-pub static LIMITER_STATS: HashMap<PortKey, PortStats, { MAX_PORTS as usize }> = HashMap::new();
+pub static LIMITER_LISTED: HashMap<PortKey, PortLimit, { MAX_PORTS as usize }> = HashMap::new();
+
+/// Counters of every local port, indexed by port.
+#[btf_map]
+pub static LIMITER_STATS: Array<PortStats, { MAX_PORTS as usize }> = Array::new();
+
+/// Ports that ever completed a handshake (value unused: 1).
+#[btf_map]
+pub static LIMITER_ACTIVE: HashMap<PortKey, u32, { MAX_PORTS as usize }> = HashMap::new();
+
+/// Refusals per port, per CPU (see [`Refusals`]).
+#[btf_map]
+pub static LIMITER_REFUSED: PerCpuHashMap<PortKey, Refusals, { MAX_PORTS as usize }> = PerCpuHashMap::new();
 
 /// Index 0: gate-wide settings.
 #[btf_map]

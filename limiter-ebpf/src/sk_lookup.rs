@@ -6,19 +6,15 @@
 //!
 //! Minimum kernel: 5.9.
 
-use core::ptr;
-
+use aya_ebpf::bindings::BPF_NOEXIST;
 use aya_ebpf::{
     bindings::sk_action::{SK_DROP, SK_PASS},
     macros::sk_lookup,
     programs::SkLookupContext,
 };
-use limiter_common::{LIMIT_FLAG_DRY_RUN, PortKey};
+use limiter_common::{LIMIT_FLAG_DRY_RUN, PortKey, Refusals};
 
-use crate::{
-    atomic,
-    maps::{LIMITER_LIMITS, LIMITER_STATS},
-};
+use crate::maps::{LIMITER_LIMITS, LIMITER_REFUSED, LIMITER_STATS};
 
 const IPPROTO_TCP: u32 = 6;
 
@@ -30,25 +26,46 @@ pub fn limiter_refuse(ctx: SkLookupContext) -> u32 {
         return SK_PASS;
     }
     // local_port is host order in sk_lookup (DESIGN.md).
-    let key = PortKey::new(local_port as u16);
-    let Some(limit) = LIMITER_LIMITS.get_ptr(key) else {
+    let port = local_port & 0xffff;
+    let Some(limit) = LIMITER_LIMITS.get(port) else {
         return SK_PASS;
     };
-    let Some(stats) = LIMITER_STATS.get_ptr_mut(key) else {
-        // Nothing ever established on this port: it cannot be full
-        // (a limit is at least 1).
+    if limit.max_established == 0 {
+        // Not enforced: the common case for most ports, one array load.
         return SK_PASS;
-    };
-    // SAFETY: map values; stats entries are never removed while attached.
-    unsafe {
-        if (*stats).established < u64::from((*limit).max_established) {
-            return SK_PASS;
-        }
-        if (*limit).flags & LIMIT_FLAG_DRY_RUN != 0 {
-            atomic::add(ptr::addr_of_mut!((*stats).would_refuse), 1);
-            return SK_PASS;
-        }
-        atomic::add(ptr::addr_of_mut!((*stats).refused), 1);
     }
-    SK_DROP
+    let Some(stats) = LIMITER_STATS.get_ptr(port) else {
+        return SK_PASS;
+    };
+    // Written by sock_ops on other CPUs with atomic adds; an aligned 8-byte
+    // load cannot tear.
+    // SAFETY: array values live as long as the map.
+    let established = unsafe { core::ptr::addr_of!((*stats).established).read_volatile() };
+    if established < u64::from(limit.max_established) {
+        return SK_PASS;
+    }
+    let key = PortKey::new(port as u16);
+    let dry_run = limit.flags & LIMIT_FLAG_DRY_RUN != 0;
+    if let Some(refusals) = refusals_for(key) {
+        // This CPU's own counter: a plain add, no other CPU writes it and
+        // the program cannot migrate while it runs.
+        // SAFETY: a live per-CPU map value.
+        unsafe {
+            if dry_run {
+                (*refusals).would_refuse += 1;
+            } else {
+                (*refusals).refused += 1;
+            }
+        }
+    }
+    if dry_run { SK_PASS } else { SK_DROP }
+}
+
+fn refusals_for(key: PortKey) -> Option<*mut Refusals> {
+    if let Some(r) = LIMITER_REFUSED.get_ptr_mut(key) {
+        return Some(r);
+    }
+    // First refusal on this port (another CPU may insert at the same time).
+    let _ = LIMITER_REFUSED.insert(key, Refusals::default(), BPF_NOEXIST.into());
+    LIMITER_REFUSED.get_ptr_mut(key)
 }

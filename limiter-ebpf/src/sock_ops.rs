@@ -13,18 +13,18 @@ use core::{ffi::c_void, ptr};
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{
-        BPF_NOEXIST, BPF_SK_STORAGE_GET_F_CREATE, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
-        BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_TCP_CLOSE,
+        BPF_NOEXIST, BPF_SK_STORAGE_GET_F_CREATE, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB,
+        BPF_SOCK_OPS_STATE_CB_FLAG, BPF_TCP_CLOSE,
     },
     helpers::generated::{bpf_get_netns_cookie, bpf_sk_storage_get},
     macros::sock_ops,
     programs::SockOpsContext,
 };
-use limiter_common::{PortKey, PortStats, SockMark};
+use limiter_common::{PortKey, SockMark};
 
 use crate::{
     atomic,
-    maps::{LIMITER_CONFIG, LIMITER_SOCKS, LIMITER_STATS},
+    maps::{LIMITER_ACTIVE, LIMITER_CONFIG, LIMITER_SOCKS, LIMITER_STATS},
 };
 
 const AF_INET: u32 = 2;
@@ -65,33 +65,33 @@ fn on_established(ctx: &SockOpsContext) {
         untracked(settings);
         return;
     }
-    let mut mark = SockMark {
-        port,
-        _pad: 0,
-        counted: 1,
-    };
+    let mut mark = SockMark { port, _pad: 0, counted: 1 };
     let Some(stored) = sock_mark(ctx, &mut mark, BPF_SK_STORAGE_GET_F_CREATE.into()) else {
         untracked(settings);
         return;
     };
-    let Some(stats) = stats_for(port) else {
-        // Unreachable in practice: the map holds every port. Undo the mark
-        // so the close callback does not decrement what was not counted.
+    let Some(stats) = LIMITER_STATS.get_ptr_mut(u32::from(port)) else {
+        // Unreachable: the array holds every port. Undo the mark so the
+        // close callback does not decrement what was not counted.
         // SAFETY: `stored` is this socket's storage, valid while it lives.
         unsafe { (*stored).counted = 0 };
         untracked(settings);
         return;
     };
-    // SAFETY: hash values are never removed by the kernel; the daemon only
-    // removes them after detaching (unload). Each field is 8-byte aligned.
-    unsafe {
+    // SAFETY: array values live as long as the map; each field is 8-byte
+    // aligned.
+    let first = unsafe {
         // The storage may have existed with counted == 0 (a socket that was
         // counted, closed and reused cannot happen, but be exact anyway).
         (*stored).port = port;
         (*stored).counted = 1;
         let established = atomic::add(ptr::addr_of_mut!((*stats).established), 1) + 1;
-        atomic::add(ptr::addr_of_mut!((*stats).admitted), 1);
         atomic::raise(ptr::addr_of_mut!((*stats).high_watermark), established);
+        atomic::add(ptr::addr_of_mut!((*stats).admitted), 1) == 0
+    };
+    if first {
+        // Once per port ever: tell readers this port has counters.
+        let _ = LIMITER_ACTIVE.insert(PortKey::new(port), 1, BPF_NOEXIST.into());
     }
 }
 
@@ -106,7 +106,7 @@ fn on_close(ctx: &SockOpsContext) {
     }
     // SAFETY: as above.
     unsafe { (*stored).counted = 0 };
-    let Some(stats) = LIMITER_STATS.get_ptr_mut(PortKey::new(port)) else {
+    let Some(stats) = LIMITER_STATS.get_ptr_mut(u32::from(port)) else {
         return;
     };
     // SAFETY: see on_established.
@@ -125,20 +125,8 @@ fn sock_mark(ctx: &SockOpsContext, init: *mut SockMark, flags: u64) -> Option<*m
     }
     let map = ptr::from_ref(&LIMITER_SOCKS).cast_mut().cast::<c_void>();
     // SAFETY: `sk` is the non-null full socket of this callback.
-    let stored =
-        unsafe { bpf_sk_storage_get(map, sk.cast(), init.cast(), flags) }.cast::<SockMark>();
+    let stored = unsafe { bpf_sk_storage_get(map, sk.cast(), init.cast(), flags) }.cast::<SockMark>();
     (!stored.is_null()).then_some(stored)
-}
-
-fn stats_for(port: u16) -> Option<*mut PortStats> {
-    let key = PortKey::new(port);
-    if let Some(stats) = LIMITER_STATS.get_ptr_mut(key) {
-        return Some(stats);
-    }
-    // First connection on this port: create it; another CPU may win the
-    // race, which BPF_NOEXIST turns into a harmless error.
-    let _ = LIMITER_STATS.insert(key, PortStats::default(), BPF_NOEXIST.into());
-    LIMITER_STATS.get_ptr_mut(key)
 }
 
 fn untracked(settings: *mut limiter_common::Settings) {

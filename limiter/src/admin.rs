@@ -37,31 +37,17 @@ pub async fn serve(listener: TcpListener, state: Arc<State>, mut shutdown: watch
 async fn handle(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Body>, Infallible> {
     let response = match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => match state.metrics() {
-            Ok(text) => reply(
-                StatusCode::OK,
-                "text/plain; version=0.0.4; charset=utf-8",
-                text,
-            ),
-            Err(e) => reply(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "text/plain",
-                format!("{e}\n"),
-            ),
+            Ok(text) => reply(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", text),
+            Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("{e}\n")),
         },
         (&Method::GET, "/status") => match state.status() {
             Ok(json) => reply(StatusCode::OK, "application/json", json.to_string()),
-            Err(e) => reply(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "text/plain",
-                format!("{e}\n"),
-            ),
+            Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("{e}\n")),
         },
         (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n".into()),
-        (_, "/metrics" | "/status" | "/healthz") => reply(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain",
-            "GET only\n".into(),
-        ),
+        (_, "/metrics" | "/status" | "/healthz") => {
+            reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n".into())
+        }
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain",
@@ -74,9 +60,6 @@ async fn handle(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bo
 fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static(content_type),
-    );
+    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
     response
 }

@@ -147,9 +147,7 @@ impl Default for Config {
                 failure_statuses: vec![(500, 599)],
                 bypass_debug: true,
             },
-            admin: AdminConfig {
-                listen: defaults::ADMIN_LISTEN.parse().expect("valid default"),
-            },
+            admin: AdminConfig { listen: defaults::ADMIN_LISTEN.parse().expect("valid default") },
             ignored: Vec::new(),
         }
     }
@@ -242,51 +240,31 @@ impl Config {
             }
             if let Some(header) = content.strip_prefix('[') {
                 let Some(inner) = header.strip_suffix(']') else {
-                    return Err(err(
-                        None,
-                        None,
-                        format!("malformed section header `{content}`"),
-                    ));
+                    return Err(err(None, None, format!("malformed section header `{content}`")));
                 };
                 let inner = inner.trim();
                 if inner.is_empty() || inner.contains(char::is_whitespace) {
-                    return Err(err(
-                        None,
-                        None,
-                        format!("malformed section header `{content}`"),
-                    ));
+                    return Err(err(None, None, format!("malformed section header `{content}`")));
                 }
                 section = inner.to_owned();
                 continue;
             }
             let Some((key, value)) = content.split_once('=') else {
-                return Err(err(
-                    None,
-                    None,
-                    format!("expected `key = value`, found `{content}`"),
-                ));
+                return Err(err(None, None, format!("expected `key = value`, found `{content}`")));
             };
             let (key, value) = (key.trim(), value.trim());
             if key.is_empty() || key.contains(char::is_whitespace) {
                 return Err(err(None, None, format!("malformed key in `{content}`")));
             }
-            let key = if section.is_empty() {
-                key.to_owned()
-            } else {
-                format!("{section}.{key}")
-            };
+            let key = if section.is_empty() { key.to_owned() } else { format!("{section}.{key}") };
             if let Some(first) = seen.insert(key.clone(), line) {
-                return Err(err(
-                    Some(&key),
-                    None,
-                    format!("given twice (first at line {first})"),
-                ));
+                return Err(err(Some(&key), None, format!("given twice (first at line {first})")));
             }
             match owner(&key) {
                 Owner::Runtime => config.ignored.push(key),
-                Owner::Daemon => config
-                    .set(&key, value)
-                    .map_err(|message| err(Some(&key), Some(value), message))?,
+                Owner::Daemon => {
+                    config.set(&key, value).map_err(|message| err(Some(&key), Some(value), message))?
+                }
             }
         }
         config.check().map_err(|(key, message)| ConfigError {
@@ -307,25 +285,17 @@ impl Config {
             "kernel.cgroup" => self.kernel.cgroup = Some(absolute_path(value)?),
             "kernel.netns" => self.kernel.netns = Some(absolute_path(value)?),
             "http.maxThreads" => self.http.max_threads = int_at_least(value, MIN_MAX_THREADS)?,
-            "http.maxSessionConnections" => {
-                self.http.max_session_connections = int_at_least(value, 0)?
-            }
+            "http.maxSessionConnections" => self.http.max_session_connections = int_at_least(value, 0)?,
             "http.maxWebConnections" => self.http.max_web_connections = int_at_least(value, 0)?,
             "http.listen" => self.http.listen = socket_addr(value)?,
             "http.upstream" => self.http.upstream = Some(upstream(value)?),
             "breaker.threshold" => self.breaker.threshold = ratio(value)?,
             "breaker.minRequests" => self.breaker.min_requests = int_at_least(value, 1)?,
-            "breaker.sleepWindowMs" => {
-                self.breaker.sleep_window_ms = u64::from(int_at_least(value, 1)?)
-            }
+            "breaker.sleepWindowMs" => self.breaker.sleep_window_ms = u64::from(int_at_least(value, 1)?),
             "breaker.windowMs" => self.breaker.window_ms = u64::from(int_at_least(value, 1)?),
             "breaker.bucketMs" => self.breaker.bucket_ms = u64::from(int_at_least(value, 1)?),
-            "breaker.halfOpenMaxProbes" => {
-                self.breaker.half_open_max_probes = int_at_least(value, 1)?
-            }
-            "breaker.halfOpenSuccesses" => {
-                self.breaker.half_open_successes = int_at_least(value, 1)?
-            }
+            "breaker.halfOpenMaxProbes" => self.breaker.half_open_max_probes = int_at_least(value, 1)?,
+            "breaker.halfOpenSuccesses" => self.breaker.half_open_successes = int_at_least(value, 1)?,
             "breaker.failureStatuses" => self.breaker.failure_statuses = statuses(value)?,
             "breaker.bypassDebug" => self.breaker.bypass_debug = boolean(value)?,
             "admin.listen" => self.admin.listen = socket_addr(value)?,
@@ -345,26 +315,17 @@ impl Config {
         if b.bucket_ms > b.window_ms {
             return Err((
                 "breaker.bucketMs",
-                format!(
-                    "{} ms buckets do not fit in a {} ms window",
-                    b.bucket_ms, b.window_ms
-                ),
+                format!("{} ms buckets do not fit in a {} ms window", b.bucket_ms, b.window_ms),
             ));
         }
         if !b.window_ms.is_multiple_of(b.bucket_ms) {
             return Err((
                 "breaker.windowMs",
-                format!(
-                    "{} ms is not a whole number of {} ms buckets",
-                    b.window_ms, b.bucket_ms
-                ),
+                format!("{} ms is not a whole number of {} ms buckets", b.window_ms, b.bucket_ms),
             ));
         }
         if b.window_ms / b.bucket_ms > 3600 {
-            return Err((
-                "breaker.windowMs",
-                "more than 3600 buckets; use larger buckets".into(),
-            ));
+            return Err(("breaker.windowMs", "more than 3600 buckets; use larger buckets".into()));
         }
         Ok(())
     }
@@ -393,9 +354,7 @@ fn strip_comment(line: &str) -> &str {
 }
 
 fn int_at_least(value: &str, min: u32) -> Result<u32, String> {
-    let n: i64 = value
-        .parse()
-        .map_err(|_| format!("not a whole number (expected at least {min})"))?;
+    let n: i64 = value.parse().map_err(|_| format!("not a whole number (expected at least {min})"))?;
     if n < i64::from(min) {
         return Err(format!("must be at least {min}"));
     }
@@ -403,9 +362,7 @@ fn int_at_least(value: &str, min: u32) -> Result<u32, String> {
 }
 
 fn ratio(value: &str) -> Result<f64, String> {
-    let x: f64 = value
-        .parse()
-        .map_err(|_| "not a number (expected a ratio such as 0.5)".to_owned())?;
+    let x: f64 = value.parse().map_err(|_| "not a number (expected a ratio such as 0.5)".to_owned())?;
     if !(x > 0.0 && x < 1.0) {
         return Err("must be above 0 and below 1".into());
     }
@@ -429,18 +386,14 @@ fn absolute_path(value: &str) -> Result<PathBuf, String> {
 }
 
 fn socket_addr(value: &str) -> Result<SocketAddr, String> {
-    value
-        .parse()
-        .map_err(|_| "expected an address and port such as 127.0.0.1:9901 or [::1]:9901".into())
+    value.parse().map_err(|_| "expected an address and port such as 127.0.0.1:9901 or [::1]:9901".into())
 }
 
 fn upstream(value: &str) -> Result<String, String> {
     let rest = value.strip_prefix("http://").unwrap_or(value);
     let rest = rest.trim_end_matches('/');
     if rest.starts_with("https://") || value.starts_with("https://") {
-        return Err(
-            "TLS to the upstream is not supported; give host:port of a plain HTTP upstream".into(),
-        );
+        return Err("TLS to the upstream is not supported; give host:port of a plain HTTP upstream".into());
     }
     let Some((host, port)) = rest.rsplit_once(':') else {
         return Err("expected host:port (or http://host:port)".into());
@@ -464,17 +417,12 @@ fn parse_ports(value: &str) -> Result<BTreeMap<u16, u32>, String> {
         let Some((port, max)) = item.split_once(':') else {
             return Err(format!("`{item}`: expected port:max, such as 8080:400"));
         };
-        let port: i64 = port
-            .trim()
-            .parse()
-            .map_err(|_| format!("`{item}`: the port is not a number"))?;
+        let port: i64 = port.trim().parse().map_err(|_| format!("`{item}`: the port is not a number"))?;
         if !(1..=65535).contains(&port) {
             return Err(format!("`{item}`: port {port} is outside 1-65535"));
         }
-        let max: i64 = max
-            .trim()
-            .parse()
-            .map_err(|_| format!("`{item}`: the limit is not a whole number"))?;
+        let max: i64 =
+            max.trim().parse().map_err(|_| format!("`{item}`: the limit is not a whole number"))?;
         if max < 1 {
             return Err(format!("`{item}`: the limit must be at least 1"));
         }
@@ -493,10 +441,7 @@ fn statuses(value: &str) -> Result<Vec<(u16, u16)>, String> {
     for item in value.split(',').map(str::trim) {
         let (lo, hi) = item.split_once('-').unwrap_or((item, item));
         let parse = |s: &str| -> Result<u16, String> {
-            let n: u16 = s
-                .trim()
-                .parse()
-                .map_err(|_| format!("`{item}`: not a status code"))?;
+            let n: u16 = s.trim().parse().map_err(|_| format!("`{item}`: not a status code"))?;
             if !(100..=599).contains(&n) {
                 return Err(format!("`{item}`: statuses are 100-599"));
             }

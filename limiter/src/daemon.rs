@@ -31,10 +31,7 @@ pub enum DaemonError {
     #[error(transparent)]
     Kernel(#[from] KernelError),
     #[error("admin.listen {addr}: cannot listen: {source}")]
-    AdminListen {
-        addr: std::net::SocketAddr,
-        source: std::io::Error,
-    },
+    AdminListen { addr: std::net::SocketAddr, source: std::io::Error },
     #[error("installing signal handlers: {0}")]
     Signals(std::io::Error),
 }
@@ -64,32 +61,23 @@ impl State {
     pub fn metrics(&self) -> Result<String, KernelError> {
         let snap = self.gate.lock().expect("gate lock").snapshot()?;
         let mut page = Page::default();
-        page.family(
-            "limiter_build_info",
-            "gauge",
-            "Version of the running daemon.",
-        )
-        .sample(
+        page.family("limiter_build_info", "gauge", "Version of the running daemon.").sample(
             "limiter_build_info",
             &[("version", env!("CARGO_PKG_VERSION"))],
             1,
         );
         metrics::kernel(&mut page, &snap);
-        page.family(
-            "limiter_config_reloads_total",
-            "counter",
-            "Configuration reloads by result.",
-        )
-        .sample(
-            "limiter_config_reloads_total",
-            &[("result", "applied")],
-            self.reloads_ok.load(Ordering::Relaxed),
-        )
-        .sample(
-            "limiter_config_reloads_total",
-            &[("result", "rejected")],
-            self.reloads_failed.load(Ordering::Relaxed),
-        );
+        page.family("limiter_config_reloads_total", "counter", "Configuration reloads by result.")
+            .sample(
+                "limiter_config_reloads_total",
+                &[("result", "applied")],
+                self.reloads_ok.load(Ordering::Relaxed),
+            )
+            .sample(
+                "limiter_config_reloads_total",
+                &[("result", "rejected")],
+                self.reloads_failed.load(Ordering::Relaxed),
+            );
         Ok(page.finish())
     }
 
@@ -137,17 +125,10 @@ impl State {
             .map(|((key, _), _)| key)
             .collect();
         if !changed.is_empty() {
-            return Err(format!(
-                "{} changed, which needs a restart",
-                changed.join(", ")
-            ));
+            return Err(format!("{} changed, which needs a restart", changed.join(", ")));
         }
-        let changes = self
-            .gate
-            .lock()
-            .expect("gate lock")
-            .set_limits(&new.kernel.ports)
-            .map_err(|e| e.to_string())?;
+        let changes =
+            self.gate.lock().expect("gate lock").set_limits(&new.kernel.ports).map_err(|e| e.to_string())?;
         *config = new;
         Ok(changes)
     }
@@ -166,10 +147,7 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
 
     let admin = TcpListener::bind(config.admin.listen)
         .await
-        .map_err(|source| DaemonError::AdminListen {
-            addr: config.admin.listen,
-            source,
-        })?;
+        .map_err(|source| DaemonError::AdminListen { addr: config.admin.listen, source })?;
     let (gate, origin, target, changes) = Gate::start(&config.kernel)?;
     match origin {
         Origin::Loaded { mounted_bpffs } => tracing::info!(
@@ -185,12 +163,7 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
             "kernel gate adopted: it was pinned and enforcing; nothing re-attached"
         ),
     }
-    let ports: Vec<String> = config
-        .kernel
-        .ports
-        .iter()
-        .map(|(p, m)| format!("{p}:{m}"))
-        .collect();
+    let ports: Vec<String> = config.kernel.ports.iter().map(|(p, m)| format!("{p}:{m}")).collect();
     tracing::info!(
         ports = %ports.join(", "),
         changes = changes.len(),
@@ -227,10 +200,7 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
     if options.unload_on_exit {
         drop(state);
         let out = kernel::unload(&pin_path)?;
-        tracing::info!(
-            removed = out.removed.len(),
-            "kernel gate unloaded (--unload-on-exit)"
-        );
+        tracing::info!(removed = out.removed.len(), "kernel gate unloaded (--unload-on-exit)");
     } else {
         tracing::info!(pin_path = %pin_path.display(), "stopped; the kernel gate stays pinned and enforcing");
     }

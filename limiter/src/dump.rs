@@ -95,11 +95,7 @@ pub fn table(snap: &Snapshot, daemon: &DaemonView) -> String {
             (Some(l), true) => format!("{l} dry"),
             (None, _) => "-".into(),
         };
-        let refused = if r.dry_run {
-            format!("({})", r.would_refuse)
-        } else {
-            r.refused.to_string()
-        };
+        let refused = if r.dry_run { format!("({})", r.would_refuse) } else { r.refused.to_string() };
         let _ = writeln!(
             out,
             "{:>6} {:>8} {:>12} {:>8} {:>12} {:>10}",
@@ -107,10 +103,7 @@ pub fn table(snap: &Snapshot, daemon: &DaemonView) -> String {
         );
     }
     if snap.ports.is_empty() {
-        let _ = writeln!(
-            out,
-            "  (no port has completed a handshake yet, and none is enforced)"
-        );
+        let _ = writeln!(out, "  (no port has completed a handshake yet, and none is enforced)");
     }
     out.push('\n');
     match daemon {
@@ -124,11 +117,7 @@ pub fn table(snap: &Snapshot, daemon: &DaemonView) -> String {
         }
         DaemonView::NotRunning { admin } => {
             let enforcing = snap.links.iter().all(|l| l.link_id.is_some());
-            let gate = if enforcing {
-                "; the kernel gate above still enforces"
-            } else {
-                ""
-            };
+            let gate = if enforcing { "; the kernel gate above still enforces" } else { "" };
             let _ = writeln!(out, "daemon not running (nothing answers on {admin}){gate}");
         }
     }

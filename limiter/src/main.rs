@@ -11,11 +11,7 @@ use limiter::{
 };
 
 #[derive(Parser)]
-#[command(
-    name = "limiter",
-    version,
-    about = "Refuses work at the SYN and at HTTP before a server drowns"
-)]
+#[command(name = "limiter", version, about = "Refuses work at the SYN and at HTTP before a server drowns")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -69,8 +65,7 @@ impl PinTarget {
                 Ok((c.kernel.pin_path, c.admin.listen))
             }
             (None, path) => Ok((
-                path.clone()
-                    .unwrap_or_else(|| PathBuf::from(defaults::PIN_PATH)),
+                path.clone().unwrap_or_else(|| PathBuf::from(defaults::PIN_PATH)),
                 defaults::ADMIN_LISTEN.parse().expect("valid default"),
             )),
         }
@@ -80,23 +75,13 @@ impl PinTarget {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run {
-            config,
-            unload_on_exit,
-            log_json,
-        } => {
+        Command::Run { config, unload_on_exit, log_json } => {
             init_logging(log_json);
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
+            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => return fail(format!("starting the runtime: {e}")),
             };
-            match runtime.block_on(daemon::run(RunOptions {
-                config_path: config,
-                unload_on_exit,
-            })) {
+            match runtime.block_on(daemon::run(RunOptions { config_path: config, unload_on_exit })) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e.to_string()),
             }
@@ -148,40 +133,19 @@ fn main() -> ExitCode {
 }
 
 fn describe(c: &Config) -> String {
-    let ports: Vec<String> = c
-        .kernel
-        .ports
-        .iter()
-        .map(|(p, m)| format!("{p}:{m}"))
-        .collect();
+    let ports: Vec<String> = c.kernel.ports.iter().map(|(p, m)| format!("{p}:{m}")).collect();
     let unlimited = |n: u32| {
-        if n == 0 {
-            "unlimited".to_owned()
-        } else {
-            n.to_string()
-        }
+        if n == 0 { "unlimited".to_owned() } else { n.to_string() }
     };
     format!(
         "{}: OK\n  kernel.ports       {}\n  kernel.pinPath     {}\n  kernel.cgroup      {}\n  kernel.netns       {}\n  \
          http               maxThreads {} -> normal pool {}, /debug/ slots {}; per session {}; web clients {}\n  \
          admin.listen       {}\n  ignored keys       {} (the business runtime's)\n",
-        c.source
-            .as_ref()
-            .map_or("<config>".into(), |p| p.display().to_string()),
-        if ports.is_empty() {
-            "(none: count only)".into()
-        } else {
-            ports.join(", ")
-        },
+        c.source.as_ref().map_or("<config>".into(), |p| p.display().to_string()),
+        if ports.is_empty() { "(none: count only)".into() } else { ports.join(", ") },
         c.kernel.pin_path.display(),
-        c.kernel
-            .cgroup
-            .as_ref()
-            .map_or("(the cgroup v2 root)".into(), |p| p.display().to_string()),
-        c.kernel
-            .netns
-            .as_ref()
-            .map_or("(the daemon's own)".into(), |p| p.display().to_string()),
+        c.kernel.cgroup.as_ref().map_or("(the cgroup v2 root)".into(), |p| p.display().to_string()),
+        c.kernel.netns.as_ref().map_or("(the daemon's own)".into(), |p| p.display().to_string()),
         c.http.max_threads,
         c.http.normal_limit(),
         defaults::DEBUG_SLOTS,

@@ -47,20 +47,14 @@ impl Page {
 }
 
 fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 /// The kernel gate's families.
 pub fn kernel(page: &mut Page, snap: &Snapshot) {
     let ports: Vec<(String, &crate::kernel::PortRow)> =
         snap.ports.iter().map(|r| (r.port.to_string(), r)).collect();
-    page.family(
-        "limiter_kernel_limit",
-        "gauge",
-        "Most established connections allowed on an enforced port.",
-    );
+    page.family("limiter_kernel_limit", "gauge", "Most established connections allowed on an enforced port.");
     for (port, r) in &ports {
         if let Some(limit) = r.limit {
             page.sample("limiter_kernel_limit", &[("port", port)], limit);
@@ -117,11 +111,7 @@ pub fn kernel(page: &mut Page, snap: &Snapshot) {
         "counter",
         "Established sockets the gate could not mark, so did not count.",
     )
-    .sample(
-        "limiter_kernel_untracked_sockets_total",
-        &[],
-        snap.untracked_sockets,
-    );
+    .sample("limiter_kernel_untracked_sockets_total", &[], snap.untracked_sockets);
 }
 
 #[cfg(test)]
@@ -131,11 +121,7 @@ mod tests {
     #[test]
     fn labels_are_escaped_and_lines_well_formed() {
         let mut page = Page::default();
-        page.family("x_total", "counter", "Things.").sample(
-            "x_total",
-            &[("a", "q\"b\\"), ("c", "d")],
-            3,
-        );
+        page.family("x_total", "counter", "Things.").sample("x_total", &[("a", "q\"b\\"), ("c", "d")], 3);
         assert_eq!(
             page.finish(),
             "# HELP x_total Things.\n# TYPE x_total counter\nx_total{a=\"q\\\"b\\\\\",c=\"d\"} 3\n"

@@ -37,18 +37,13 @@ pub const CGROUP_ROOT: &str = "/sys/fs/cgroup/unified";
 
 /// The daemon binary under test.
 pub fn limiter_bin() -> PathBuf {
-    std::env::var_os("LIMITER_BIN").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/limiter"),
-        PathBuf::from,
-    )
+    std::env::var_os("LIMITER_BIN")
+        .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/limiter"), PathBuf::from)
 }
 
 /// Runs `limiter ARGS` to completion.
 pub fn limiter(args: &[&str]) -> Output {
-    Command::new(limiter_bin())
-        .args(args)
-        .output()
-        .expect("run limiter")
+    Command::new(limiter_bin()).args(args).output().expect("run limiter")
 }
 
 /// Whether this process may run kernel tests. Under `cargo xtask test`
@@ -97,11 +92,7 @@ pub struct Sandbox {
 
 impl Sandbox {
     pub fn new() -> Result<Self> {
-        let name = format!(
-            "lt-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        );
+        let name = format!("lt-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
         run("ip", &["netns", "add", &name])?;
         run("ip", &["-n", &name, "link", "set", "lo", "up"])?;
         let netns_path = PathBuf::from(format!("/var/run/netns/{name}"));
@@ -227,10 +218,7 @@ impl Sandbox {
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("burst thread"))
-            .collect()
+        handles.into_iter().flat_map(|h| h.join().expect("burst thread")).collect()
     }
 }
 
@@ -241,12 +229,9 @@ fn connect_nonblocking(addr: &str, n: usize) -> Vec<socket2::Socket> {
         {
             (0..n)
                 .map(|_| {
-                    let s = socket2::Socket::new(
-                        socket2::Domain::for_address(addr),
-                        socket2::Type::STREAM,
-                        None,
-                    )
-                    .expect("socket");
+                    let s =
+                        socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)
+                            .expect("socket");
                     s.set_nonblocking(true).expect("nonblocking");
                     let _ = s.connect(&addr.into()); // EINPROGRESS or ECONNREFUSED
                     s
@@ -265,9 +250,7 @@ impl Drop for Sandbox {
             }
             let _ = fs::remove_dir(&self.pin_path);
         }
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
         let _ = fs::remove_dir(&self.cgroup);
         let _ = fs::remove_dir_all(&self.dir);
     }
@@ -276,32 +259,19 @@ impl Drop for Sandbox {
 /// This process's cgroup v2 directory, from `/proc/self/cgroup` ("0::/path").
 fn home_cgroup() -> Result<PathBuf> {
     let text = fs::read_to_string("/proc/self/cgroup")?;
-    let rel = text
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .context("no cgroup v2 line in /proc/self/cgroup")?;
+    let rel =
+        text.lines().find_map(|l| l.strip_prefix("0::")).context("no cgroup v2 line in /proc/self/cgroup")?;
     Ok(Path::new(CGROUP_ROOT).join(rel.trim_start_matches('/')))
 }
 
 /// A port free on the host's loopback right now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port()
 }
 
 pub fn run(cmd: &str, args: &[&str]) -> Result<String> {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .with_context(|| format!("run {cmd}"))?;
-    ensure!(
-        out.status.success(),
-        "{cmd} {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = Command::new(cmd).args(args).output().with_context(|| format!("run {cmd}"))?;
+    ensure!(out.status.success(), "{cmd} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
@@ -333,29 +303,18 @@ impl Daemon {
             .stderr(File::create(&log)?)
             .env("LIMITER_LOG", "debug")
             .spawn()?;
-        let mut daemon = Self {
-            child,
-            config: config.to_path_buf(),
-            admin,
-            log,
-        };
+        let mut daemon = Self { child, config: config.to_path_buf(), admin, log };
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Some(status) = daemon.child.try_wait()? {
-                bail!(
-                    "daemon exited during start-up ({status}):\n{}",
-                    daemon.log()
-                );
+                bail!("daemon exited during start-up ({status}):\n{}", daemon.log());
             }
             if http_get(admin, "/healthz").is_ok() {
                 return Ok(daemon);
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        bail!(
-            "daemon did not answer on {admin} within 10 s:\n{}",
-            daemon.log()
-        )
+        bail!("daemon did not answer on {admin} within 10 s:\n{}", daemon.log())
     }
 
     pub fn pid(&self) -> Pid {
@@ -378,11 +337,7 @@ impl Daemon {
         while Instant::now() < deadline {
             let log = self.log();
             if log.matches("reload").count() > before {
-                return log
-                    .lines()
-                    .rfind(|l| l.contains("reload"))
-                    .unwrap_or("")
-                    .to_owned();
+                return log.lines().rfind(|l| l.contains("reload")).unwrap_or("").to_owned();
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -416,26 +371,14 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
     let mut raw = String::new();
     s.read_to_string(&mut raw)?;
     let (head, body) = raw.split_once("\r\n\r\n").context("no header end")?;
-    ensure!(
-        head.split_whitespace().nth(1) == Some("200"),
-        "status: {head}"
-    );
+    ensure!(head.split_whitespace().nth(1) == Some("200"), "status: {head}");
     Ok(body.to_owned())
 }
 
 /// The kernel part of `limiter dump --json --pin-path DIR`.
 pub fn dump(pin_path: &Path) -> Value {
-    let out = limiter(&[
-        "dump",
-        "--json",
-        "--pin-path",
-        pin_path.to_str().expect("utf-8"),
-    ]);
-    assert!(
-        out.status.success(),
-        "dump failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = limiter(&["dump", "--json", "--pin-path", pin_path.to_str().expect("utf-8")]);
+    assert!(out.status.success(), "dump failed: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).expect("dump --json is JSON")
 }
 
@@ -487,9 +430,7 @@ pub fn wait_established(pin_path: &Path, p: u16, want: u64) -> PortView {
 /// Accepts until `n` connections are held (with a deadline).
 pub fn accept_n(listener: &TcpListener, n: usize) -> Vec<TcpStream> {
     listener.set_nonblocking(false).expect("blocking");
-    (0..n)
-        .map(|_| listener.accept().expect("accept").0)
-        .collect()
+    (0..n).map(|_| listener.accept().expect("accept").0).collect()
 }
 
 /// Whether the listener has nothing waiting to be accepted.
@@ -502,9 +443,7 @@ pub fn accept_queue_empty(listener: &TcpListener) -> bool {
 
 /// Sets SO_LINGER to zero so that closing sends a RST.
 pub fn reset_on_close(stream: &TcpStream) {
-    socket2::SockRef::from(stream)
-        .set_linger(Some(Duration::ZERO))
-        .expect("SO_LINGER");
+    socket2::SockRef::from(stream).set_linger(Some(Duration::ZERO)).expect("SO_LINGER");
 }
 
 /// Writes a line on `client` and expects it echoed back by `server`'s

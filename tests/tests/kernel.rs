@@ -20,23 +20,11 @@ fn addr(port: u16) -> String {
 /// Kernel-side view, independent of the daemon: programs attached to the
 /// sandbox's cgroup (sock_ops) and links on its namespace (sk_lookup).
 fn attachments(sb: &Sandbox) -> (usize, usize) {
-    let cgroup = run(
-        "bpftool",
-        &["cgroup", "show", sb.cgroup.to_str().unwrap(), "--json"],
-    )
-    .unwrap();
-    let cgroup: serde_json::Value = serde_json::from_str(if cgroup.trim().is_empty() {
-        "[]"
-    } else {
-        &cgroup
-    })
-    .unwrap();
-    let sock_ops = cgroup
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["attach_type"] == "cgroup_sock_ops")
-        .count();
+    let cgroup = run("bpftool", &["cgroup", "show", sb.cgroup.to_str().unwrap(), "--json"]).unwrap();
+    let cgroup: serde_json::Value =
+        serde_json::from_str(if cgroup.trim().is_empty() { "[]" } else { &cgroup }).unwrap();
+    let sock_ops =
+        cgroup.as_array().unwrap().iter().filter(|p| p["attach_type"] == "cgroup_sock_ops").count();
     let links: serde_json::Value =
         serde_json::from_str(&run("bpftool", &["link", "show", "--json"]).unwrap()).unwrap();
     let sk_lookup = links
@@ -56,13 +44,7 @@ fn count_is_exact_whichever_way_connections_end() {
     let per_mode = 250;
     let mut admitted = 0;
 
-    for mode in [
-        "client FIN first",
-        "server FIN first",
-        "client RST",
-        "server RST",
-        "never accepted",
-    ] {
+    for mode in ["client FIN first", "server FIN first", "client RST", "server RST", "never accepted"] {
         let listener = sb.listen(&addr(P), 1024);
         let mut pairs = Vec::new();
         for _ in 0..per_mode {
@@ -105,11 +87,7 @@ fn count_is_exact_whichever_way_connections_end() {
         assert_eq!(row.admitted, admitted, "{mode}");
         // And it stays exact: nothing decrements twice or late.
         std::thread::sleep(Duration::from_millis(200));
-        assert_eq!(
-            port(&dump(&sb.pin_path), P).established,
-            0,
-            "{mode}: count moved after settling"
-        );
+        assert_eq!(port(&dump(&sb.pin_path), P).established, 0, "{mode}: count moved after settling");
     }
     assert_eq!(admitted, 1250);
 }
@@ -128,20 +106,11 @@ fn connection_past_the_limit_is_refused_at_once_and_established_ones_work() {
     let err = sb.connect(&addr(P)).expect_err("the port is full");
     let elapsed = started.elapsed();
     assert_eq!(err.kind(), ErrorKind::ConnectionRefused, "{err}");
-    assert!(
-        elapsed < Duration::from_millis(500),
-        "refusal took {elapsed:?}"
-    );
-    assert!(
-        accept_queue_empty(&listener),
-        "the refused attempt reached the accept queue"
-    );
+    assert!(elapsed < Duration::from_millis(500), "refusal took {elapsed:?}");
+    assert!(accept_queue_empty(&listener), "the refused attempt reached the accept queue");
 
     for (c, s) in clients.iter_mut().zip(servers.iter_mut()) {
-        assert!(
-            carries_data(c, s),
-            "an established connection stopped carrying data"
-        );
+        assert!(carries_data(c, s), "an established connection stopped carrying data");
     }
     let row = port(&dump(&sb.pin_path), P);
     assert_eq!((row.established, row.refused, row.limit), (3, 1, Some(3)));
@@ -152,10 +121,7 @@ fn connection_past_the_limit_is_refused_at_once_and_established_ones_work() {
     wait_established(&sb.pin_path, P, 2);
     let extra = sb.connect(&addr(P)).expect("a freed slot admits one");
     let _extra_server = accept_n(&listener, 1);
-    assert_eq!(
-        sb.connect(&addr(P)).unwrap_err().kind(),
-        ErrorKind::ConnectionRefused
-    );
+    assert_eq!(sb.connect(&addr(P)).unwrap_err().kind(), ErrorKind::ConnectionRefused);
     let row = port(&dump(&sb.pin_path), P);
     assert_eq!((row.established, row.refused, row.admitted), (3, 2, 4));
     drop(extra);
@@ -179,25 +145,14 @@ fn burst_overshoot_stays_within_the_documented_bound() {
         let connected = burst.iter().filter(|s| s.peer_addr().is_ok()).count() as u64;
         let row = port(&dump(&sb.pin_path), P);
         highest = highest.max(row.high_watermark);
-        assert!(
-            connected <= bound,
-            "round {round}: {connected} connected, bound {bound}"
-        );
-        assert!(
-            connected >= limit,
-            "round {round}: only {connected} connected under limit {limit}"
-        );
+        assert!(connected <= bound, "round {round}: {connected} connected, bound {bound}");
+        assert!(connected >= limit, "round {round}: only {connected} connected under limit {limit}");
         drop(listener);
         drop(burst);
         wait_established(&sb.pin_path, P, 0);
     }
-    eprintln!(
-        "burst overshoot: highest established {highest} against limit {limit} (bound {bound})"
-    );
-    assert!(
-        highest <= bound,
-        "highest established {highest} exceeds bound {bound}"
-    );
+    eprintln!("burst overshoot: highest established {highest} against limit {limit} (bound {bound})");
+    assert!(highest <= bound, "highest established {highest} exceeds bound {bound}");
 }
 
 #[test]
@@ -213,10 +168,7 @@ fn limits_change_live_and_reload_is_all_or_nothing() {
         held.push(sb.connect(&addr(P)).unwrap());
     }
     let mut servers = accept_n(&listener, 2);
-    assert_eq!(
-        sb.connect(&addr(P)).unwrap_err().kind(),
-        ErrorKind::ConnectionRefused
-    );
+    assert_eq!(sb.connect(&addr(P)).unwrap_err().kind(), ErrorKind::ConnectionRefused);
 
     // A port that is counted but not (yet) enforced: 5 connections, none refused.
     let listener_q = sb.listen(&addr(q), 128);
@@ -225,27 +177,17 @@ fn limits_change_live_and_reload_is_all_or_nothing() {
 
     // Raise P to 4 and add Q at 5: the reload counts Q exactly from before.
     let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(
-        &config,
-        text.replace(&format!("{P}:2"), &format!("{P}:4, {q}:5")),
-    )
-    .unwrap();
+    std::fs::write(&config, text.replace(&format!("{P}:2"), &format!("{P}:4, {q}:5"))).unwrap();
     let outcome = daemon.reload();
     assert!(outcome.contains("applied"), "{outcome}");
     for _ in 0..2 {
         held.push(sb.connect(&addr(P)).unwrap());
     }
     servers.extend(accept_n(&listener, 2));
-    assert_eq!(
-        sb.connect(&addr(P)).unwrap_err().kind(),
-        ErrorKind::ConnectionRefused
-    );
+    assert_eq!(sb.connect(&addr(P)).unwrap_err().kind(), ErrorKind::ConnectionRefused);
     let row_q = wait_established(&sb.pin_path, q, 5);
     assert_eq!(row_q.limit, Some(5));
-    assert_eq!(
-        sb.connect(&addr(q)).unwrap_err().kind(),
-        ErrorKind::ConnectionRefused
-    );
+    assert_eq!(sb.connect(&addr(q)).unwrap_err().kind(), ErrorKind::ConnectionRefused);
     drop(q_clients);
 
     // Lower P to 1 under 4 established: they keep working, nothing new gets in
@@ -256,17 +198,11 @@ fn limits_change_live_and_reload_is_all_or_nothing() {
     for (c, s) in held.iter_mut().zip(servers.iter_mut()) {
         assert!(carries_data(c, s));
     }
-    assert_eq!(
-        sb.connect(&addr(P)).unwrap_err().kind(),
-        ErrorKind::ConnectionRefused
-    );
+    assert_eq!(sb.connect(&addr(P)).unwrap_err().kind(), ErrorKind::ConnectionRefused);
     held.truncate(1);
     servers.truncate(1);
     wait_established(&sb.pin_path, P, 1);
-    assert_eq!(
-        sb.connect(&addr(P)).unwrap_err().kind(),
-        ErrorKind::ConnectionRefused
-    );
+    assert_eq!(sb.connect(&addr(P)).unwrap_err().kind(), ErrorKind::ConnectionRefused);
     held.clear();
     servers.clear();
     wait_established(&sb.pin_path, P, 0);
@@ -276,10 +212,7 @@ fn limits_change_live_and_reload_is_all_or_nothing() {
     let good = std::fs::read_to_string(&config).unwrap();
     std::fs::write(&config, format!("{good}kernel.ports.typo = 1\n")).unwrap();
     let outcome = daemon.reload();
-    assert!(
-        outcome.contains("reload rejected, nothing changed"),
-        "{outcome}"
-    );
+    assert!(outcome.contains("reload rejected, nothing changed"), "{outcome}");
     assert!(outcome.contains("kernel.ports.typo"), "{outcome}");
     std::fs::write(
         &config,
@@ -288,20 +221,9 @@ fn limits_change_live_and_reload_is_all_or_nothing() {
     )
     .unwrap();
     let outcome = daemon.reload();
-    assert!(
-        outcome.contains("admin.listen changed, which needs a restart"),
-        "{outcome}"
-    );
-    assert_eq!(
-        port(&dump(&sb.pin_path), P).limit,
-        Some(1),
-        "a rejected reload changed a limit"
-    );
-    assert!(
-        daemon
-            .metrics()
-            .contains("limiter_config_reloads_total{result=\"rejected\"} 2")
-    );
+    assert!(outcome.contains("admin.listen changed, which needs a restart"), "{outcome}");
+    assert_eq!(port(&dump(&sb.pin_path), P).limit, Some(1), "a rejected reload changed a limit");
+    assert!(daemon.metrics().contains("limiter_config_reloads_total{result=\"rejected\"} 2"));
 }
 
 #[test]
@@ -315,25 +237,18 @@ fn unlisted_ports_udp_outgoing_and_ipv6() {
     let listener = sb.listen(&addr(P), 128);
     let _c = sb.connect(&addr(P)).unwrap();
     let _s = accept_n(&listener, 1);
-    assert_eq!(
-        sb.connect(&addr(P)).unwrap_err().kind(),
-        ErrorKind::ConnectionRefused
-    );
+    assert_eq!(sb.connect(&addr(P)).unwrap_err().kind(), ErrorKind::ConnectionRefused);
     // ...UDP on the same port number is untouched...
     let udp = sb.udp(&addr(P));
     let sender = sb.udp("127.0.0.1:0");
     sender.send_to(b"datagram", addr(P)).unwrap();
     let mut buf = [0u8; 16];
     udp.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    let (n, _) = udp
-        .recv_from(&mut buf)
-        .expect("UDP to a full TCP port still arrives");
+    let (n, _) = udp.recv_from(&mut buf).expect("UDP to a full TCP port still arrives");
     assert_eq!(&buf[..n], b"datagram");
     // ...an unlisted port takes 100 connections and is counted exactly...
     let listener_free = sb.listen(&addr(free), 256);
-    let clients: Vec<_> = (0..100)
-        .map(|_| sb.connect(&addr(free)).expect("unlisted port"))
-        .collect();
+    let clients: Vec<_> = (0..100).map(|_| sb.connect(&addr(free)).expect("unlisted port")).collect();
     let row = wait_established(&sb.pin_path, free, 100);
     assert_eq!((row.limit, row.refused), (None, 0));
     drop(clients);
@@ -342,34 +257,20 @@ fn unlisted_ports_udp_outgoing_and_ipv6() {
     // ...and an outgoing connection made from inside the counted cgroup is
     // not counted (nor its ephemeral port): only passive opens are.
     let outside = sb.listen_uncounted(&addr(free));
-    let out = sb
-        .connect_from_cgroup(&addr(free))
-        .expect("outgoing connection");
+    let out = sb.connect_from_cgroup(&addr(free)).expect("outgoing connection");
     let ephemeral = out.local_addr().unwrap().port();
     let _accepted = accept_n(&outside, 1);
     std::thread::sleep(Duration::from_millis(100));
     let d = dump(&sb.pin_path);
     assert_eq!(
         port(&d, ephemeral),
-        PortView {
-            limit: None,
-            established: 0,
-            high_watermark: 0,
-            admitted: 0,
-            refused: 0
-        }
+        PortView { limit: None, established: 0, high_watermark: 0, admitted: 0, refused: 0 }
     );
-    assert_eq!(
-        port(&d, free).admitted,
-        100,
-        "a connection to a listener outside the cgroup was counted"
-    );
+    assert_eq!(port(&d, free).admitted, 100, "a connection to a listener outside the cgroup was counted");
 
     // IPv6 counts and refuses the same way.
     let listener6 = sb.listen(&format!("[::1]:{v6}"), 128);
-    let c6: Vec<_> = (0..2)
-        .map(|_| sb.connect(&format!("[::1]:{v6}")).unwrap())
-        .collect();
+    let c6: Vec<_> = (0..2).map(|_| sb.connect(&format!("[::1]:{v6}")).unwrap()).collect();
     let s6 = accept_n(&listener6, 2);
     wait_established(&sb.pin_path, v6, 2);
     let err = sb.connect(&format!("[::1]:{v6}")).unwrap_err();
@@ -394,33 +295,21 @@ fn kill_9_and_restart_keep_enforcing_with_one_attachment() {
     daemon.signal(Signal::SIGKILL);
     drop(daemon);
     // Down: still enforcing, still counting, and dump still reads it.
-    assert_eq!(
-        sb.connect(&addr(P)).unwrap_err().kind(),
-        ErrorKind::ConnectionRefused
-    );
+    assert_eq!(sb.connect(&addr(P)).unwrap_err().kind(), ErrorKind::ConnectionRefused);
     drop(clients.pop());
     drop(servers.pop());
     wait_established(&sb.pin_path, P, 1);
     let table = limiter(&["dump", "--config", config.to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&table.stdout).contains("daemon not running"));
-    let _third = sb
-        .connect(&addr(P))
-        .expect("slot freed while the daemon was down");
+    let _third = sb.connect(&addr(P)).expect("slot freed while the daemon was down");
     servers.extend(accept_n(&listener, 1));
 
     let daemon = Daemon::start(&config, &[]).unwrap();
     assert!(daemon.log().contains("adopted"), "{}", daemon.log());
-    assert_eq!(
-        attachments(&sb),
-        (1, 1),
-        "restart attached a second program"
-    );
+    assert_eq!(attachments(&sb), (1, 1), "restart attached a second program");
     let row = port(&dump(&sb.pin_path), P);
     assert_eq!((row.established, row.admitted, row.refused), (2, 3, 1));
-    assert_eq!(
-        sb.connect(&addr(P)).unwrap_err().kind(),
-        ErrorKind::ConnectionRefused
-    );
+    assert_eq!(sb.connect(&addr(P)).unwrap_err().kind(), ErrorKind::ConnectionRefused);
     let table = limiter(&["dump", "--config", config.to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&table.stdout).contains("daemon running"));
 }
@@ -436,10 +325,7 @@ fn sigterm_leaves_the_gate_and_unload_removes_only_its_own_pins() {
     let _s = accept_n(&listener, 1);
     daemon.signal(Signal::SIGTERM);
     assert_eq!(daemon.wait(), Some(0));
-    assert_eq!(
-        sb.connect(&addr(P)).unwrap_err().kind(),
-        ErrorKind::ConnectionRefused
-    );
+    assert_eq!(sb.connect(&addr(P)).unwrap_err().kind(), ErrorKind::ConnectionRefused);
     assert_eq!(attachments(&sb), (1, 1));
 
     let foreign = sb.pin_path.join("someone_elses_map");
@@ -463,20 +349,9 @@ fn sigterm_leaves_the_gate_and_unload_removes_only_its_own_pins() {
     )
     .unwrap();
     let out = limiter(&["unload", "--config", config.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        foreign.exists(),
-        "unload removed a pin that was not limiter's"
-    );
-    let left: Vec<_> = std::fs::read_dir(&sb.pin_path)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(foreign.exists(), "unload removed a pin that was not limiter's");
+    let left: Vec<_> = std::fs::read_dir(&sb.pin_path).unwrap().flatten().map(|e| e.file_name()).collect();
     assert_eq!(left, vec![std::ffi::OsString::from("someone_elses_map")]);
     assert_eq!(attachments(&sb), (0, 0));
     let _more = sb.connect(&addr(P)).expect("no gate after unload");
@@ -506,10 +381,7 @@ fn bad_environments_get_one_clear_sentence() {
     };
 
     let config = sb.config(&format!("{P}:1"), "");
-    let err = start_err(
-        &config,
-        &["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--"],
-    );
+    let err = start_err(&config, &["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--"]);
     assert_eq!(
         err,
         "limiter: limiter needs CAP_BPF and CAP_NET_ADMIN to load and attach its kernel programs; \
@@ -520,10 +392,7 @@ fn bad_environments_get_one_clear_sentence() {
     let missing = sb.dir.join("missing.ini");
     std::fs::write(
         &missing,
-        text.replace(
-            sb.cgroup.to_str().unwrap(),
-            "/sys/fs/cgroup/unified/no-such-cgroup",
-        ),
+        text.replace(sb.cgroup.to_str().unwrap(), "/sys/fs/cgroup/unified/no-such-cgroup"),
     )
     .unwrap();
     assert_eq!(
@@ -532,28 +401,16 @@ fn bad_environments_get_one_clear_sentence() {
     );
 
     let not_bpffs = sb.dir.join("not-bpffs.ini");
-    std::fs::write(
-        &not_bpffs,
-        text.replace(sb.pin_path.to_str().unwrap(), sb.dir.to_str().unwrap()),
-    )
-    .unwrap();
+    std::fs::write(&not_bpffs, text.replace(sb.pin_path.to_str().unwrap(), sb.dir.to_str().unwrap()))
+        .unwrap();
     assert!(start_err(&not_bpffs, &[]).ends_with(
         "exists but is not on bpffs: set kernel.pinPath to a directory under a bpffs mount such as /sys/fs/bpf"
     ));
 
     let no_netns = sb.dir.join("no-netns.ini");
-    std::fs::write(
-        &no_netns,
-        text.replace(
-            sb.netns_path.to_str().unwrap(),
-            "/var/run/netns/no-such-netns",
-        ),
-    )
-    .unwrap();
-    assert!(
-        start_err(&no_netns, &[])
-            .starts_with("limiter: kernel.netns /var/run/netns/no-such-netns: ")
-    );
+    std::fs::write(&no_netns, text.replace(sb.netns_path.to_str().unwrap(), "/var/run/netns/no-such-netns"))
+        .unwrap();
+    assert!(start_err(&no_netns, &[]).starts_with("limiter: kernel.netns /var/run/netns/no-such-netns: "));
 
     // Pins from an incompatible limiter: a gate whose layout version is
     // not this daemon's (as a future release would leave).
@@ -562,21 +419,9 @@ fn bad_environments_get_one_clear_sentence() {
     daemon.wait();
     let settings = sb.pin_path.join("LIMITER_CONFIG");
     let mut value = vec!["value"];
-    let bytes = ["99", "0", "0", "0"]
-        .iter()
-        .chain(std::iter::repeat_n(&"0", 20));
+    let bytes = ["99", "0", "0", "0"].iter().chain(std::iter::repeat_n(&"0", 20));
     value.extend(bytes.copied());
-    let mut args = vec![
-        "map",
-        "update",
-        "pinned",
-        settings.to_str().unwrap(),
-        "key",
-        "0",
-        "0",
-        "0",
-        "0",
-    ];
+    let mut args = vec!["map", "update", "pinned", settings.to_str().unwrap(), "key", "0", "0", "0", "0"];
     args.extend(value);
     run("bpftool", &args).unwrap();
     assert_eq!(
@@ -609,37 +454,21 @@ fn dump_and_metrics_agree_with_what_was_opened() {
     let d = dump(&sb.pin_path);
     assert_eq!(
         port(&d, P),
-        PortView {
-            limit: Some(4),
-            established: 4,
-            high_watermark: 4,
-            admitted: 4,
-            refused: 3
-        }
+        PortView { limit: Some(4), established: 4, high_watermark: 4, admitted: 4, refused: 3 }
     );
     assert_eq!(
         port(&d, other),
-        PortView {
-            limit: None,
-            established: 7,
-            high_watermark: 7,
-            admitted: 7,
-            refused: 0
-        }
+        PortView { limit: None, established: 7, high_watermark: 7, admitted: 7, refused: 0 }
     );
     assert_eq!(d["kernel"]["layout_version"], 1);
     let with_daemon = limiter(&["dump", "--json", "--config", config.to_str().unwrap()]);
     let with_daemon: serde_json::Value = serde_json::from_slice(&with_daemon.stdout).unwrap();
     assert_eq!(with_daemon["daemon"]["running"], true);
-    assert_eq!(
-        with_daemon["daemon"]["status"]["pid"],
-        daemon.pid().as_raw()
-    );
+    assert_eq!(with_daemon["daemon"]["status"]["pid"], daemon.pid().as_raw());
     assert_eq!(with_daemon["kernel"]["ports"], d["kernel"]["ports"]);
 
-    let table =
-        String::from_utf8_lossy(&limiter(&["dump", "--config", config.to_str().unwrap()]).stdout)
-            .into_owned();
+    let table = String::from_utf8_lossy(&limiter(&["dump", "--config", config.to_str().unwrap()]).stdout)
+        .into_owned();
     let row: Vec<&str> = table
         .lines()
         .find(|l| l.trim_start().starts_with(&P.to_string()))
@@ -656,10 +485,7 @@ fn dump_and_metrics_agree_with_what_was_opened() {
         format!("limiter_kernel_established{{port=\"{other}\"}} 7"),
         "limiter_kernel_gate_attached 1".to_owned(),
     ] {
-        assert!(
-            metrics.lines().any(|l| l == line),
-            "missing `{line}` in\n{metrics}"
-        );
+        assert!(metrics.lines().any(|l| l == line), "missing `{line}` in\n{metrics}");
     }
     drop((c1, c2, l1, l2));
     wait_established(&sb.pin_path, P, 0);

@@ -15,7 +15,6 @@ pub fn main(args: &[String]) -> Result<()> {
     setup::ensure(setup::Purpose::Bench)?;
     let daemon = build_daemon(true)?;
     let mut cmd = cargo();
-    cmd.args(["run", "--release", "--package", "limiter-tests", "--bin", bin])
-        .env("LIMITER_BIN", daemon);
+    cmd.args(["run", "--release", "--package", "limiter-tests", "--bin", bin]).env("LIMITER_BIN", daemon);
     status(&format!("benchmark {which}"), &mut cmd)
 }

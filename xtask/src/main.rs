@@ -53,10 +53,7 @@ fn real_main() -> Result<()> {
 
 /// The workspace root (xtask lives one level below it).
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask has a parent")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask has a parent").to_path_buf()
 }
 
 pub fn cargo() -> Command {
@@ -66,9 +63,7 @@ pub fn cargo() -> Command {
 }
 
 pub fn status(what: &str, cmd: &mut Command) -> Result<()> {
-    let status = cmd
-        .status()
-        .with_context(|| format!("{what}: could not start {cmd:?}"))?;
+    let status = cmd.status().with_context(|| format!("{what}: could not start {cmd:?}"))?;
     if !status.success() {
         bail!("{what} failed ({status})");
     }
@@ -83,10 +78,7 @@ pub fn build_daemon(release: bool) -> Result<PathBuf> {
         cmd.arg("--release");
     }
     status("building the daemon", &mut cmd)?;
-    Ok(root()
-        .join("target")
-        .join(if release { "release" } else { "debug" })
-        .join("limiter"))
+    Ok(root().join("target").join(if release { "release" } else { "debug" }).join("limiter"))
 }
 
 fn run(args: &[String]) -> Result<()> {
@@ -108,16 +100,8 @@ fn test(filter: &[String]) -> Result<()> {
     setup::ensure(setup::Purpose::Test)?;
     // Unit tests: pure logic, no kernel, run in parallel.
     let mut unit = cargo();
-    unit.args([
-        "test",
-        "--package",
-        "limiter-common",
-        "--package",
-        "limiter",
-        "--package",
-        "xtask",
-    ])
-    .env("LIMITER_SETUP_DONE", "1");
+    unit.args(["test", "--package", "limiter-common", "--package", "limiter", "--package", "xtask"])
+        .env("LIMITER_SETUP_DONE", "1");
     if !filter.is_empty() {
         unit.arg("--").args(filter);
     }
@@ -128,13 +112,7 @@ fn test(filter: &[String]) -> Result<()> {
     let bin = build_daemon(false)?;
     let mut integration = cargo();
     integration
-        .args([
-            "test",
-            "--package",
-            "limiter-tests",
-            "--",
-            "--test-threads=1",
-        ])
+        .args(["test", "--package", "limiter-tests", "--", "--test-threads=1"])
         .args(filter)
         .env("LIMITER_BIN", &bin)
         .env("LIMITER_REQUIRE_KERNEL", "1");

@@ -23,12 +23,7 @@ pub const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 pub const NIGHTLY: &str = "nightly";
 
 /// Debian packages bpf-linker links against.
-pub const BUILD_PACKAGES: &[&str] = &[
-    "llvm-22-dev",
-    "libpolly-22-dev",
-    "libzstd-dev",
-    "zlib1g-dev",
-];
+pub const BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev"];
 /// Debian packages the test suite drives (network namespaces, an
 /// independent view of what is attached).
 pub const TEST_PACKAGES: &[&str] = &["iproute2", "bpftool", "util-linux"];
@@ -71,13 +66,10 @@ impl Host {
     /// The machine this process runs on.
     pub fn current() -> Self {
         let home = env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
-        let rustup_home =
-            env::var_os("RUSTUP_HOME").map_or_else(|| home.join(".rustup"), PathBuf::from);
-        let cargo_home =
-            env::var_os("CARGO_HOME").map_or_else(|| home.join(".cargo"), PathBuf::from);
-        let mut path: Vec<PathBuf> = env::var_os("PATH")
-            .map(|p| env::split_paths(&p).collect())
-            .unwrap_or_default();
+        let rustup_home = env::var_os("RUSTUP_HOME").map_or_else(|| home.join(".rustup"), PathBuf::from);
+        let cargo_home = env::var_os("CARGO_HOME").map_or_else(|| home.join(".cargo"), PathBuf::from);
+        let mut path: Vec<PathBuf> =
+            env::var_os("PATH").map(|p| env::split_paths(&p).collect()).unwrap_or_default();
         // `cargo install` puts bpf-linker here even when PATH lacks it.
         path.push(cargo_home.join("bin"));
         Self {
@@ -93,16 +85,11 @@ impl Host {
     }
 
     fn which(&self, name: &str) -> Option<PathBuf> {
-        self.path
-            .iter()
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
+        self.path.iter().map(|dir| dir.join(name)).find(|p| p.is_file())
     }
 
     fn nightly_dir(&self) -> PathBuf {
-        self.rustup_home
-            .join("toolchains")
-            .join(format!("{NIGHTLY}-{}", self.triple))
+        self.rustup_home.join("toolchains").join(format!("{NIGHTLY}-{}", self.triple))
     }
 
     /// Installed Debian packages, from dpkg's own status database.
@@ -169,9 +156,7 @@ pub fn probe(host: &Host, purpose: Purpose) -> Report {
     }
     let nightly = host.nightly_dir();
     if nightly.join("bin").join("rustc").is_file() {
-        report
-            .present
-            .push(format!("nightly toolchain at {}", nightly.display()));
+        report.present.push(format!("nightly toolchain at {}", nightly.display()));
         let core = nightly.join("lib/rustlib/src/rust/library/core/Cargo.toml");
         if core.is_file() {
             report.present.push("rust-src for nightly".into());
@@ -184,27 +169,18 @@ pub fn probe(host: &Host, purpose: Purpose) -> Report {
     }
 
     let installed = host.installed_packages();
-    let (have, lack): (Vec<_>, Vec<_>) = purpose
-        .packages()
-        .into_iter()
-        .partition(|p| installed.contains(*p));
+    let (have, lack): (Vec<_>, Vec<_>) = purpose.packages().into_iter().partition(|p| installed.contains(*p));
     if !have.is_empty() {
-        report
-            .present
-            .push(format!("Debian packages: {}", have.join(" ")));
+        report.present.push(format!("Debian packages: {}", have.join(" ")));
     }
     if !lack.is_empty() {
-        report.missing.push(Need::Packages(
-            lack.into_iter().map(str::to_owned).collect(),
-        ));
+        report.missing.push(Need::Packages(lack.into_iter().map(str::to_owned).collect()));
     }
 
     match host.which("bpf-linker") {
         Some(p) => match linker_version(&p) {
             Some(v) if v == BPF_LINKER_VERSION => {
-                report
-                    .present
-                    .push(format!("bpf-linker {v} at {}", p.display()));
+                report.present.push(format!("bpf-linker {v} at {}", p.display()));
             }
             found => report.missing.push(Need::BpfLinker { found }),
         },
@@ -229,10 +205,7 @@ pub fn ensure(purpose: Purpose) -> Result<()> {
         eprintln!("setup: found {p}");
     }
     if report.missing.is_empty() {
-        eprintln!(
-            "setup: everything present ({} ms)",
-            started.elapsed().as_millis()
-        );
+        eprintln!("setup: everything present ({} ms)", started.elapsed().as_millis());
         return Ok(());
     }
     for need in &report.missing {
@@ -253,10 +226,7 @@ pub fn ensure(purpose: Purpose) -> Result<()> {
     let again = probe(&host, purpose);
     if !again.missing.is_empty() {
         let names: Vec<_> = again.missing.iter().map(Need::describe).collect();
-        bail!(
-            "set-up installed what it could, but these are still missing: {}",
-            names.join("; ")
-        );
+        bail!("set-up installed what it could, but these are still missing: {}", names.join("; "));
     }
     eprintln!("setup: done in {} s", started.elapsed().as_secs());
     Ok(())
@@ -285,10 +255,7 @@ fn install(need: &Need) -> Result<()> {
         ),
         Need::Packages(packages) => {
             require_root(&format!("apt-get install {}", packages.join(" ")))?;
-            run(
-                "refreshing Debian's package lists",
-                Command::new("apt-get").args(["update", "-q"]),
-            )?;
+            run("refreshing Debian's package lists", Command::new("apt-get").args(["update", "-q"]))?;
             run(
                 &format!("installing {}", packages.join(" ")),
                 Command::new("apt-get")
@@ -300,14 +267,7 @@ fn install(need: &Need) -> Result<()> {
         Need::BpfLinker { .. } => run(
             &format!("building bpf-linker {BPF_LINKER_VERSION} against LLVM 22 (about 70 s)"),
             Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-                .args([
-                    "install",
-                    "bpf-linker",
-                    "--version",
-                    BPF_LINKER_VERSION,
-                    "--locked",
-                    "--force",
-                ])
+                .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION, "--locked", "--force"])
                 .args(["--no-default-features", "--features", "llvm-22"])
                 .env("LLVM_PREFIX", LLVM_PREFIX),
         ),
@@ -316,11 +276,9 @@ fn install(need: &Need) -> Result<()> {
 
 fn require_root(what: &str) -> Result<()> {
     let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let uid_is_root = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        == Some("0");
+    let uid_is_root =
+        status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|l| l.split_whitespace().nth(1))
+            == Some("0");
     if uid_is_root {
         Ok(())
     } else {
@@ -330,9 +288,7 @@ fn require_root(what: &str) -> Result<()> {
 
 fn run(what: &str, cmd: &mut Command) -> Result<()> {
     eprintln!("setup: {what}: {cmd:?}");
-    let status = cmd
-        .status()
-        .with_context(|| format!("{what}: could not start {cmd:?}"))?;
+    let status = cmd.status().with_context(|| format!("{what}: could not start {cmd:?}"))?;
     if !status.success() {
         bail!("{what} failed ({status}): {cmd:?}");
     }
@@ -400,11 +356,7 @@ mod tests {
         let linker = dir.join("bin/bpf-linker");
         fs::create_dir_all(linker.parent().unwrap()).unwrap();
         fs::write(&linker, "#!/bin/sh\necho bpf-linker 0.12.1\n").unwrap();
-        Command::new("chmod")
-            .arg("+x")
-            .arg(&linker)
-            .status()
-            .unwrap();
+        Command::new("chmod").arg("+x").arg(&linker).status().unwrap();
 
         let report = probe(&host, Purpose::Build);
         assert_eq!(
@@ -413,16 +365,12 @@ mod tests {
                 Need::Rustup,
                 Need::RustSrc,
                 Need::Packages(vec!["libpolly-22-dev".into(), "libzstd-dev".into()]),
-                Need::BpfLinker {
-                    found: Some("0.12.1".into())
-                },
+                Need::BpfLinker { found: Some("0.12.1".into()) },
             ]
         );
 
         // Completing it makes the plan empty but for rustup.
-        let core = host
-            .nightly_dir()
-            .join("lib/rustlib/src/rust/library/core/Cargo.toml");
+        let core = host.nightly_dir().join("lib/rustlib/src/rust/library/core/Cargo.toml");
         fs::create_dir_all(core.parent().unwrap()).unwrap();
         fs::write(&core, "").unwrap();
         fs::write(&linker, "#!/bin/sh\necho bpf-linker 0.13.0\n").unwrap();

@@ -54,16 +54,7 @@ fn the_runtimes_own_config_ini_is_accepted_and_its_keys_ignored() {
     )
     .unwrap();
     assert_eq!(c.http.max_threads, 208);
-    assert_eq!(
-        c.ignored,
-        vec![
-            "http.port",
-            "http.compression",
-            "db.url",
-            "db.pool",
-            "db.logging.level"
-        ]
-    );
+    assert_eq!(c.ignored, vec!["http.port", "http.compression", "db.url", "db.pool", "db.logging.level"]);
 }
 
 #[test]
@@ -84,10 +75,7 @@ fn errors_name_file_line_and_key() {
         error("\n\nhttp.maxThreads = -3\n"),
         "limiter.ini:3: http.maxThreads = -3: must be at least 12"
     );
-    assert_eq!(
-        error("http.maxThreads = 11\n"),
-        "limiter.ini:1: http.maxThreads = 11: must be at least 12"
-    );
+    assert_eq!(error("http.maxThreads = 11\n"), "limiter.ini:1: http.maxThreads = 11: must be at least 12");
     assert_eq!(
         error("[http]\nmaxThreads = lots\n"),
         "limiter.ini:2: http.maxThreads = lots: not a whole number (expected at least 12)"
@@ -154,14 +142,8 @@ fn duplicates_unknown_keys_and_malformed_lines() {
         error("admin.port = 9\n"),
         "limiter.ini:1: admin.port = 9: unknown key under `admin.` (keys there are the daemon's; see the README's key table)"
     );
-    assert_eq!(
-        error("just words\n"),
-        "limiter.ini:1: expected `key = value`, found `just words`"
-    );
-    assert_eq!(
-        error("[http\n"),
-        "limiter.ini:1: malformed section header `[http`"
-    );
+    assert_eq!(error("just words\n"), "limiter.ini:1: expected `key = value`, found `just words`");
+    assert_eq!(error("[http\n"), "limiter.ini:1: malformed section header `[http`");
     assert_eq!(error("= 3\n"), "limiter.ini:1: malformed key in `= 3`");
     // Even a runtime key may not appear twice: the file is ambiguous.
     assert_eq!(
@@ -182,10 +164,7 @@ fn paths_and_addresses() {
     );
     let c = parse("kernel.netns = /var/run/netns/blue\nkernel.cgroup = /sys/fs/cgroup/unified/x\nhttp.upstream = http://127.0.0.1:9000/\n").unwrap();
     assert_eq!(c.kernel.netns, Some(PathBuf::from("/var/run/netns/blue")));
-    assert_eq!(
-        c.kernel.cgroup,
-        Some(PathBuf::from("/sys/fs/cgroup/unified/x"))
-    );
+    assert_eq!(c.kernel.cgroup, Some(PathBuf::from("/sys/fs/cgroup/unified/x")));
     assert_eq!(c.http.upstream.as_deref(), Some("127.0.0.1:9000"));
     assert!(error("http.upstream = https://a:1\n").contains("TLS"));
     assert!(error("http.upstream = nohost\n").contains("expected host:port"));
@@ -226,11 +205,6 @@ fn breaker_keys() {
 
 #[test]
 fn a_missing_file_names_the_file() {
-    let e = Config::load(Path::new("/nonexistent/limiter.ini"))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.starts_with("/nonexistent/limiter.ini: cannot read the file:"),
-        "{e}"
-    );
+    let e = Config::load(Path::new("/nonexistent/limiter.ini")).unwrap_err().to_string();
+    assert!(e.starts_with("/nonexistent/limiter.ini: cannot read the file:"), "{e}");
 }

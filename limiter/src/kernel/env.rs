@@ -86,9 +86,7 @@ pub fn check_privileges() -> Result<(), KernelError> {
         missing.push("CAP_NET_ADMIN");
     }
     if !missing.is_empty() {
-        return Err(KernelError::Privileges {
-            missing: missing.join(" and "),
-        });
+        return Err(KernelError::Privileges { missing: missing.join(" and ") });
     }
     Ok(())
 }
@@ -142,8 +140,7 @@ pub fn open_cgroup(path: &Path) -> Result<File, KernelError> {
 
 /// Opens a network namespace file (`/proc/self/ns/net`, `/var/run/netns/NAME`).
 pub fn open_netns(path: &Path) -> Result<File, KernelError> {
-    let file = File::open(path)
-        .map_err(|e| KernelError::NetnsMissing(path.to_path_buf(), e.to_string()))?;
+    let file = File::open(path).map_err(|e| KernelError::NetnsMissing(path.to_path_buf(), e.to_string()))?;
     // A wrong path (a plain file) would only fail later inside setns; say
     // it now. The namespace type is checked by setns(CLONE_NEWNET).
     if fs_type(path) != Some(NSFS_MAGIC) {
@@ -165,36 +162,19 @@ pub fn netns_inode(netns: &File) -> u64 {
 /// A socket must be created inside the namespace to ask; a namespace
 /// switch is per thread, so a short-lived thread does it.
 pub fn netns_cookie(netns: &File) -> Result<u64, KernelError> {
-    let netns = netns
-        .try_clone()
-        .map_err(|e| KernelError::io("duplicating the netns fd".into(), e))?;
+    let netns = netns.try_clone().map_err(|e| KernelError::io("duplicating the netns fd".into(), e))?;
     std::thread::spawn(move || -> Result<u64, KernelError> {
-        setns(netns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| {
-            KernelError::io("entering the target network namespace".into(), e.into())
-        })?;
-        let sock = socket(
-            AddressFamily::Inet,
-            SockType::Stream,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .map_err(|e| {
-            KernelError::io(
-                "creating a socket in the target network namespace".into(),
-                e.into(),
-            )
-        })?;
-        getsockopt(&sock, NetnsCookie).map_err(|e| {
-            KernelError::io("reading SO_NETNS_COOKIE (kernel >= 5.14)".into(), e.into())
-        })
+        setns(netns.as_fd(), CloneFlags::CLONE_NEWNET)
+            .map_err(|e| KernelError::io("entering the target network namespace".into(), e.into()))?;
+        let sock =
+            socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).map_err(|e| {
+                KernelError::io("creating a socket in the target network namespace".into(), e.into())
+            })?;
+        getsockopt(&sock, NetnsCookie)
+            .map_err(|e| KernelError::io("reading SO_NETNS_COOKIE (kernel >= 5.14)".into(), e.into()))
     })
     .join()
-    .unwrap_or_else(|_| {
-        Err(KernelError::io(
-            "netns cookie thread".into(),
-            std::io::Error::other("panicked"),
-        ))
-    })
+    .unwrap_or_else(|_| Err(KernelError::io("netns cookie thread".into(), std::io::Error::other("panicked"))))
 }
 
 /// Makes `pin_dir` an existing directory on bpffs (mode 0700), mounting
@@ -208,42 +188,22 @@ pub fn ensure_bpffs(pin_dir: &Path) -> Result<bool, KernelError> {
             Err(KernelError::PinDirNotBpffs(pin_dir.to_path_buf()))
         };
     }
-    let parent = pin_dir
-        .parent()
-        .ok_or_else(|| KernelError::PinDirNotBpffs(pin_dir.to_path_buf()))?;
+    let parent = pin_dir.parent().ok_or_else(|| KernelError::PinDirNotBpffs(pin_dir.to_path_buf()))?;
     // The nearest existing ancestor tells whether bpffs is already there.
-    let ancestor = parent
-        .ancestors()
-        .find(|p| p.exists())
-        .unwrap_or(Path::new("/"));
+    let ancestor = parent.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
     let mut mounted = false;
     if fs_type(ancestor) != Some(BPF_FS_MAGIC) {
-        fs::create_dir_all(parent).map_err(|e| {
-            KernelError::io(
-                format!("creating {} to mount bpffs on", parent.display()),
-                e,
-            )
-        })?;
-        mount(
-            Some("bpf"),
-            parent,
-            Some("bpf"),
-            MsFlags::empty(),
-            Some("mode=0700"),
-        )
-        .map_err(|e| KernelError::MountBpffs(parent.to_path_buf(), e.desc().to_owned()))?;
+        fs::create_dir_all(parent)
+            .map_err(|e| KernelError::io(format!("creating {} to mount bpffs on", parent.display()), e))?;
+        mount(Some("bpf"), parent, Some("bpf"), MsFlags::empty(), Some("mode=0700"))
+            .map_err(|e| KernelError::MountBpffs(parent.to_path_buf(), e.desc().to_owned()))?;
         mounted = true;
     }
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(pin_dir)
-        .map_err(|e| {
-            KernelError::io(
-                format!("creating the pin directory {}", pin_dir.display()),
-                e,
-            )
-        })?;
+        .map_err(|e| KernelError::io(format!("creating the pin directory {}", pin_dir.display()), e))?;
     Ok(mounted)
 }
 
@@ -279,10 +239,7 @@ mod tests {
 
     #[test]
     fn mount_points_unescape() {
-        assert_eq!(
-            unescape_mount("/sys/fs/cgroup/unified"),
-            "/sys/fs/cgroup/unified"
-        );
+        assert_eq!(unescape_mount("/sys/fs/cgroup/unified"), "/sys/fs/cgroup/unified");
         assert_eq!(unescape_mount("/mnt/a\\040b"), "/mnt/a b");
     }
 }

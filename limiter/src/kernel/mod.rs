@@ -6,8 +6,11 @@
 //! | pin | what |
 //! |---|---|
 //! | `LIMITER_CONFIG` | array, index 0: [`Settings`] (layout version, netns cookie) |
-//! | `LIMITER_LIMITS` | hash [`PortKey`] → [`PortLimit`]: the enforced ports |
-//! | `LIMITER_STATS` | hash [`PortKey`] → [`PortStats`]: counters of every local port |
+//! | `LIMITER_LIMITS` | array, index port → [`PortLimit`]: read on every SYN |
+//! | `LIMITER_LISTED` | hash [`PortKey`] → [`PortLimit`]: the enforced ports (readers' index) |
+//! | `LIMITER_STATS` | array, index port → [`PortStats`]: counters of every local port |
+//! | `LIMITER_ACTIVE` | hash [`PortKey`] → `u32`: ports with counters (readers' index) |
+//! | `LIMITER_REFUSED` | per-CPU hash [`PortKey`] → [`Refusals`]: refusals per port |
 //! | `LIMITER_SOCKS` | sk_storage: marks of counted sockets |
 //! | `link_sock_ops` | bpf link: `limiter_count` on the cgroup |
 //! | `link_sk_lookup` | bpf link: `limiter_refuse` on the network namespace |
@@ -27,11 +30,11 @@ use std::{
 
 use aya::{
     EbpfLoader,
-    maps::{Array, HashMap, Map, MapData, MapError},
+    maps::{Array, HashMap, Map, MapData, MapError, PerCpuHashMap},
     programs::{CgroupAttachMode, SkLookup, SockOps, links::FdLink, links::PinnedLink},
 };
 use limiter_common::{
-    LAYOUT_VERSION, PortKey, PortLimit, PortStats, Settings, map_names, program_names,
+    LAYOUT_VERSION, PortKey, PortLimit, PortStats, Refusals, Settings, map_names, program_names,
 };
 use serde::Serialize;
 
@@ -45,11 +48,14 @@ pub const LINK_COUNT: &str = "link_sock_ops";
 /// Pin name of the sk_lookup (refusing) link.
 pub const LINK_REFUSE: &str = "link_sk_lookup";
 /// Every pin the daemon owns; `unload` removes exactly these.
-pub const OWN_PINS: [&str; 6] = [
+pub const OWN_PINS: [&str; 9] = [
     LINK_REFUSE,
     LINK_COUNT,
     map_names::LIMITS,
+    map_names::LISTED,
     map_names::STATS,
+    map_names::ACTIVE,
+    map_names::REFUSED,
     map_names::SOCKS,
     map_names::SETTINGS,
 ];
@@ -78,9 +84,7 @@ pub enum KernelError {
     NoCgroup2,
     #[error("kernel.cgroup {0} does not exist: create the cgroup or fix the path")]
     CgroupMissing(PathBuf),
-    #[error(
-        "kernel.cgroup {0} is not a cgroup v2 directory (sock_ops programs attach only to cgroup v2)"
-    )]
+    #[error("kernel.cgroup {0} is not a cgroup v2 directory (sock_ops programs attach only to cgroup v2)")]
     NotCgroup2(PathBuf),
     #[error("kernel.netns {0}: {1}")]
     NetnsMissing(PathBuf, String),
@@ -102,11 +106,7 @@ pub enum KernelError {
          configuration targets cookie {wanted}: changing kernel.netns needs `limiter unload` first",
         dir = pin_dir.display()
     )]
-    NetnsChanged {
-        pin_dir: PathBuf,
-        pinned: u64,
-        wanted: u64,
-    },
+    NetnsChanged { pin_dir: PathBuf, pinned: u64, wanted: u64 },
     #[error("no gate is pinned at {}: start it with `limiter run`", .0.display())]
     NotLoaded(PathBuf),
     #[error("loading the kernel programs failed: {0}")]
@@ -204,16 +204,17 @@ pub struct Snapshot {
 /// Open handles on a pinned gate's maps.
 pub struct Gate {
     pin_dir: PathBuf,
-    limits: HashMap<MapData, PortKey, PortLimit>,
-    stats: HashMap<MapData, PortKey, PortStats>,
+    limits: Array<MapData, PortLimit>,
+    listed: HashMap<MapData, PortKey, PortLimit>,
+    stats: Array<MapData, PortStats>,
+    active: HashMap<MapData, PortKey, u32>,
+    refused: PerCpuHashMap<MapData, PortKey, Refusals>,
     settings: Array<MapData, Settings>,
 }
 
 impl std::fmt::Debug for Gate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gate")
-            .field("pin_dir", &self.pin_dir)
-            .finish_non_exhaustive()
+        f.debug_struct("Gate").field("pin_dir", &self.pin_dir).finish_non_exhaustive()
     }
 }
 
@@ -227,11 +228,8 @@ enum PinState {
 }
 
 fn pin_state(pin_dir: &Path) -> PinState {
-    let present: Vec<PathBuf> = OWN_PINS
-        .iter()
-        .map(|name| pin_dir.join(name))
-        .filter(|p| p.exists())
-        .collect();
+    let present: Vec<PathBuf> =
+        OWN_PINS.iter().map(|name| pin_dir.join(name)).filter(|p| p.exists()).collect();
     if present.is_empty() {
         PinState::Empty
     } else if pin_dir.join(LINK_COUNT).exists() && pin_dir.join(LINK_REFUSE).exists() {
@@ -257,9 +255,7 @@ impl Gate {
     /// Probes the environment, then adopts the gate pinned at
     /// `config.pin_path` or loads and attaches a new one, and applies
     /// `config.ports`.
-    pub fn start(
-        config: &KernelConfig,
-    ) -> Result<(Self, Origin, Target, Vec<LimitChange>), KernelError> {
+    pub fn start(config: &KernelConfig) -> Result<(Self, Origin, Target, Vec<LimitChange>), KernelError> {
         env::check_privileges()?;
         env::check_kernel(env::kernel_version()?)?;
         let cgroup = match &config.cgroup {
@@ -267,10 +263,7 @@ impl Gate {
             None => env::cgroup2_mount()?,
         };
         let cgroup_fd = env::open_cgroup(&cgroup)?;
-        let netns = config
-            .netns
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("/proc/self/ns/net"));
+        let netns = config.netns.clone().unwrap_or_else(|| PathBuf::from("/proc/self/ns/net"));
         let netns_fd = env::open_netns(&netns)?;
         let target = Target {
             netns_inode: env::netns_inode(&netns_fd),
@@ -286,11 +279,7 @@ impl Gate {
                 let mut gate = Self::open(&pin_dir)?;
                 let pinned = gate.settings()?.netns_cookie;
                 if pinned != target.netns_cookie {
-                    return Err(KernelError::NetnsChanged {
-                        pin_dir,
-                        pinned,
-                        wanted: target.netns_cookie,
-                    });
+                    return Err(KernelError::NetnsChanged { pin_dir, pinned, wanted: target.netns_cookie });
                 }
                 let changes = gate.set_limits(&config.ports)?;
                 return Ok((gate, Origin::Adopted, target, changes));
@@ -301,22 +290,17 @@ impl Gate {
                     "removing the pins of a gate whose load never completed (no link was pinned)"
                 );
                 for path in stale {
-                    fs::remove_file(&path).map_err(|e| {
-                        KernelError::io(format!("removing stale pin {}", path.display()), e)
-                    })?;
+                    fs::remove_file(&path)
+                        .map_err(|e| KernelError::io(format!("removing stale pin {}", path.display()), e))?;
                 }
             }
             PinState::Empty => {}
         }
 
         let mut rollback = PinRollback(Vec::new());
-        let mut ebpf = EbpfLoader::new()
-            .load(EBPF_OBJECT)
-            .map_err(KernelError::load)?;
+        let mut ebpf = EbpfLoader::new().load(EBPF_OBJECT).map_err(KernelError::load)?;
         {
-            let map = ebpf
-                .map_mut(map_names::SETTINGS)
-                .ok_or_else(|| missing(map_names::SETTINGS))?;
+            let map = ebpf.map_mut(map_names::SETTINGS).ok_or_else(|| missing(map_names::SETTINGS))?;
             let mut settings: Array<&mut MapData, Settings> =
                 Array::try_from(map).map_err(KernelError::map("opening the settings map"))?;
             let value = Settings {
@@ -324,15 +308,12 @@ impl Gate {
                 netns_cookie: target.netns_cookie,
                 ..Settings::default()
             };
-            settings
-                .set(0, value, 0)
-                .map_err(KernelError::map("writing the settings map"))?;
+            settings.set(0, value, 0).map_err(KernelError::map("writing the settings map"))?;
         }
         for name in map_names::ALL {
             let path = pin_dir.join(name);
             let map = ebpf.map(name).ok_or_else(|| missing(name))?;
-            map.pin(&path)
-                .map_err(|e| KernelError::Load(format!("pinning {}: {e}", path.display())))?;
+            map.pin(&path).map_err(|e| KernelError::Load(format!("pinning {}: {e}", path.display())))?;
             rollback.0.push(path);
         }
         // Limits before attaching: enforcement starts with the first SYN.
@@ -345,23 +326,16 @@ impl Gate {
             .ok_or_else(|| missing(program_names::COUNT))?
             .try_into()
             .map_err(KernelError::load)?;
-        count
-            .load()
-            .map_err(|e| KernelError::Load(format!("{}: {e}", program_names::COUNT)))?;
-        let id = count
-            .attach(&cgroup_fd, CgroupAttachMode::Single)
-            .map_err(|e| {
-                KernelError::Load(format!(
-                    "attaching {} to {}: {e}",
-                    program_names::COUNT,
-                    target.cgroup.display()
-                ))
-            })?;
-        let link: FdLink = count
-            .take_link(id)
-            .map_err(KernelError::load)?
-            .try_into()
-            .map_err(KernelError::load)?;
+        count.load().map_err(|e| KernelError::Load(format!("{}: {e}", program_names::COUNT)))?;
+        let id = count.attach(&cgroup_fd, CgroupAttachMode::Single).map_err(|e| {
+            KernelError::Load(format!(
+                "attaching {} to {}: {e}",
+                program_names::COUNT,
+                target.cgroup.display()
+            ))
+        })?;
+        let link: FdLink =
+            count.take_link(id).map_err(KernelError::load)?.try_into().map_err(KernelError::load)?;
         pin_link(link, &pin_dir.join(LINK_COUNT), &mut rollback)?;
 
         let refuse: &mut SkLookup = ebpf
@@ -369,9 +343,7 @@ impl Gate {
             .ok_or_else(|| missing(program_names::REFUSE))?
             .try_into()
             .map_err(KernelError::load)?;
-        refuse
-            .load()
-            .map_err(|e| KernelError::Load(format!("{}: {e}", program_names::REFUSE)))?;
+        refuse.load().map_err(|e| KernelError::Load(format!("{}: {e}", program_names::REFUSE)))?;
         let id = refuse.attach(&netns_fd).map_err(|e| {
             KernelError::Load(format!(
                 "attaching {} to {}: {e}",
@@ -391,10 +363,8 @@ impl Gate {
         if !pin_dir.join(map_names::SETTINGS).exists() {
             return Err(KernelError::NotLoaded(pin_dir.to_path_buf()));
         }
-        let incompatible = |detail: String| KernelError::IncompatiblePins {
-            pin_dir: pin_dir.to_path_buf(),
-            detail,
-        };
+        let incompatible =
+            |detail: String| KernelError::IncompatiblePins { pin_dir: pin_dir.to_path_buf(), detail };
         let open = |name: &str| -> Result<Map, KernelError> {
             let data = MapData::from_pin(pin_dir.join(name)).map_err(|e| match e {
                 MapError::SyscallError(ref s) if s.io_error.kind() == io::ErrorKind::NotFound => {
@@ -404,36 +374,29 @@ impl Gate {
                     if s.io_error.raw_os_error() == Some(libc::EPERM)
                         || s.io_error.raw_os_error() == Some(libc::EACCES) =>
                 {
-                    KernelError::Privileges {
-                        missing: "CAP_BPF".into(),
-                    }
+                    KernelError::Privileges { missing: "CAP_BPF".into() }
                 }
-                other => KernelError::Map {
-                    what: format!("opening pinned map {name}"),
-                    source: other,
-                },
+                other => KernelError::Map { what: format!("opening pinned map {name}"), source: other },
             })?;
             Map::from_map_data(data).map_err(|e| incompatible(format!("map {name}: {e}")))
         };
         let settings: Array<MapData, Settings> = Array::try_from(open(map_names::SETTINGS)?)
             .map_err(|e| incompatible(format!("map {}: {e}", map_names::SETTINGS)))?;
-        let version = settings
-            .get(&0, 0)
-            .map_err(KernelError::map("reading the settings map"))?
-            .layout_version;
+        let version =
+            settings.get(&0, 0).map_err(KernelError::map("reading the settings map"))?.layout_version;
         if version != LAYOUT_VERSION {
             return Err(incompatible(format!(
                 "layout version {version}, this limiter uses {LAYOUT_VERSION}"
             )));
         }
-        let limits = HashMap::try_from(open(map_names::LIMITS)?)
-            .map_err(|e| incompatible(format!("map {}: {e}", map_names::LIMITS)))?;
-        let stats = HashMap::try_from(open(map_names::STATS)?)
-            .map_err(|e| incompatible(format!("map {}: {e}", map_names::STATS)))?;
+        let bad = |name: &'static str| move |e: MapError| incompatible(format!("map {name}: {e}"));
         Ok(Self {
             pin_dir: pin_dir.to_path_buf(),
-            limits,
-            stats,
+            limits: Array::try_from(open(map_names::LIMITS)?).map_err(bad(map_names::LIMITS))?,
+            listed: HashMap::try_from(open(map_names::LISTED)?).map_err(bad(map_names::LISTED))?,
+            stats: Array::try_from(open(map_names::STATS)?).map_err(bad(map_names::STATS))?,
+            active: HashMap::try_from(open(map_names::ACTIVE)?).map_err(bad(map_names::ACTIVE))?,
+            refused: PerCpuHashMap::try_from(open(map_names::REFUSED)?).map_err(bad(map_names::REFUSED))?,
             settings,
         })
     }
@@ -443,16 +406,14 @@ impl Gate {
     }
 
     pub fn settings(&self) -> Result<Settings, KernelError> {
-        self.settings
-            .get(&0, 0)
-            .map_err(KernelError::map("reading the settings map"))
+        self.settings.get(&0, 0).map_err(KernelError::map("reading the settings map"))
     }
 
     /// The enforced ports as the kernel has them now.
     pub fn limits(&self) -> Result<BTreeMap<u16, PortLimit>, KernelError> {
         let mut out = BTreeMap::new();
-        for item in self.limits.iter() {
-            let (key, limit) = item.map_err(KernelError::map("reading the limits map"))?;
+        for item in self.listed.iter() {
+            let (key, limit) = item.map_err(KernelError::map("reading the enforced ports"))?;
             out.insert(key.port, limit);
         }
         Ok(out)
@@ -461,10 +422,7 @@ impl Gate {
     /// Makes the enforced ports exactly `ports`, entry by entry (each
     /// update is atomic in the kernel; established connections are never
     /// touched). Returns what changed.
-    pub fn set_limits(
-        &mut self,
-        ports: &BTreeMap<u16, u32>,
-    ) -> Result<Vec<LimitChange>, KernelError> {
+    pub fn set_limits(&mut self, ports: &BTreeMap<u16, u32>) -> Result<Vec<LimitChange>, KernelError> {
         let current = self.limits()?;
         let mut changes = Vec::new();
         for (&port, &max) in ports {
@@ -473,55 +431,63 @@ impl Gate {
                 continue;
             }
             let flags = old.map_or(0, |l| l.flags);
-            self.limits
-                .insert(
-                    PortKey::new(port),
-                    PortLimit {
-                        max_established: max,
-                        flags,
-                    },
-                    0,
-                )
-                .map_err(KernelError::map(format!(
-                    "setting the limit of port {port}"
-                )))?;
+            self.write_limit(port, PortLimit { max_established: max, flags })?;
             changes.push(match old {
-                Some(l) => LimitChange::Changed {
-                    port,
-                    from: l.max_established,
-                    to: max,
-                },
+                Some(l) => LimitChange::Changed { port, from: l.max_established, to: max },
                 None => LimitChange::Added { port, max },
             });
         }
         for (&port, limit) in &current {
             if !ports.contains_key(&port) {
-                self.limits
-                    .remove(&PortKey::new(port))
-                    .map_err(KernelError::map(format!(
-                        "removing the limit of port {port}"
-                    )))?;
-                changes.push(LimitChange::Removed {
-                    port,
-                    max: limit.max_established,
-                });
+                self.write_limit(port, PortLimit::default())?;
+                changes.push(LimitChange::Removed { port, max: limit.max_established });
             }
         }
         Ok(changes)
+    }
+
+    /// Writes one port's limit: the array the kernel reads first, then the
+    /// readers' index (`max_established == 0` removes it from both).
+    fn write_limit(&mut self, port: u16, limit: PortLimit) -> Result<(), KernelError> {
+        self.limits
+            .set(u32::from(port), limit, 0)
+            .map_err(KernelError::map(format!("setting the limit of port {port}")))?;
+        let key = PortKey::new(port);
+        let indexed = if limit.max_established == 0 {
+            self.listed.remove(&key)
+        } else {
+            self.listed.insert(key, limit, 0)
+        };
+        indexed.map_err(KernelError::map(format!("indexing the limit of port {port}")))
     }
 
     /// Reads every counter and link.
     pub fn snapshot(&self) -> Result<Snapshot, KernelError> {
         let settings = self.settings()?;
         let limits = self.limits()?;
-        let mut rows: BTreeMap<u16, PortRow> = BTreeMap::new();
-        for item in self.stats.iter() {
-            let (key, s) = item.map_err(KernelError::map("reading the stats map"))?;
-            rows.insert(key.port, row(key.port, limits.get(&key.port), &s));
+        let mut refusals: BTreeMap<u16, Refusals> = BTreeMap::new();
+        for item in self.refused.iter() {
+            let (key, per_cpu) = item.map_err(KernelError::map("reading the refusals map"))?;
+            let sum = per_cpu.iter().fold(Refusals::default(), |a, r| Refusals {
+                refused: a.refused + r.refused,
+                would_refuse: a.would_refuse + r.would_refuse,
+            });
+            refusals.insert(key.port, sum);
         }
-        for (port, limit) in &limits {
-            rows.entry(*port)
-                .or_insert_with(|| row(*port, Some(limit), &PortStats::default()));
+        let mut ports: Vec<u16> = Vec::new();
+        for key in self.active.keys() {
+            ports.push(key.map_err(KernelError::map("reading the active ports"))?.port);
+        }
+        ports.extend(limits.keys().chain(refusals.keys()));
+        ports.sort_unstable();
+        ports.dedup();
+        let mut rows = Vec::with_capacity(ports.len());
+        for port in ports {
+            let stats = self
+                .stats
+                .get(&u32::from(port), 0)
+                .map_err(KernelError::map(format!("reading the counters of port {port}")))?;
+            rows.push(row(port, limits.get(&port), &stats, refusals.get(&port)));
         }
         let links = [LINK_COUNT, LINK_REFUSE]
             .into_iter()
@@ -543,12 +509,13 @@ impl Gate {
             netns_cookie: settings.netns_cookie,
             untracked_sockets: settings.untracked,
             links,
-            ports: rows.into_values().collect(),
+            ports: rows,
         })
     }
 }
 
-fn row(port: u16, limit: Option<&PortLimit>, s: &PortStats) -> PortRow {
+fn row(port: u16, limit: Option<&PortLimit>, s: &PortStats, r: Option<&Refusals>) -> PortRow {
+    let r = r.copied().unwrap_or_default();
     PortRow {
         port,
         limit: limit.map(|l| l.max_established),
@@ -556,8 +523,8 @@ fn row(port: u16, limit: Option<&PortLimit>, s: &PortStats) -> PortRow {
         established: s.established,
         high_watermark: s.high_watermark,
         admitted: s.admitted,
-        refused: s.refused,
-        would_refuse: s.would_refuse,
+        refused: r.refused,
+        would_refuse: r.would_refuse,
     }
 }
 
@@ -568,8 +535,7 @@ fn missing(name: &str) -> KernelError {
 fn pin_link(link: FdLink, path: &Path, rollback: &mut PinRollback) -> Result<(), KernelError> {
     // Dropping the PinnedLink closes our fd: from here only the pin holds
     // the link, so removing the pin is what detaches the program.
-    link.pin(path)
-        .map_err(|e| KernelError::Load(format!("pinning {}: {e}", path.display())))?;
+    link.pin(path).map_err(|e| KernelError::Load(format!("pinning {}: {e}", path.display())))?;
     rollback.0.push(path.to_path_buf());
     Ok(())
 }
@@ -598,12 +564,11 @@ pub fn unload(pin_dir: &Path) -> Result<Unloaded, KernelError> {
             Err(e) => return Err(KernelError::io(format!("removing {}", path.display()), e)),
         }
     }
-    let entries = fs::read_dir(pin_dir)
-        .map_err(|e| KernelError::io(format!("reading {}", pin_dir.display()), e))?;
+    let entries =
+        fs::read_dir(pin_dir).map_err(|e| KernelError::io(format!("reading {}", pin_dir.display()), e))?;
     out.foreign = entries.filter_map(Result::ok).map(|e| e.path()).collect();
     if out.foreign.is_empty() {
-        fs::remove_dir(pin_dir)
-            .map_err(|e| KernelError::io(format!("removing {}", pin_dir.display()), e))?;
+        fs::remove_dir(pin_dir).map_err(|e| KernelError::io(format!("removing {}", pin_dir.display()), e))?;
         out.removed_dir = true;
     }
     if out.removed.is_empty() {
