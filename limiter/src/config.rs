@@ -32,6 +32,20 @@ pub mod defaults {
     pub const ADMIN_LISTEN: &str = "127.0.0.1:9901";
     /// `http.listen`.
     pub const HTTP_LISTEN: &str = "127.0.0.1:8080";
+    /// `http.headerReadTimeoutMs`.
+    pub const HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+    /// `http.idleTimeoutMs`.
+    pub const IDLE_TIMEOUT_MS: u64 = 60_000;
+    /// `http.connectTimeoutMs`.
+    pub const CONNECT_TIMEOUT_MS: u64 = 2_000;
+    /// `http.upstreamTimeoutMs`.
+    pub const UPSTREAM_TIMEOUT_MS: u64 = 30_000;
+    /// `http.maxHeaderBytes`.
+    pub const MAX_HEADER_BYTES: u32 = 16_384;
+    /// `http.lingerMs`.
+    pub const LINGER_MS: u64 = 2_000;
+    /// `http.retryAfterMs`.
+    pub const RETRY_AFTER_MS: u64 = 1_000;
     /// `breaker.threshold`.
     pub const BREAKER_THRESHOLD: f64 = 0.5;
     /// `breaker.minRequests`.
@@ -67,6 +81,9 @@ pub struct Config {
 /// `kernel.*`: the eBPF gate.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelConfig {
+    /// Load the kernel gate (`kernel.enabled`); `false` runs the HTTP
+    /// proxy alone, without privileges for eBPF.
+    pub enabled: bool,
     /// Enforced ports → most established connections (`kernel.ports`).
     pub ports: BTreeMap<u16, u32>,
     /// Directory on bpffs holding the gate's maps and links (`kernel.pinPath`).
@@ -87,8 +104,27 @@ pub struct HttpConfig {
     /// 0 = unlimited.
     pub max_web_connections: u32,
     pub listen: SocketAddr,
-    /// `host:port` of the business application; `None`: no proxy configured.
+    /// `host:port` of the business application; `None`: the built-in
+    /// sample upstream.
     pub upstream: Option<String>,
+    /// Count would-be refusals, refuse nothing (`http.dryRun`).
+    pub dry_run: bool,
+    /// A client must deliver a complete request head within this long of
+    /// the connection being ready for one.
+    pub header_read_timeout_ms: u64,
+    /// A body transfer that makes no progress this long is aborted; also
+    /// the idle time of pooled upstream connections.
+    pub idle_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    /// From the request sent upstream to the upstream's response head.
+    pub upstream_timeout_ms: u64,
+    /// Request heads larger than this get 431.
+    pub max_header_bytes: u32,
+    /// How long a connection closed after a 503 keeps draining what the
+    /// client still sends, so the 503 is not destroyed by a RST.
+    pub linger_ms: u64,
+    /// The `Retry-After` of admission 503s (rounded up to seconds).
+    pub retry_after_ms: u64,
 }
 
 impl HttpConfig {
@@ -124,6 +160,7 @@ impl Default for Config {
         Self {
             source: None,
             kernel: KernelConfig {
+                enabled: true,
                 ports: BTreeMap::new(),
                 pin_path: PathBuf::from(defaults::PIN_PATH),
                 cgroup: None,
@@ -135,6 +172,14 @@ impl Default for Config {
                 max_web_connections: 0,
                 listen: defaults::HTTP_LISTEN.parse().expect("valid default"),
                 upstream: None,
+                dry_run: false,
+                header_read_timeout_ms: defaults::HEADER_READ_TIMEOUT_MS,
+                idle_timeout_ms: defaults::IDLE_TIMEOUT_MS,
+                connect_timeout_ms: defaults::CONNECT_TIMEOUT_MS,
+                upstream_timeout_ms: defaults::UPSTREAM_TIMEOUT_MS,
+                max_header_bytes: defaults::MAX_HEADER_BYTES,
+                linger_ms: defaults::LINGER_MS,
+                retry_after_ms: defaults::RETRY_AFTER_MS,
             },
             breaker: BreakerConfig {
                 threshold: defaults::BREAKER_THRESHOLD,
@@ -189,12 +234,20 @@ enum Owner {
 }
 
 fn owner(key: &str) -> Owner {
-    const OWNED_HTTP: [&str; 5] = [
+    const OWNED_HTTP: [&str; 13] = [
         "http.maxThreads",
         "http.maxSessionConnections",
         "http.maxWebConnections",
         "http.listen",
         "http.upstream",
+        "http.dryRun",
+        "http.headerReadTimeoutMs",
+        "http.idleTimeoutMs",
+        "http.connectTimeoutMs",
+        "http.upstreamTimeoutMs",
+        "http.maxHeaderBytes",
+        "http.lingerMs",
+        "http.retryAfterMs",
     ];
     let namespace = key.split('.').next().unwrap_or("");
     if matches!(namespace, "kernel" | "breaker" | "admin") || OWNED_HTTP.contains(&key) {
@@ -280,6 +333,7 @@ impl Config {
     /// Sets one key the daemon owns.
     fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
         match key {
+            "kernel.enabled" => self.kernel.enabled = boolean(value)?,
             "kernel.ports" => self.kernel.ports = parse_ports(value)?,
             "kernel.pinPath" => self.kernel.pin_path = absolute_path(value)?,
             "kernel.cgroup" => self.kernel.cgroup = Some(absolute_path(value)?),
@@ -289,11 +343,19 @@ impl Config {
             "http.maxWebConnections" => self.http.max_web_connections = int_at_least(value, 0)?,
             "http.listen" => self.http.listen = socket_addr(value)?,
             "http.upstream" => self.http.upstream = Some(upstream(value)?),
+            "http.dryRun" => self.http.dry_run = boolean(value)?,
+            "http.headerReadTimeoutMs" => self.http.header_read_timeout_ms = ms(value, 100)?,
+            "http.idleTimeoutMs" => self.http.idle_timeout_ms = ms(value, 100)?,
+            "http.connectTimeoutMs" => self.http.connect_timeout_ms = ms(value, 1)?,
+            "http.upstreamTimeoutMs" => self.http.upstream_timeout_ms = ms(value, 1)?,
+            "http.maxHeaderBytes" => self.http.max_header_bytes = int_at_least(value, 8192)?,
+            "http.lingerMs" => self.http.linger_ms = ms(value, 0)?,
+            "http.retryAfterMs" => self.http.retry_after_ms = ms(value, 0)?,
             "breaker.threshold" => self.breaker.threshold = ratio(value)?,
             "breaker.minRequests" => self.breaker.min_requests = int_at_least(value, 1)?,
-            "breaker.sleepWindowMs" => self.breaker.sleep_window_ms = u64::from(int_at_least(value, 1)?),
-            "breaker.windowMs" => self.breaker.window_ms = u64::from(int_at_least(value, 1)?),
-            "breaker.bucketMs" => self.breaker.bucket_ms = u64::from(int_at_least(value, 1)?),
+            "breaker.sleepWindowMs" => self.breaker.sleep_window_ms = ms(value, 1)?,
+            "breaker.windowMs" => self.breaker.window_ms = ms(value, 1)?,
+            "breaker.bucketMs" => self.breaker.bucket_ms = ms(value, 1)?,
             "breaker.halfOpenMaxProbes" => self.breaker.half_open_max_probes = int_at_least(value, 1)?,
             "breaker.halfOpenSuccesses" => self.breaker.half_open_successes = int_at_least(value, 1)?,
             "breaker.failureStatuses" => self.breaker.failure_statuses = statuses(value)?,
@@ -333,6 +395,7 @@ impl Config {
     /// Keys whose change needs a restart, with their values here.
     pub fn restart_only(&self) -> Vec<(&'static str, String)> {
         vec![
+            ("kernel.enabled", self.kernel.enabled.to_string()),
             ("kernel.pinPath", self.kernel.pin_path.display().to_string()),
             ("kernel.cgroup", format!("{:?}", self.kernel.cgroup)),
             ("kernel.netns", format!("{:?}", self.kernel.netns)),
@@ -359,6 +422,10 @@ fn int_at_least(value: &str, min: u32) -> Result<u32, String> {
         return Err(format!("must be at least {min}"));
     }
     u32::try_from(n).map_err(|_| format!("must be at most {}", u32::MAX))
+}
+
+fn ms(value: &str, min: u32) -> Result<u64, String> {
+    int_at_least(value, min).map(u64::from)
 }
 
 fn ratio(value: &str) -> Result<f64, String> {

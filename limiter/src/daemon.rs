@@ -1,6 +1,6 @@
-//! `limiter run`: start (or adopt) the kernel gate, serve the admin
-//! listener, reload on SIGHUP, stop on SIGTERM/SIGINT leaving the gate
-//! pinned and enforcing (unless `--unload-on-exit`).
+//! `limiter run`: start (or adopt) the kernel gate, serve the HTTP proxy
+//! and the admin listener, reload on SIGHUP, stop on SIGTERM/SIGINT leaving
+//! the gate pinned and enforcing (unless `--unload-on-exit`).
 
 use std::{
     path::{Path, PathBuf},
@@ -21,6 +21,7 @@ use crate::{
     config::{Config, ConfigError},
     kernel::{self, Gate, KernelError, Origin, Target},
     metrics::{self, Page},
+    proxy::{self, Http},
 };
 
 /// Why the daemon could not start or had to stop.
@@ -30,8 +31,10 @@ pub enum DaemonError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Kernel(#[from] KernelError),
-    #[error("admin.listen {addr}: cannot listen: {source}")]
-    AdminListen { addr: std::net::SocketAddr, source: std::io::Error },
+    #[error("{key} {addr}: cannot listen: {source}")]
+    Listen { key: &'static str, addr: std::net::SocketAddr, source: std::io::Error },
+    #[error("starting the sample upstream: {0}")]
+    Sample(std::io::Error),
     #[error("installing signal handlers: {0}")]
     Signals(std::io::Error),
 }
@@ -44,14 +47,20 @@ pub struct RunOptions {
     pub unload_on_exit: bool,
 }
 
-/// What the admin listener and the signal handlers share.
-pub struct State {
+/// The kernel gate as the daemon holds it.
+struct GateState {
     /// Map handles; a mutex because reload writes while metrics read, and
     /// each operation is a few syscalls.
     gate: Mutex<Gate>,
-    config: Mutex<Config>,
     target: Target,
     origin: Origin,
+}
+
+/// What the admin listener and the signal handlers share.
+pub struct State {
+    gate: Option<GateState>,
+    http: Arc<Http>,
+    config: Mutex<Config>,
     started: SystemTime,
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
@@ -59,14 +68,17 @@ pub struct State {
 
 impl State {
     pub fn metrics(&self) -> Result<String, KernelError> {
-        let snap = self.gate.lock().expect("gate lock").snapshot()?;
         let mut page = Page::default();
         page.family("limiter_build_info", "gauge", "Version of the running daemon.").sample(
             "limiter_build_info",
             &[("version", env!("CARGO_PKG_VERSION"))],
             1,
         );
-        metrics::kernel(&mut page, &snap);
+        if let Some(g) = &self.gate {
+            let snap = g.gate.lock().expect("gate lock").snapshot()?;
+            metrics::kernel(&mut page, &snap);
+        }
+        self.http.metrics(&mut page);
         page.family("limiter_config_reloads_total", "counter", "Configuration reloads by result.")
             .sample(
                 "limiter_config_reloads_total",
@@ -82,16 +94,22 @@ impl State {
     }
 
     pub fn status(&self) -> Result<serde_json::Value, KernelError> {
-        let snap = self.gate.lock().expect("gate lock").snapshot()?;
+        let kernel = match &self.gate {
+            Some(g) => serde_json::json!({
+                "origin": match g.origin { Origin::Adopted => "adopted", Origin::Loaded { .. } => "loaded" },
+                "target": g.target,
+                "gate": g.gate.lock().expect("gate lock").snapshot()?,
+            }),
+            None => serde_json::Value::Null,
+        };
         let config = self.config.lock().expect("config lock");
         Ok(serde_json::json!({
             "version": env!("CARGO_PKG_VERSION"),
             "pid": std::process::id(),
             "started_unix": self.started.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             "config": config.source,
-            "origin": match self.origin { Origin::Adopted => "adopted", Origin::Loaded { .. } => "loaded" },
-            "target": self.target,
-            "kernel": snap,
+            "kernel": kernel,
+            "http": self.http.status(),
         }))
     }
 
@@ -100,12 +118,12 @@ impl State {
         match self.try_reload(path) {
             Ok(changes) if changes.is_empty() => {
                 self.reloads_ok.fetch_add(1, Ordering::Relaxed);
-                tracing::info!("reload: configuration re-read, nothing changed");
+                tracing::info!("reload: configuration applied; no kernel limit changed");
             }
             Ok(changes) => {
                 self.reloads_ok.fetch_add(1, Ordering::Relaxed);
                 let text: Vec<String> = changes.iter().map(ToString::to_string).collect();
-                tracing::info!(changes = %text.join(" "), "reload: kernel.ports applied");
+                tracing::info!(changes = %text.join(" "), "reload: configuration applied");
             }
             Err(why) => {
                 self.reloads_failed.fetch_add(1, Ordering::Relaxed);
@@ -127,8 +145,18 @@ impl State {
         if !changed.is_empty() {
             return Err(format!("{} changed, which needs a restart", changed.join(", ")));
         }
-        let changes =
-            self.gate.lock().expect("gate lock").set_limits(&new.kernel.ports).map_err(|e| e.to_string())?;
+        if new.http.upstream != config.http.upstream {
+            return Err("http.upstream changed, which needs a restart".into());
+        }
+        // The kernel part can fail (a map write); it goes first so that a
+        // failure leaves the HTTP side untouched too.
+        let changes = match &self.gate {
+            Some(g) => {
+                g.gate.lock().expect("gate lock").set_limits(&new.kernel.ports).map_err(|e| e.to_string())?
+            }
+            None => Vec::new(),
+        };
+        self.http.reload(&new.http);
         *config = new;
         Ok(changes)
     }
@@ -145,9 +173,81 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
     let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
     let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
 
-    let admin = TcpListener::bind(config.admin.listen)
+    let admin = TcpListener::bind(config.admin.listen).await.map_err(|source| DaemonError::Listen {
+        key: "admin.listen",
+        addr: config.admin.listen,
+        source,
+    })?;
+    let http_listener = TcpListener::bind(config.http.listen)
         .await
-        .map_err(|source| DaemonError::AdminListen { addr: config.admin.listen, source })?;
+        .map_err(|source| DaemonError::Listen { key: "http.listen", addr: config.http.listen, source })?;
+
+    let gate = if config.kernel.enabled { Some(start_gate(&config)?) } else { None };
+    if gate.is_none() {
+        tracing::info!("kernel.enabled = false: HTTP proxy only, no kernel gate");
+    }
+
+    let upstream = match &config.http.upstream {
+        Some(u) => u.clone(),
+        None => {
+            let addr = proxy::sample::start().await.map_err(DaemonError::Sample)?;
+            tracing::info!(%addr, "no http.upstream configured: forwarding to the built-in sample upstream (GET /slow?ms=N answers slowly)");
+            addr.to_string()
+        }
+    };
+    let http = Http::new(&config.http, upstream);
+    let limits = http.admission.limits();
+    tracing::info!(
+        listen = %http_listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        upstream = http.upstream(),
+        normal = limits.normal,
+        debug = limits.debug_reserved,
+        per_session = limits.per_session,
+        web = limits.web,
+        dry_run = limits.dry_run,
+        admin = %admin.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        "HTTP proxy serving"
+    );
+
+    let pin_path = config.kernel.pin_path.clone();
+    let state = Arc::new(State {
+        gate,
+        http: http.clone(),
+        config: Mutex::new(config),
+        started: SystemTime::now(),
+        reloads_ok: AtomicU64::new(0),
+        reloads_failed: AtomicU64::new(0),
+    });
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let admin_task = tokio::spawn(crate::admin::serve(admin, state.clone(), stop_rx.clone()));
+    let proxy_task = tokio::spawn(proxy::serve(http_listener, http, stop_rx));
+
+    loop {
+        tokio::select! {
+            _ = hup.recv() => {
+                let state = state.clone();
+                let path = options.config_path.clone();
+                let _ = tokio::task::spawn_blocking(move || state.reload(&path)).await;
+            }
+            _ = term.recv() => { tracing::info!("SIGTERM: stopping"); break; }
+            _ = int.recv() => { tracing::info!("SIGINT: stopping"); break; }
+        }
+    }
+    let _ = stop_tx.send(true);
+    let _ = admin_task.await;
+    let _ = proxy_task.await;
+    let had_gate = state.gate.is_some();
+    drop(state);
+    if had_gate && options.unload_on_exit {
+        let out = kernel::unload(&pin_path)?;
+        tracing::info!(removed = out.removed.len(), "kernel gate unloaded (--unload-on-exit)");
+    } else if had_gate {
+        tracing::info!(pin_path = %pin_path.display(), "stopped; the kernel gate stays pinned and enforcing");
+    }
+    Ok(())
+}
+
+fn start_gate(config: &Config) -> Result<GateState, DaemonError> {
     let (gate, origin, target, changes) = Gate::start(&config.kernel)?;
     match origin {
         Origin::Loaded { mounted_bpffs } => tracing::info!(
@@ -164,45 +264,6 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
         ),
     }
     let ports: Vec<String> = config.kernel.ports.iter().map(|(p, m)| format!("{p}:{m}")).collect();
-    tracing::info!(
-        ports = %ports.join(", "),
-        changes = changes.len(),
-        admin = %admin.local_addr().map(|a| a.to_string()).unwrap_or_default(),
-        "enforcing"
-    );
-
-    let pin_path = config.kernel.pin_path.clone();
-    let state = Arc::new(State {
-        gate: Mutex::new(gate),
-        config: Mutex::new(config),
-        target,
-        origin,
-        started: SystemTime::now(),
-        reloads_ok: AtomicU64::new(0),
-        reloads_failed: AtomicU64::new(0),
-    });
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let admin_task = tokio::spawn(crate::admin::serve(admin, state.clone(), stop_rx));
-
-    loop {
-        tokio::select! {
-            _ = hup.recv() => {
-                let state = state.clone();
-                let path = options.config_path.clone();
-                let _ = tokio::task::spawn_blocking(move || state.reload(&path)).await;
-            }
-            _ = term.recv() => { tracing::info!("SIGTERM: stopping"); break; }
-            _ = int.recv() => { tracing::info!("SIGINT: stopping"); break; }
-        }
-    }
-    let _ = stop_tx.send(true);
-    let _ = admin_task.await;
-    if options.unload_on_exit {
-        drop(state);
-        let out = kernel::unload(&pin_path)?;
-        tracing::info!(removed = out.removed.len(), "kernel gate unloaded (--unload-on-exit)");
-    } else {
-        tracing::info!(pin_path = %pin_path.display(), "stopped; the kernel gate stays pinned and enforcing");
-    }
-    Ok(())
+    tracing::info!(ports = %ports.join(", "), changes = changes.len(), "kernel gate enforcing");
+    Ok(GateState { gate: Mutex::new(gate), target, origin })
 }

@@ -46,13 +46,13 @@ pub fn snapshot(pin_dir: &Path) -> Result<Snapshot, KernelError> {
 }
 
 /// The JSON document `dump --json` prints.
-pub fn json(snap: &Snapshot, daemon: &DaemonView) -> serde_json::Value {
+pub fn json(snap: Option<&Snapshot>, daemon: &DaemonView) -> serde_json::Value {
     let daemon = match daemon {
         DaemonView::Running(status) => {
             // The kernel part is already here, read from the pins.
             let mut status = status.clone();
-            if let Some(map) = status.as_object_mut() {
-                map.remove("kernel");
+            if let Some(kernel) = status.get_mut("kernel").and_then(|k| k.as_object_mut()) {
+                kernel.remove("gate");
             }
             serde_json::json!({ "running": true, "status": status })
         }
@@ -62,8 +62,13 @@ pub fn json(snap: &Snapshot, daemon: &DaemonView) -> serde_json::Value {
 }
 
 /// The table `dump` prints.
-pub fn table(snap: &Snapshot, daemon: &DaemonView) -> String {
+pub fn table(snap: Option<&Snapshot>, daemon: &DaemonView) -> String {
     let mut out = String::new();
+    let Some(snap) = snap else {
+        out.push_str("no kernel gate (kernel.enabled = false, or nothing pinned at the pin path)\n");
+        out.push_str(&daemon_lines(None, daemon));
+        return out;
+    };
     let _ = writeln!(
         out,
         "kernel gate at {} (layout {}, netns cookie {})",
@@ -106,6 +111,12 @@ pub fn table(snap: &Snapshot, daemon: &DaemonView) -> String {
         let _ = writeln!(out, "  (no port has completed a handshake yet, and none is enforced)");
     }
     out.push('\n');
+    out.push_str(&daemon_lines(Some(snap), daemon));
+    out
+}
+
+fn daemon_lines(snap: Option<&Snapshot>, daemon: &DaemonView) -> String {
+    let mut out = String::new();
     match daemon {
         DaemonView::Running(status) => {
             let _ = writeln!(
@@ -114,12 +125,42 @@ pub fn table(snap: &Snapshot, daemon: &DaemonView) -> String {
                 status["pid"],
                 status["version"].as_str().unwrap_or("?")
             );
+            out.push_str(&pools(&status["http"]));
         }
         DaemonView::NotRunning { admin } => {
-            let enforcing = snap.links.iter().all(|l| l.link_id.is_some());
+            let enforcing = snap.is_some_and(|s| s.links.iter().all(|l| l.link_id.is_some()));
             let gate = if enforcing { "; the kernel gate above still enforces" } else { "" };
             let _ = writeln!(out, "daemon not running (nothing answers on {admin}){gate}");
         }
+    }
+    out
+}
+
+/// The HTTP pools line(s) of the table, from the daemon's `/status`.
+fn pools(http: &serde_json::Value) -> String {
+    let p = &http["pools"];
+    if p.is_null() {
+        return String::new();
+    }
+    let n = |k: &str| p[k].as_u64().unwrap_or(0);
+    let limit = |k: &str| match n(k) {
+        0 => "unlimited".to_owned(),
+        l => l.to_string(),
+    };
+    let mut out = format!(
+        "http pools (in use/limit): normal {}/{}, debug {}/{}, web {}/{}, sessions in flight {} (per-session limit {}){}\n",
+        n("normal_in_use"),
+        n("normal_limit"),
+        n("debug_in_use"),
+        n("debug_limit"),
+        n("web_in_use"),
+        limit("web_limit"),
+        n("sessions"),
+        limit("session_limit"),
+        if p["dry_run"] == true { ", DRY RUN" } else { "" },
+    );
+    if let Some(upstream) = http["upstream"].as_str() {
+        out.push_str(&format!("http upstream: {upstream}\n"));
     }
     out
 }

@@ -7,15 +7,20 @@
 //!   with [`kernel::env`] probing privileges, kernel, cgroup v2, bpffs;
 //! - [`daemon`]: `limiter run` (signals, reload, lifecycle);
 //! - [`admin`]: the admin listener (`/metrics`, `/status`);
-//! - [`metrics`]: Prometheus text exposition;
+//! - [`admission`]: HTTP permits (pools, sessions, web clients);
+//! - [`proxy`]: the HTTP/1.1 reverse proxy that applies them;
+//! - [`metrics`], [`histogram`]: Prometheus text exposition;
 //! - [`dump`]: `limiter dump`, from the pins and the admin listener.
 //!
 //! `main.rs` only parses the command line and calls into these.
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod admission;
 pub mod config;
 pub mod daemon;
 pub mod dump;
+pub mod histogram;
 pub mod kernel;
 pub mod metrics;
+pub mod proxy;

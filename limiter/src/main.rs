@@ -98,15 +98,19 @@ fn main() -> ExitCode {
                 Ok(t) => t,
                 Err(e) => return fail(e),
             };
+            let daemon = dump::daemon_view(admin);
             let snap = match dump::snapshot(&pin_path) {
-                Ok(s) => s,
+                Ok(s) => Some(s),
+                // A daemon running without the gate still has pools to show.
+                Err(kernel::KernelError::NotLoaded(_)) if matches!(daemon, dump::DaemonView::Running(_)) => {
+                    None
+                }
                 Err(e) => return fail(e.to_string()),
             };
-            let daemon = dump::daemon_view(admin);
             let text = if json {
-                format!("{:#}\n", dump::json(&snap, &daemon))
+                format!("{:#}\n", dump::json(snap.as_ref(), &daemon))
             } else {
-                dump::table(&snap, &daemon)
+                dump::table(snap.as_ref(), &daemon)
             };
             out(&text)
         }

@@ -25,6 +25,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub mod client;
+pub mod upstream;
+
 use anyhow::{Context as _, Result, bail, ensure};
 use nix::{
     sched::{CloneFlags, setns},
@@ -126,10 +129,11 @@ impl Sandbox {
     pub fn config(&self, ports: &str, extra: &str) -> PathBuf {
         let path = self.dir.join("limiter.ini");
         let text = format!(
-            "kernel.ports = {ports}\nkernel.pinPath = {}\nkernel.cgroup = {}\nkernel.netns = {}\nadmin.listen = 127.0.0.1:{}\n{extra}",
+            "kernel.ports = {ports}\nkernel.pinPath = {}\nkernel.cgroup = {}\nkernel.netns = {}\nadmin.listen = 127.0.0.1:{}\nhttp.listen = 127.0.0.1:{}\n{extra}",
             self.pin_path.display(),
             self.cgroup.display(),
             self.netns_path.display(),
+            free_port(),
             free_port(),
         );
         fs::write(&path, text).expect("write config");

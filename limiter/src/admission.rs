@@ -1,0 +1,297 @@
+//! HTTP admission: permits for the normal pool, the reserved `/debug/`
+//! slots, web clients (`X-Client-Id`) and sessions (`Authorization`).
+//!
+//! One short critical section decides a request: every applicable limit is
+//! checked first and the permits are taken only if all pass, so a refusal
+//! never leaves a partial permit behind and a concurrent request never sees
+//! a slot that is about to be given back. A [`Permit`] returns everything it
+//! took when dropped.
+//!
+//! Sessions are kept under a keyed hash of the `Authorization` value (a
+//! per-process random SipHash key): the token itself is never stored, and
+//! an entry disappears when its count reaches zero, so memory is bounded
+//! by what is in flight, whatever the number of distinct tokens.
+
+use std::{
+    collections::HashMap,
+    hash::{BuildHasher, Hasher},
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use crate::config::{HttpConfig, defaults};
+
+/// Why a request was (or in dry-run would have been) refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    Normal,
+    Debug,
+    Web,
+    Session,
+    Breaker,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 5] =
+        [Reason::Normal, Reason::Debug, Reason::Web, Reason::Session, Reason::Breaker];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Normal => "normal",
+            Self::Debug => "debug",
+            Self::Web => "web",
+            Self::Session => "session",
+            Self::Breaker => "breaker",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The limits in force; replaced whole on reload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Slots for requests that are not `/debug/`.
+    pub normal: u32,
+    /// Slots only `/debug/` requests may take.
+    pub debug_reserved: u32,
+    /// In-flight requests per session; 0 = unlimited.
+    pub per_session: u32,
+    /// In-flight requests carrying `X-Client-Id`; 0 = unlimited.
+    pub web: u32,
+    /// Count would-be refusals, refuse nothing.
+    pub dry_run: bool,
+}
+
+impl Limits {
+    pub fn from_config(http: &HttpConfig) -> Self {
+        Self {
+            normal: http.normal_limit(),
+            debug_reserved: defaults::DEBUG_SLOTS,
+            per_session: http.max_session_connections,
+            web: http.max_web_connections,
+            dry_run: http.dry_run,
+        }
+    }
+}
+
+/// What admission needs to know about a request.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Ask<'a> {
+    /// The path starts with `/debug/`.
+    pub debug: bool,
+    /// The request carries `X-Client-Id`.
+    pub web: bool,
+    /// The `Authorization` value, if any.
+    pub session: Option<&'a [u8]>,
+}
+
+/// Which pool slot a permit holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    Normal,
+    Reserved,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    limits: Option<Limits>,
+    /// Normal slots in use (by normal requests and by `/debug/` requests
+    /// that found the reserved slots taken).
+    normal: u32,
+    /// Reserved slots in use.
+    reserved: u32,
+    web: u32,
+    /// Keyed hash of the session → requests in flight. Only kept while
+    /// a per-session limit is set.
+    sessions: HashMap<u64, u32>,
+    admitted: [u64; 2],
+    refused: [u64; 5],
+    would_refuse: [u64; 5],
+}
+
+/// The shared admission state of the proxy.
+#[derive(Debug)]
+pub struct Admission {
+    inner: Mutex<Inner>,
+    /// Keys the session hash; random per process, so hashes cannot be
+    /// compared across restarts or precomputed from a token.
+    key: std::hash::RandomState,
+}
+
+/// Counters and gauges, for metrics and dump.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Snapshot {
+    pub normal_in_use: u32,
+    pub normal_limit: u32,
+    pub debug_in_use: u32,
+    pub debug_limit: u32,
+    pub web_in_use: u32,
+    pub web_limit: u32,
+    pub session_limit: u32,
+    /// Sessions with a request in flight (tracked only when limited).
+    pub sessions: usize,
+    pub dry_run: bool,
+    pub admitted_normal: u64,
+    pub admitted_debug: u64,
+    /// Refusals by reason, in [`Reason::ALL`] order.
+    pub refused: [u64; 5],
+    pub would_refuse: [u64; 5],
+}
+
+/// Held from admission until the response is finished or the client is
+/// gone; gives back every slot it took when dropped.
+#[derive(Debug)]
+pub struct Permit {
+    admission: Arc<Admission>,
+    slot: Slot,
+    web: bool,
+    session: Option<u64>,
+}
+
+impl Permit {
+    pub fn slot(&self) -> Slot {
+        self.slot
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let mut inner = self.admission.lock();
+        match self.slot {
+            Slot::Normal => inner.normal -= 1,
+            Slot::Reserved => inner.reserved -= 1,
+        }
+        if self.web {
+            inner.web -= 1;
+        }
+        if let Some(h) = self.session {
+            if let Some(n) = inner.sessions.get_mut(&h) {
+                *n -= 1;
+                if *n == 0 {
+                    inner.sessions.remove(&h);
+                }
+            }
+        }
+    }
+}
+
+impl Admission {
+    pub fn new(limits: Limits) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Mutex::new(Inner { limits: Some(limits), ..Inner::default() }),
+            key: std::hash::RandomState::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave counts half-updated
+        // (each update is a few integer operations), so keep going.
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn session_key(&self, token: &[u8]) -> u64 {
+        let mut h = self.key.build_hasher();
+        h.write(token);
+        h.finish()
+    }
+
+    /// New limits for new requests; permits in flight keep their slots.
+    pub fn set_limits(&self, limits: Limits) {
+        // Session entries of permits in flight stay until those permits
+        // return, whatever the new limit: the counts stay exact.
+        self.lock().limits = Some(limits);
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.lock().limits.expect("set at construction")
+    }
+
+    /// Counts a refusal decided elsewhere (the breaker).
+    pub fn count_refusal(&self, reason: Reason) {
+        self.lock().refused[reason.index()] += 1;
+    }
+
+    /// Takes every permit the request needs, or none: `Err` names the first
+    /// check that failed, in the order pool, web client, session.
+    pub fn admit(self: &Arc<Self>, ask: Ask<'_>) -> Result<Permit, Reason> {
+        let session = match ask.session {
+            Some(token) if !ask.debug => Some(self.session_key(token)),
+            _ => None,
+        };
+        let mut inner = self.lock();
+        let limits = inner.limits.expect("set at construction");
+
+        let slot = if ask.debug {
+            if inner.reserved < limits.debug_reserved {
+                Ok(Slot::Reserved)
+            } else if inner.normal < limits.normal {
+                Ok(Slot::Normal)
+            } else {
+                Err((Reason::Debug, Slot::Normal))
+            }
+        } else if inner.normal < limits.normal {
+            Ok(Slot::Normal)
+        } else {
+            Err((Reason::Normal, Slot::Normal))
+        };
+        let web = ask.web && !ask.debug;
+        let web_full = web && limits.web > 0 && inner.web >= limits.web;
+        let session = session.filter(|_| limits.per_session > 0);
+        let session_full =
+            session.is_some_and(|h| inner.sessions.get(&h).copied().unwrap_or(0) >= limits.per_session);
+
+        let refusal = match slot {
+            Err((reason, _)) => Some(reason),
+            Ok(_) if web_full => Some(Reason::Web),
+            Ok(_) if session_full => Some(Reason::Session),
+            Ok(_) => None,
+        };
+        if let Some(reason) = refusal {
+            if !limits.dry_run {
+                inner.refused[reason.index()] += 1;
+                return Err(reason);
+            }
+            inner.would_refuse[reason.index()] += 1;
+        }
+        // Dry-run admits past a full pool on a normal slot, counted as such.
+        let slot = slot.unwrap_or_else(|(_, fallback)| fallback);
+        match slot {
+            Slot::Normal => inner.normal += 1,
+            Slot::Reserved => inner.reserved += 1,
+        }
+        inner.admitted[usize::from(ask.debug)] += 1;
+        if web {
+            inner.web += 1;
+        }
+        if let Some(h) = session {
+            *inner.sessions.entry(h).or_insert(0) += 1;
+        }
+        drop(inner);
+        Ok(Permit { admission: self.clone(), slot, web, session })
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let inner = self.lock();
+        let limits = inner.limits.expect("set at construction");
+        Snapshot {
+            normal_in_use: inner.normal,
+            normal_limit: limits.normal,
+            debug_in_use: inner.reserved,
+            debug_limit: limits.debug_reserved,
+            web_in_use: inner.web,
+            web_limit: limits.web,
+            session_limit: limits.per_session,
+            sessions: inner.sessions.len(),
+            dry_run: limits.dry_run,
+            admitted_normal: inner.admitted[0],
+            admitted_debug: inner.admitted[1],
+            refused: inner.refused,
+            would_refuse: inner.would_refuse,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,198 @@
+use super::*;
+
+fn limits(normal: u32, per_session: u32, web: u32) -> Limits {
+    Limits { normal, debug_reserved: 3, per_session, web, dry_run: false }
+}
+
+fn normal() -> Ask<'static> {
+    Ask::default()
+}
+
+fn debug() -> Ask<'static> {
+    Ask { debug: true, ..Ask::default() }
+}
+
+#[test]
+fn the_normal_pool_is_max_threads_minus_eleven() {
+    let mut http = crate::config::Config::default().http;
+    assert_eq!(Limits::from_config(&http).normal, 197);
+    http.max_threads = 20;
+    assert_eq!(Limits::from_config(&http).normal, 9);
+}
+
+#[test]
+fn normal_requests_fill_the_pool_then_are_refused() {
+    let a = Admission::new(limits(9, 0, 0));
+    let permits: Vec<_> = (0..9).map(|_| a.admit(normal()).unwrap()).collect();
+    assert_eq!(a.admit(normal()).unwrap_err(), Reason::Normal);
+    assert_eq!(a.snapshot().normal_in_use, 9);
+    drop(permits);
+    let s = a.snapshot();
+    assert_eq!((s.normal_in_use, s.admitted_normal, s.refused[0]), (0, 9, 1));
+}
+
+#[test]
+fn debug_takes_reserved_slots_then_free_normal_ones_never_the_reverse() {
+    let a = Admission::new(limits(2, 0, 0));
+    let n1 = a.admit(normal()).unwrap();
+    let _n2 = a.admit(normal()).unwrap();
+    // Normal pool full: debug still gets its three reserved slots.
+    let d: Vec<_> = (0..3).map(|_| a.admit(debug()).unwrap()).collect();
+    assert!(d.iter().all(|p| p.slot() == Slot::Reserved));
+    // A fourth debug request finds no reserved slot and no normal slot.
+    assert_eq!(a.admit(debug()).unwrap_err(), Reason::Debug);
+    // One normal slot frees: the fourth debug request takes it...
+    drop(n1);
+    let d4 = a.admit(debug()).unwrap();
+    assert_eq!(d4.slot(), Slot::Normal);
+    // ...and normal requests never take reserved slots.
+    drop(d);
+    assert_eq!(a.admit(normal()).unwrap_err(), Reason::Normal);
+    let s = a.snapshot();
+    assert_eq!((s.normal_in_use, s.debug_in_use), (2, 0));
+}
+
+#[test]
+fn sessions_are_limited_independently_and_entries_vanish_at_zero() {
+    let a = Admission::new(limits(100, 2, 0));
+    let alice = Ask { session: Some(b"Bearer alice"), ..Ask::default() };
+    let bob = Ask { session: Some(b"Bearer bob"), ..Ask::default() };
+    let a1 = a.admit(alice).unwrap();
+    let a2 = a.admit(alice).unwrap();
+    assert_eq!(a.admit(alice).unwrap_err(), Reason::Session);
+    let b1 = a.admit(bob).unwrap();
+    assert_eq!(a.snapshot().sessions, 2);
+    // A refusal left nothing behind: the pool holds exactly three.
+    assert_eq!(a.snapshot().normal_in_use, 3);
+    drop((a1, a2, b1));
+    assert_eq!(a.snapshot().sessions, 0);
+    assert_eq!(a.snapshot().normal_in_use, 0);
+}
+
+#[test]
+fn debug_requests_are_exempt_from_session_and_web_limits() {
+    let a = Admission::new(limits(100, 1, 1));
+    let s = Ask { session: Some(b"t"), web: true, ..Ask::default() };
+    let _held = a.admit(s).unwrap();
+    assert_eq!(a.admit(s).unwrap_err(), Reason::Web);
+    let d = Ask { debug: true, session: Some(b"t"), web: true };
+    let _d = a.admit(d).expect("debug ignores session and web limits");
+    assert_eq!(a.snapshot().web_in_use, 1);
+}
+
+#[test]
+fn the_first_failing_check_names_the_reason() {
+    // Pool before web before session.
+    let a = Admission::new(limits(1, 1, 1));
+    let both = Ask { session: Some(b"t"), web: true, ..Ask::default() };
+    let _p = a.admit(both).unwrap();
+    assert_eq!(a.admit(both).unwrap_err(), Reason::Normal);
+    a.set_limits(limits(5, 1, 1));
+    assert_eq!(a.admit(both).unwrap_err(), Reason::Web);
+    assert_eq!(a.admit(Ask { session: Some(b"t"), ..Ask::default() }).unwrap_err(), Reason::Session);
+    let s = a.snapshot();
+    assert_eq!(&s.refused[..4], &[1, 0, 1, 1]);
+    // And no refusal took anything.
+    assert_eq!((s.normal_in_use, s.web_in_use, s.sessions), (1, 1, 1));
+}
+
+#[test]
+fn web_limit_counts_only_requests_with_a_client_id() {
+    let a = Admission::new(limits(100, 0, 2));
+    let web = Ask { web: true, ..Ask::default() };
+    let _w: Vec<_> = (0..2).map(|_| a.admit(web).unwrap()).collect();
+    assert_eq!(a.admit(web).unwrap_err(), Reason::Web);
+    let _n = a.admit(normal()).expect("no X-Client-Id: not a web client");
+}
+
+#[test]
+fn unlimited_sessions_keep_no_entries() {
+    let a = Admission::new(limits(100_000, 0, 0));
+    let tokens: Vec<String> = (0..10_000).map(|i| format!("Bearer {i}")).collect();
+    let permits: Vec<_> = tokens
+        .iter()
+        .map(|t| a.admit(Ask { session: Some(t.as_bytes()), ..Ask::default() }).unwrap())
+        .collect();
+    assert_eq!(a.snapshot().sessions, 0);
+    drop(permits);
+}
+
+#[test]
+fn ten_thousand_sessions_leave_no_entries() {
+    let a = Admission::new(limits(100_000, 3, 0));
+    let tokens: Vec<String> = (0..10_000).map(|i| format!("Bearer {i}")).collect();
+    let permits: Vec<_> = tokens
+        .iter()
+        .map(|t| a.admit(Ask { session: Some(t.as_bytes()), ..Ask::default() }).unwrap())
+        .collect();
+    assert_eq!(a.snapshot().sessions, 10_000);
+    drop(permits);
+    assert_eq!(a.snapshot().sessions, 0);
+}
+
+#[test]
+fn lowering_a_limit_admits_nothing_until_usage_falls_under_it() {
+    let a = Admission::new(limits(4, 0, 0));
+    let mut held: Vec<_> = (0..4).map(|_| a.admit(normal()).unwrap()).collect();
+    a.set_limits(limits(2, 0, 0));
+    assert_eq!(a.admit(normal()).unwrap_err(), Reason::Normal);
+    held.truncate(2);
+    assert_eq!(a.admit(normal()).unwrap_err(), Reason::Normal);
+    held.truncate(1);
+    held.push(a.admit(normal()).unwrap());
+    assert_eq!(a.snapshot().normal_in_use, 2);
+}
+
+#[test]
+fn session_limit_changes_keep_counts_exact() {
+    let a = Admission::new(limits(100, 1, 0));
+    let t = Ask { session: Some(b"t"), ..Ask::default() };
+    let first = a.admit(t).unwrap();
+    a.set_limits(limits(100, 0, 0));
+    let unlimited = a.admit(t).unwrap();
+    a.set_limits(limits(100, 1, 0));
+    // `first` still holds the session's one slot.
+    assert_eq!(a.admit(t).unwrap_err(), Reason::Session);
+    drop(first);
+    drop(unlimited);
+    assert_eq!(a.snapshot().sessions, 0);
+    let _again = a.admit(t).unwrap();
+}
+
+#[test]
+fn dry_run_counts_would_be_refusals_and_refuses_nothing() {
+    let a = Admission::new(Limits { dry_run: true, ..limits(1, 1, 0) });
+    let t = Ask { session: Some(b"t"), ..Ask::default() };
+    let p: Vec<_> = (0..3).map(|_| a.admit(t).expect("dry-run admits")).collect();
+    let s = a.snapshot();
+    assert_eq!(s.refused, [0; 5]);
+    assert_eq!(s.would_refuse[Reason::Normal as usize], 2);
+    assert_eq!(s.normal_in_use, 3);
+    drop(p);
+    let s = a.snapshot();
+    assert_eq!((s.normal_in_use, s.sessions), (0, 0));
+}
+
+#[test]
+fn concurrent_admissions_never_exceed_the_pool() {
+    let a = Admission::new(limits(8, 0, 0));
+    let peak = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (a, peak) = (a.clone(), peak.clone());
+            std::thread::spawn(move || {
+                for _ in 0..20_000 {
+                    if let Ok(p) = a.admit(Ask::default()) {
+                        peak.fetch_max(a.snapshot().normal_in_use, std::sync::atomic::Ordering::Relaxed);
+                        drop(p);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(peak.load(std::sync::atomic::Ordering::Relaxed) <= 8);
+    assert_eq!(a.snapshot().normal_in_use, 0);
+}

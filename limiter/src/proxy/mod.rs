@@ -1,0 +1,440 @@
+//! The HTTP/1.1 reverse proxy: admission first, then the request streams to
+//! the upstream and the response streams back, each holding its permit
+//! until the response body has been handed to the client connection (or
+//! the client went away).
+//!
+//! A request over a limit is answered `503` at once, before anything
+//! reaches the upstream, with `Connection: close` and `Retry-After`; the
+//! connection then closes with a bounded lingering close ([`io`]) so the
+//! 503 arrives intact even when the request body was never read.
+
+pub mod body;
+pub mod framing;
+pub mod headers;
+pub mod io;
+pub mod sample;
+
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{
+        Arc, RwLock,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use http_body_util::BodyExt as _;
+use hyper::{
+    Method, Request, Response, StatusCode,
+    body::Incoming,
+    header::{self, HeaderValue},
+    service::service_fn,
+};
+use hyper_util::{
+    client::legacy::{Client, connect::HttpConnector},
+    rt::{TokioExecutor, TokioIo, TokioTimer},
+};
+use tokio::{net::TcpListener, sync::watch};
+
+use self::{
+    body::{ProxyBody, Stall},
+    headers::{add_forwarded, is_upgrade, strip_hop_by_hop},
+    io::ClientIo,
+};
+use crate::{
+    admission::{Admission, Ask, Limits, Reason},
+    config::HttpConfig,
+    histogram::Histogram,
+    metrics::Page,
+};
+
+/// Settings that a reload may change.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub retry_after_secs: u64,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub upstream_timeout: Duration,
+    pub linger: Duration,
+    pub max_header_bytes: usize,
+}
+
+impl Settings {
+    pub fn from_config(http: &HttpConfig) -> Self {
+        Self {
+            retry_after_secs: http.retry_after_ms.div_ceil(1000),
+            header_read_timeout: Duration::from_millis(http.header_read_timeout_ms),
+            idle_timeout: Duration::from_millis(http.idle_timeout_ms),
+            upstream_timeout: Duration::from_millis(http.upstream_timeout_ms),
+            linger: Duration::from_millis(http.linger_ms),
+            max_header_bytes: http.max_header_bytes as usize,
+        }
+    }
+}
+
+/// Counters of the proxy itself (admission keeps its own).
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Responses sent by status class, 1xx..5xx.
+    pub responses: [AtomicU64; 5],
+    pub upstream_latency: Histogram,
+    pub time_to_503: Histogram,
+    pub upstream_connect_errors: AtomicU64,
+    pub upstream_timeouts: AtomicU64,
+    pub upstream_resets: AtomicU64,
+    /// Connections closed by hyper for a bad request head, by kind.
+    pub header_timeouts: AtomicU64,
+    pub heads_too_large: AtomicU64,
+    pub malformed: AtomicU64,
+    /// Heads refused for carrying both Content-Length and Transfer-Encoding.
+    pub framing_conflicts: AtomicU64,
+    pub connections_open: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub upgrades: AtomicU64,
+}
+
+impl Counters {
+    fn status(&self, status: StatusCode) {
+        let class = usize::from(status.as_u16() / 100).clamp(1, 5) - 1;
+        self.responses[class].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The proxy's shared state.
+pub struct Http {
+    pub admission: Arc<Admission>,
+    pub counters: Arc<Counters>,
+    settings: RwLock<Settings>,
+    client: Client<HttpConnector, Stall<Incoming>>,
+    upstream: String,
+}
+
+impl Http {
+    pub fn new(config: &HttpConfig, upstream: String) -> Arc<Self> {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_millis(config.idle_timeout_ms))
+            .pool_max_idle_per_host(usize::MAX)
+            .build(connector);
+        Arc::new(Self {
+            admission: Admission::new(Limits::from_config(config)),
+            counters: Arc::new(Counters::default()),
+            settings: RwLock::new(Settings::from_config(config)),
+            client,
+            upstream,
+        })
+    }
+
+    pub fn upstream(&self) -> &str {
+        &self.upstream
+    }
+
+    pub fn settings(&self) -> Settings {
+        self.settings.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Applies a reloaded configuration (limits and timeouts; the listen
+    /// address and upstream need a restart).
+    pub fn reload(&self, config: &HttpConfig) {
+        self.admission.set_limits(Limits::from_config(config));
+        *self.settings.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Settings::from_config(config);
+    }
+
+    /// The HTTP families of `/metrics`.
+    pub fn metrics(&self, page: &mut Page) {
+        let a = self.admission.snapshot();
+        page.family("limiter_http_in_flight", "gauge", "Requests holding a permit, by pool.")
+            .sample("limiter_http_in_flight", &[("pool", "normal")], a.normal_in_use)
+            .sample("limiter_http_in_flight", &[("pool", "debug")], a.debug_in_use)
+            .sample("limiter_http_in_flight", &[("pool", "web")], a.web_in_use);
+        page.family("limiter_http_pool_limit", "gauge", "Size of each pool (0 = unlimited).")
+            .sample("limiter_http_pool_limit", &[("pool", "normal")], a.normal_limit)
+            .sample("limiter_http_pool_limit", &[("pool", "debug")], a.debug_limit)
+            .sample("limiter_http_pool_limit", &[("pool", "web")], a.web_limit)
+            .sample("limiter_http_pool_limit", &[("pool", "session")], a.session_limit);
+        page.family(
+            "limiter_http_sessions",
+            "gauge",
+            "Sessions with a request in flight (kept only while limited).",
+        )
+        .sample("limiter_http_sessions", &[], a.sessions);
+        page.family("limiter_http_admitted_total", "counter", "Requests admitted, by pool asked for.")
+            .sample("limiter_http_admitted_total", &[("pool", "normal")], a.admitted_normal)
+            .sample("limiter_http_admitted_total", &[("pool", "debug")], a.admitted_debug);
+        page.family(
+            "limiter_http_refused_total",
+            "counter",
+            "Requests answered 503 by admission, by reason.",
+        );
+        for (i, reason) in Reason::ALL.iter().enumerate() {
+            page.sample("limiter_http_refused_total", &[("reason", reason.as_str())], a.refused[i]);
+        }
+        page.family(
+            "limiter_http_would_refuse_total",
+            "counter",
+            "Requests http.dryRun admitted that a limit would have refused, by reason.",
+        );
+        for (i, reason) in Reason::ALL.iter().enumerate() {
+            page.sample("limiter_http_would_refuse_total", &[("reason", reason.as_str())], a.would_refuse[i]);
+        }
+        let c = &self.counters;
+        page.family("limiter_http_responses_total", "counter", "Responses sent to clients, by status class.");
+        for (i, class) in ["1xx", "2xx", "3xx", "4xx", "5xx"].iter().enumerate() {
+            page.sample(
+                "limiter_http_responses_total",
+                &[("class", class)],
+                c.responses[i].load(Ordering::Relaxed),
+            );
+        }
+        page.family("limiter_http_upstream_errors_total", "counter", "Upstream failures, by kind.")
+            .sample(
+                "limiter_http_upstream_errors_total",
+                &[("kind", "connect")],
+                c.upstream_connect_errors.load(Ordering::Relaxed),
+            )
+            .sample(
+                "limiter_http_upstream_errors_total",
+                &[("kind", "timeout")],
+                c.upstream_timeouts.load(Ordering::Relaxed),
+            )
+            .sample(
+                "limiter_http_upstream_errors_total",
+                &[("kind", "reset")],
+                c.upstream_resets.load(Ordering::Relaxed),
+            );
+        page.family("limiter_http_bad_requests_total", "counter", "Client connections closed for a bad request head, by kind (malformed includes framing conflicts, also counted alone).")
+            .sample("limiter_http_bad_requests_total", &[("kind", "header_timeout")], c.header_timeouts.load(Ordering::Relaxed))
+            .sample("limiter_http_bad_requests_total", &[("kind", "too_large")], c.heads_too_large.load(Ordering::Relaxed))
+            .sample("limiter_http_bad_requests_total", &[("kind", "malformed")], c.malformed.load(Ordering::Relaxed))
+            .sample("limiter_http_bad_requests_total", &[("kind", "framing_conflict")], c.framing_conflicts.load(Ordering::Relaxed));
+        page.family("limiter_http_connections", "gauge", "Client connections open.").sample(
+            "limiter_http_connections",
+            &[],
+            c.connections_open.load(Ordering::Relaxed),
+        );
+        page.family("limiter_http_connections_total", "counter", "Client connections accepted.").sample(
+            "limiter_http_connections_total",
+            &[],
+            c.connections_total.load(Ordering::Relaxed),
+        );
+        page.family(
+            "limiter_http_upgrades_total",
+            "counter",
+            "Connections switched to another protocol (WebSocket).",
+        )
+        .sample("limiter_http_upgrades_total", &[], c.upgrades.load(Ordering::Relaxed));
+        c.upstream_latency.write(
+            page,
+            "limiter_http_upstream_latency_seconds",
+            "From the request sent upstream to the upstream's response head.",
+        );
+        c.time_to_503.write(
+            page,
+            "limiter_http_time_to_503_seconds",
+            "From the request head parsed to the admission 503 handed to the connection.",
+        );
+    }
+
+    /// What `/status` and `dump` show of the proxy.
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::json!({
+            "upstream": self.upstream,
+            "pools": self.admission.snapshot(),
+            "time_to_503_p99_bound_seconds": self.counters.time_to_503.quantile_bound(0.99),
+        })
+    }
+}
+
+/// Accepts client connections until `shutdown` turns true.
+pub async fn serve(listener: TcpListener, http: Arc<Http>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    tokio::spawn(connection(stream, peer, http.clone()));
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!("accept on http.listen failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+async fn connection(stream: tokio::net::TcpStream, peer: SocketAddr, http: Arc<Http>) {
+    let _ = stream.set_nodelay(true);
+    let settings = http.settings();
+    let io = ClientIo::new(stream, settings.idle_timeout, settings.linger, http.counters.clone());
+    http.counters.connections_open.fetch_add(1, Ordering::Relaxed);
+    http.counters.connections_total.fetch_add(1, Ordering::Relaxed);
+    let service = {
+        let http = http.clone();
+        service_fn(move |req| handle(req, http.clone(), peer))
+    };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.header_read_timeout)
+        .max_buf_size(settings.max_header_bytes.max(8192))
+        .keep_alive(true);
+    let result = builder.serve_connection(TokioIo::new(io), service).with_upgrades().await;
+    if let Err(e) = result {
+        let c = &http.counters;
+        if e.is_timeout() {
+            c.header_timeouts.fetch_add(1, Ordering::Relaxed);
+        } else if e.is_parse_too_large() {
+            c.heads_too_large.fetch_add(1, Ordering::Relaxed);
+            c.status(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+        } else if e.is_parse() {
+            // Framing conflicts are counted as they are found, in ClientIo.
+            c.malformed.fetch_add(1, Ordering::Relaxed);
+            c.status(StatusCode::BAD_REQUEST);
+        }
+        tracing::debug!(%peer, "client connection ended: {e}");
+    }
+    http.counters.connections_open.fetch_sub(1, Ordering::Relaxed);
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    http: Arc<Http>,
+    peer: SocketAddr,
+) -> Result<Response<ProxyBody>, Infallible> {
+    let started = Instant::now();
+    if req.method() == Method::CONNECT {
+        return Ok(http.own(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "CONNECT is not supported by this proxy\n",
+            true,
+        ));
+    }
+    let headers = req.headers();
+    let ask = Ask {
+        debug: req.uri().path().starts_with("/debug/"),
+        web: headers.contains_key("x-client-id"),
+        session: headers.get(header::AUTHORIZATION).map(HeaderValue::as_bytes),
+    };
+    match http.admission.admit(ask) {
+        Ok(permit) => Ok(forward(req, permit, &http, peer).await),
+        Err(reason) => Ok(http.refuse(reason, started)),
+    }
+}
+
+impl Http {
+    /// A response the proxy writes itself.
+    fn own(&self, status: StatusCode, text: &'static str, close: bool) -> Response<ProxyBody> {
+        self.counters.status(status);
+        let mut response = Response::new(ProxyBody::full(text));
+        *response.status_mut() = status;
+        let h = response.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+        if close {
+            h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
+    }
+
+    /// The admission 503.
+    fn refuse(self: &Arc<Self>, reason: Reason, started: Instant) -> Response<ProxyBody> {
+        let text: &'static str = match reason {
+            Reason::Normal => "503 Service Unavailable: the server is at its request limit\n",
+            Reason::Debug => "503 Service Unavailable: no diagnostic slot is free\n",
+            Reason::Web => "503 Service Unavailable: the web-client limit is reached\n",
+            Reason::Session => "503 Service Unavailable: this session has too many requests in flight\n",
+            Reason::Breaker => "503 Service Unavailable: the upstream is failing; retry later\n",
+        };
+        let mut response = self.own(StatusCode::SERVICE_UNAVAILABLE, text, true);
+        let retry = self.settings().retry_after_secs;
+        let h = response.headers_mut();
+        h.insert(header::RETRY_AFTER, HeaderValue::from(retry));
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        h.insert("x-limiter-refused", HeaderValue::from_static(reason.as_str()));
+        let http = self.clone();
+        response
+            .map(|body| body.on_end(Box::new(move || http.counters.time_to_503.record(started.elapsed()))))
+    }
+}
+
+async fn forward(
+    mut req: Request<Incoming>,
+    permit: crate::admission::Permit,
+    http: &Arc<Http>,
+    peer: SocketAddr,
+) -> Response<ProxyBody> {
+    let settings = http.settings();
+    let upgrade = is_upgrade(req.headers());
+    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let (mut parts, body) = req.into_parts();
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let Ok(uri) = format!("http://{}{path}", http.upstream).parse::<hyper::Uri>() else {
+        return http.own(StatusCode::BAD_REQUEST, "400 Bad Request: unusable request target\n", true);
+    };
+    strip_hop_by_hop(&mut parts.headers, upgrade);
+    let host = parts.headers.get(header::HOST).cloned();
+    add_forwarded(&mut parts.headers, peer, host.as_ref());
+    parts.uri = uri;
+    parts.version = hyper::Version::HTTP_11;
+    let upstream_req = Request::from_parts(parts, Stall::new(body, settings.idle_timeout));
+
+    let sent = Instant::now();
+    let result = tokio::time::timeout(settings.upstream_timeout, http.client.request(upstream_req)).await;
+    let mut response = match result {
+        Err(_) => {
+            http.counters.upstream_timeouts.fetch_add(1, Ordering::Relaxed);
+            return http.own(
+                StatusCode::GATEWAY_TIMEOUT,
+                "504 Gateway Timeout: the upstream did not answer in time\n",
+                true,
+            );
+        }
+        Ok(Err(e)) => {
+            let (counter, text) = if e.is_connect() {
+                (&http.counters.upstream_connect_errors, "502 Bad Gateway: cannot connect to the upstream\n")
+            } else {
+                (&http.counters.upstream_resets, "502 Bad Gateway: the upstream closed the connection\n")
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!("upstream request failed: {e:?}");
+            return http.own(StatusCode::BAD_GATEWAY, text, true);
+        }
+        Ok(Ok(response)) => response,
+    };
+    http.counters.upstream_latency.record(sent.elapsed());
+
+    if let Some(client_upgrade) = client_upgrade {
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            let upstream_upgrade = hyper::upgrade::on(&mut response);
+            http.counters.upgrades.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(async move {
+                let (Ok(client), Ok(upstream)) = tokio::join!(client_upgrade, upstream_upgrade) else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut TokioIo::new(upstream))
+                    .await;
+            });
+            http.counters.status(response.status());
+            // The upgrade is complete: the permit goes back now, the
+            // tunnel is not an HTTP request any more.
+            drop(permit);
+            return response.map(|_| ProxyBody::empty());
+        }
+    }
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers, false);
+    if upgrade {
+        // Refused upgrade: the framing watch stopped at the Upgrade head,
+        // so this connection must not carry another request.
+        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    http.counters.status(parts.status);
+    let body = ProxyBody::boxed(Stall::new(body, settings.idle_timeout).boxed_unsync()).with_permit(permit);
+    Response::from_parts(parts, body)
+}

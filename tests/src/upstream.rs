@@ -1,0 +1,180 @@
+//! An upstream written for the tests: it counts what reaches it and can
+//! hold, stream, sink, stall, reset and upgrade on demand.
+//!
+//! | path | behaviour |
+//! |---|---|
+//! | `/hold` | answers once [`Upstream::release`] is called |
+//! | `/headers` | answers with the request head it received |
+//! | `/big?bytes=N` | streams N bytes in 64 KiB chunks |
+//! | `POST /sink` | reads the whole body, answers its length |
+//! | `/slowhead?ms=N` | waits N ms before the response head |
+//! | `/upgrade` | `101 Switching Protocols`, then echoes bytes |
+//! | anything else | `200 ok` |
+
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full, StreamBody, combinators::BoxBody};
+use hyper::{Request, Response, StatusCode, body::Frame, body::Incoming, service::service_fn};
+use hyper_util::rt::TokioIo;
+use tokio::{net::TcpListener, sync::Notify};
+
+type Body = BoxBody<Bytes, Infallible>;
+
+#[derive(Default)]
+struct Shared {
+    hits: AtomicU64,
+    holding: AtomicU64,
+    release: Notify,
+}
+
+/// A running test upstream; stops with its runtime when dropped.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl Upstream {
+    pub fn start() -> Self {
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let shared = Arc::new(Shared::default());
+        let listener = runtime.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let s = shared.clone();
+        runtime.spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| answer(req, s.clone()));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades()
+                        .await;
+                });
+            }
+        });
+        Self { addr, shared, _runtime: runtime }
+    }
+
+    /// Requests that reached the upstream.
+    pub fn hits(&self) -> u64 {
+        self.shared.hits.load(Ordering::SeqCst)
+    }
+
+    /// Requests waiting in `/hold`.
+    pub fn holding(&self) -> u64 {
+        self.shared.holding.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `n` requests are held (5 s at most).
+    pub fn wait_holding(&self, n: u64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while self.holding() != n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "upstream holds {} requests, want {n}",
+                self.holding()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Lets every held request answer.
+    pub fn release(&self) {
+        self.shared.release.notify_waiters();
+    }
+}
+
+fn full(text: impl Into<Bytes>) -> Body {
+    Full::new(text.into()).boxed()
+}
+
+async fn answer(mut req: Request<Incoming>, s: Arc<Shared>) -> Result<Response<Body>, Infallible> {
+    s.hits.fetch_add(1, Ordering::SeqCst);
+    let query = |key: &str| -> Option<u64> {
+        req.uri().query()?.split('&').find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+    };
+    let response = match req.uri().path() {
+        "/hold" | "/debug/hold" => {
+            let released = s.release.notified();
+            s.holding.fetch_add(1, Ordering::SeqCst);
+            released.await;
+            s.holding.fetch_sub(1, Ordering::SeqCst);
+            Response::new(full("released\n"))
+        }
+        "/headers" => {
+            let mut text = format!("{} {} {:?}\n", req.method(), req.uri(), req.version());
+            for (k, v) in req.headers() {
+                text.push_str(&format!("{k}: {}\n", v.to_str().unwrap_or("?")));
+            }
+            Response::new(full(text))
+        }
+        "/big" => {
+            let total = query("bytes").unwrap_or(1 << 20);
+            let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+            let mut r = Response::new(StreamBody::new(Chunks { left: total, chunk }).boxed());
+            r.headers_mut().insert("content-length", total.into());
+            r
+        }
+        "/sink" => {
+            let mut body = req.into_body();
+            let mut n = 0u64;
+            while let Some(Ok(frame)) = body.frame().await {
+                n += frame.data_ref().map_or(0, |d| d.len() as u64);
+            }
+            Response::new(full(format!("{n}\n")))
+        }
+        "/slowhead" => {
+            tokio::time::sleep(Duration::from_millis(query("ms").unwrap_or(1000))).await;
+            Response::new(full("late\n"))
+        }
+        "/upgrade" => {
+            let on = hyper::upgrade::on(&mut req);
+            tokio::spawn(async move {
+                if let Ok(up) = on.await {
+                    let mut io = TokioIo::new(up);
+                    let (mut r, mut w) = tokio::io::split(&mut io);
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                }
+            });
+            let mut r = Response::new(full(""));
+            *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+            r.headers_mut().insert("upgrade", "echo".parse().unwrap());
+            r.headers_mut().insert("connection", "upgrade".parse().unwrap());
+            r
+        }
+        _ => Response::new(full("ok\n")),
+    };
+    Ok(response)
+}
+
+/// Streams `left` bytes in chunks.
+struct Chunks {
+    left: u64,
+    chunk: Bytes,
+}
+
+impl futures_core::Stream for Chunks {
+    type Item = Result<Frame<Bytes>, Infallible>;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        if self.left == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        let n = self.left.min(self.chunk.len() as u64) as usize;
+        self.left -= n as u64;
+        std::task::Poll::Ready(Some(Ok(Frame::data(self.chunk.slice(..n)))))
+    }
+}

@@ -1,0 +1,462 @@
+//! The HTTP admission proxy, end to end: the real daemon (without its
+//! kernel gate), an upstream written for the tests, raw client sockets.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpListener},
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use limiter_tests::{
+    Daemon,
+    client::{self, Reply, closed_by_server, connect, get, read_reply, send},
+    upstream::Upstream,
+};
+
+struct Setup {
+    daemon: Daemon,
+    proxy: SocketAddr,
+    upstream: Upstream,
+    _dir: TempDir,
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+fn setup(extra: &str) -> Setup {
+    let upstream = Upstream::start();
+    let dir = std::env::temp_dir().join(format!(
+        "lh-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let (config, proxy) = client::http_config(&dir, Some(upstream.addr), extra);
+    let daemon = Daemon::start(&config, &[]).expect("daemon starts");
+    Setup { daemon, proxy, upstream, _dir: TempDir(dir) }
+}
+
+impl Setup {
+    /// A metric's value (first sample whose line starts with `prefix`).
+    fn metric(&self, prefix: &str) -> f64 {
+        let text = self.daemon.metrics();
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no metric {prefix} in\n{text}"))
+    }
+
+    /// Waits until every pool is back to zero (permits are returned when
+    /// the response body ends, just after the client has read it).
+    fn assert_pools_empty(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let (n, d, w, s) = (
+                self.metric("limiter_http_in_flight{pool=\"normal\"}"),
+                self.metric("limiter_http_in_flight{pool=\"debug\"}"),
+                self.metric("limiter_http_in_flight{pool=\"web\"}"),
+                self.metric("limiter_http_sessions "),
+            );
+            if (n, d, w, s) == (0.0, 0.0, 0.0, 0.0) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pools not empty: normal {n}, debug {d}, web {w}, sessions {s}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn spawn_get(&self, path: &str, headers: &[&str]) -> JoinHandle<Reply> {
+        let (addr, path) = (self.proxy, path.to_owned());
+        let headers: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
+        std::thread::spawn(move || {
+            let refs: Vec<&str> = headers.iter().map(String::as_str).collect();
+            get(addr, &path, &refs)
+        })
+    }
+}
+
+fn assert_503(reply: &Reply, reason: &str) {
+    assert_eq!(reply.status, 503, "{reply:?}");
+    assert_eq!(reply.header("connection"), Some("close"), "{reply:?}");
+    assert!(reply.header("retry-after").is_some_and(|v| v.parse::<u64>().is_ok()), "{reply:?}");
+    assert_eq!(reply.header("x-limiter-refused"), Some(reason), "{reply:?}");
+}
+
+#[test]
+fn a_full_pool_answers_503_at_once_without_reaching_the_upstream() {
+    let s = setup("http.maxThreads = 20\n");
+    let held: Vec<_> = (0..9).map(|_| s.spawn_get("/hold", &[])).collect();
+    s.upstream.wait_holding(9);
+    let started = Instant::now();
+    let reply = get(s.proxy, "/other", &[]);
+    let elapsed = started.elapsed();
+    assert_503(&reply, "normal");
+    assert!(elapsed < Duration::from_millis(500), "503 took {elapsed:?}");
+    assert_eq!(s.upstream.hits(), 9, "the refused request reached the upstream");
+    assert_eq!(s.metric("limiter_http_refused_total{reason=\"normal\"}"), 1.0);
+    assert_eq!(s.metric("limiter_http_pool_limit{pool=\"normal\"}"), 9.0);
+    s.upstream.release();
+    for h in held {
+        assert_eq!(h.join().unwrap().status, 200);
+    }
+    s.assert_pools_empty();
+    // Time-to-503 is in the daemon's own histogram.
+    assert_eq!(s.metric("limiter_http_time_to_503_seconds_count"), 1.0);
+}
+
+#[test]
+fn debug_requests_use_reserved_slots_then_free_normal_ones() {
+    let s = setup("http.maxThreads = 13\nhttp.maxSessionConnections = 1\n");
+    // Fill the normal pool (2).
+    let normal: Vec<_> = (0..2).map(|_| s.spawn_get("/hold", &[])).collect();
+    s.upstream.wait_holding(2);
+    assert_503(&get(s.proxy, "/x", &[]), "normal");
+    // Three /debug/ requests still get through, one of them from a session
+    // at its limit... (the session holds one normal slot below)
+    let debug: Vec<_> = (0..3).map(|_| s.spawn_get("/debug/hold", &["Authorization: Bearer busy"])).collect();
+    s.upstream.wait_holding(5);
+    // ...a fourth finds neither a reserved nor a normal slot.
+    assert_503(&get(s.proxy, "/debug/x", &[]), "debug");
+    // Free every normal slot: the fourth /debug/ takes a normal one.
+    s.upstream.release();
+    for h in normal.into_iter().chain(debug) {
+        assert_eq!(h.join().unwrap().status, 200);
+    }
+    s.assert_pools_empty();
+    let d4 = s.spawn_get("/debug/hold", &[]);
+    let more: Vec<_> = (0..3).map(|_| s.spawn_get("/debug/hold", &[])).collect();
+    s.upstream.wait_holding(4);
+    assert_eq!(s.metric("limiter_http_in_flight{pool=\"debug\"}"), 3.0);
+    assert_eq!(s.metric("limiter_http_in_flight{pool=\"normal\"}"), 1.0);
+    s.upstream.release();
+    for h in more.into_iter().chain([d4]) {
+        assert_eq!(h.join().unwrap().status, 200);
+    }
+    // A session at its limit still reaches /debug/.
+    let busy = s.spawn_get("/hold", &["Authorization: Bearer busy"]);
+    s.upstream.wait_holding(1);
+    assert_503(&get(s.proxy, "/x", &["Authorization: Bearer busy"]), "session");
+    assert_eq!(get(s.proxy, "/debug/status", &["Authorization: Bearer busy"]).status, 200);
+    s.upstream.release();
+    assert_eq!(busy.join().unwrap().status, 200);
+    s.assert_pools_empty();
+}
+
+#[test]
+fn session_and_web_limits_count_exactly_and_name_the_first_failing_check() {
+    let s = setup("http.maxSessionConnections = 2\nhttp.maxWebConnections = 3\n");
+    let a: Vec<_> = (0..2).map(|_| s.spawn_get("/hold", &["Authorization: Bearer alice"])).collect();
+    s.upstream.wait_holding(2);
+    assert_503(&get(s.proxy, "/x", &["Authorization: Bearer alice"]), "session");
+    // Another session is independent.
+    let b = s.spawn_get("/hold", &["Authorization: Bearer bob"]);
+    s.upstream.wait_holding(3);
+    // Web clients: three in flight, the fourth refused.
+    let w: Vec<_> = (0..3).map(|i| s.spawn_get("/hold", &[&format!("X-Client-Id: vue-{i}")])).collect();
+    s.upstream.wait_holding(6);
+    assert_503(&get(s.proxy, "/x", &["X-Client-Id: vue-9"]), "web");
+    // Both limits fail: the web check comes first.
+    assert_503(&get(s.proxy, "/x", &["X-Client-Id: vue-9", "Authorization: Bearer alice"]), "web");
+    assert_eq!(s.metric("limiter_http_sessions "), 2.0);
+    assert_eq!(s.metric("limiter_http_refused_total{reason=\"web\"}"), 2.0);
+    assert_eq!(s.metric("limiter_http_refused_total{reason=\"session\"}"), 1.0);
+    assert_eq!(s.upstream.hits(), 6);
+    s.upstream.release();
+    for h in a.into_iter().chain([b]).chain(w) {
+        assert_eq!(h.join().unwrap().status, 200);
+    }
+    s.assert_pools_empty();
+}
+
+#[test]
+fn the_503_arrives_intact_after_an_unread_1mb_post() {
+    let s = setup("http.maxThreads = 12\n");
+    let held = s.spawn_get("/hold", &[]);
+    s.upstream.wait_holding(1);
+    let mut stream = connect(s.proxy);
+    let body = vec![b'a'; 1 << 20];
+    let head = format!("POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n", body.len());
+    let mut writer = stream.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        let _ = writer.write_all(head.as_bytes());
+        let _ = writer.write_all(&body);
+    });
+    let reply = read_reply(&mut stream).expect("the 503 is readable, not reset");
+    assert_503(&reply, "normal");
+    assert_eq!(reply.text(), "503 Service Unavailable: the server is at its request limit\n");
+    assert!(closed_by_server(&mut stream), "the connection stays open after a 503");
+    sender.join().unwrap();
+    assert_eq!(s.upstream.hits(), 1);
+    s.upstream.release();
+    held.join().unwrap();
+    s.assert_pools_empty();
+}
+
+#[test]
+fn client_aborts_return_their_permits() {
+    let s = setup("http.maxThreads = 13\n");
+    // Gone while the upstream has not answered yet.
+    let mut waiting = connect(s.proxy);
+    waiting.write_all(b"GET /hold HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    s.upstream.wait_holding(1);
+    drop(waiting);
+    // Gone in the middle of a 100 MB response.
+    let mut reading = connect(s.proxy);
+    reading.write_all(b"GET /big?bytes=104857600 HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    let mut some = [0u8; 65536];
+    reading.read_exact(&mut some).unwrap();
+    socket2::SockRef::from(&reading).set_linger(Some(Duration::ZERO)).unwrap();
+    drop(reading);
+    // Gone in the middle of the request body.
+    let mut uploading = connect(s.proxy);
+    uploading.write_all(b"POST /sink HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\n").unwrap();
+    uploading.write_all(&[b'x'; 1000]).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    drop(uploading);
+    s.upstream.release();
+    s.assert_pools_empty();
+    // The pool is whole again: two requests fit.
+    assert_eq!(get(s.proxy, "/", &[]).status, 200);
+}
+
+#[test]
+fn ten_thousand_sessions_leave_no_entries_and_tokens_never_show() {
+    let s = setup("http.maxSessionConnections = 1\n");
+    let mut stream = connect(s.proxy);
+    for i in 0..10_000 {
+        let req = format!("GET / HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer secret-token-{i:05}\r\n\r\n");
+        stream.write_all(req.as_bytes()).unwrap();
+        assert_eq!(read_reply(&mut stream).unwrap().status, 200);
+    }
+    s.assert_pools_empty();
+    assert_eq!(s.metric("limiter_http_admitted_total{pool=\"normal\"}"), 10_000.0);
+    let metrics = s.daemon.metrics();
+    let status = limiter_tests::http_get(s.daemon.admin, "/status").unwrap();
+    let dump = limiter_tests::limiter(&["dump", "--json", "--config", s.daemon.config.to_str().unwrap()]);
+    let dump = String::from_utf8_lossy(&dump.stdout).into_owned();
+    assert!(dump.contains("\"running\": true"), "{dump}");
+    for (what, text) in
+        [("metrics", &metrics), ("status", &status), ("dump", &dump), ("log", &s.daemon.log())]
+    {
+        assert!(!text.contains("secret-token"), "a session token appears in the {what}");
+    }
+}
+
+#[test]
+fn streaming_256_mb_each_way_keeps_the_daemon_small() {
+    let s = setup("");
+    const SIZE: u64 = 256 << 20;
+    // Upload.
+    let mut up = connect(s.proxy);
+    up.write_all(format!("POST /sink HTTP/1.1\r\nHost: t\r\nContent-Length: {SIZE}\r\n\r\n").as_bytes())
+        .unwrap();
+    let chunk = vec![b'u'; 1 << 20];
+    for _ in 0..(SIZE >> 20) {
+        up.write_all(&chunk).unwrap();
+    }
+    let reply = read_reply(&mut up).unwrap();
+    assert_eq!((reply.status, reply.text()), (200, format!("{SIZE}\n")));
+    // Download, counted without keeping it.
+    let mut down = connect(s.proxy);
+    down.write_all(format!("GET /big?bytes={SIZE} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes()).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        down.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    let mut got = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    while got < SIZE {
+        let n = down.read(&mut buf).unwrap();
+        assert!(n > 0, "download ended at {got} bytes");
+        got += n as u64;
+    }
+    assert_eq!(got, SIZE);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", s.daemon.pid())).unwrap();
+    let peak_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    eprintln!("daemon peak RSS after 256 MB up and 256 MB down: {} MB", peak_kb / 1024);
+    assert!(peak_kb < 64 * 1024, "peak RSS {peak_kb} kB");
+    s.assert_pools_empty();
+}
+
+#[test]
+fn slow_headers_are_cut_off_and_take_no_permit() {
+    let s = setup("http.headerReadTimeoutMs = 500\nhttp.maxThreads = 12\n");
+    let mut slow = connect(s.proxy);
+    slow.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nX-Slow:").unwrap();
+    // While it dawdles, the one normal slot is free for others.
+    assert_eq!(get(s.proxy, "/", &[]).status, 200);
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    let _ = slow.read_to_end(&mut rest);
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(3), "the slow client was held {waited:?}");
+    assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"header_timeout\"}"), 1.0);
+    assert_eq!(s.upstream.hits(), 1);
+}
+
+#[test]
+fn upstream_failures_are_502_and_504() {
+    // Timeout: the upstream's head comes too late.
+    let s = setup("http.upstreamTimeoutMs = 300\n");
+    let reply = get(s.proxy, "/slowhead?ms=3000", &[]);
+    assert_eq!(reply.status, 504, "{reply:?}");
+    assert_eq!(s.metric("limiter_http_upstream_errors_total{kind=\"timeout\"}"), 1.0);
+    s.assert_pools_empty();
+
+    // Connect failure: nothing listens on the upstream port.
+    let dead = TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_addr = dead.local_addr().unwrap();
+    drop(dead);
+    let dir = std::env::temp_dir().join(format!("lh-dead-{}", std::process::id()));
+    let (config, proxy) = client::http_config(&dir, Some(dead_addr), "");
+    let d = Daemon::start(&config, &[]).unwrap();
+    assert_eq!(get(proxy, "/", &[]).status, 502);
+    assert!(d.metrics().contains("limiter_http_upstream_errors_total{kind=\"connect\"} 1"));
+
+    // Reset: an upstream that reads the request and resets the connection.
+    let rst = TcpListener::bind("127.0.0.1:0").unwrap();
+    let rst_addr = rst.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in rst.incoming().flatten() {
+            let mut conn = conn;
+            let mut buf = [0u8; 1024];
+            let _ = conn.read(&mut buf);
+            socket2::SockRef::from(&conn).set_linger(Some(Duration::ZERO)).unwrap();
+        }
+    });
+    let (config, proxy) = client::http_config(&dir.join("rst"), Some(rst_addr), "");
+    let d = Daemon::start(&config, &[]).unwrap();
+    assert_eq!(get(proxy, "/", &[]).status, 502);
+    assert!(d.metrics().contains("limiter_http_upstream_errors_total{kind=\"reset\"} 1"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn malformed_oversized_and_smuggling_requests_are_refused_before_admission() {
+    let s = setup("http.maxHeaderBytes = 8192\n");
+    let bad = send(s.proxy, b"GET / HTTP/1.1\r\nHost: t\r\nBad Header Name: x\r\n\r\n").unwrap();
+    assert_eq!(bad.status, 400);
+    let garbage = send(s.proxy, b"\x16\x03\x01 not http at all\r\n\r\n").unwrap();
+    assert_eq!(garbage.status, 400);
+    let big = format!("GET / HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n", "b".repeat(20_000));
+    let mut stream = connect(s.proxy);
+    let _ = stream.write_all(big.as_bytes());
+    assert_eq!(read_reply(&mut stream).unwrap().status, 431);
+    for smuggle in [
+        &b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"[..],
+        &b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n"[..],
+    ] {
+        assert_eq!(send(s.proxy, smuggle).unwrap().status, 400);
+    }
+    // A conflicting request hidden behind an honest one on the same connection.
+    let pipelined = b"POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\n\r\nabcdPOST /b HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+    let mut stream = connect(s.proxy);
+    stream.write_all(pipelined).unwrap();
+    assert_eq!(read_reply(&mut stream).unwrap().status, 200);
+    assert_eq!(read_reply(&mut stream).unwrap().status, 400);
+    assert_eq!(s.upstream.hits(), 1, "only the honest request may reach the upstream");
+    assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"framing_conflict\"}"), 3.0);
+    assert_eq!(s.metric("limiter_http_admitted_total{pool=\"normal\"}"), 1.0);
+    s.assert_pools_empty();
+}
+
+#[test]
+fn hop_by_hop_headers_go_and_forwarding_headers_come() {
+    let s = setup("");
+    let reply = get(
+        s.proxy,
+        "/headers?q=1",
+        &[
+            "Connection: keep-alive, X-Private",
+            "X-Private: secret",
+            "Keep-Alive: timeout=5",
+            "TE: trailers",
+            "Proxy-Authorization: Basic abc",
+            "X-Forwarded-For: 10.1.2.3",
+            "Authorization: Bearer kept",
+        ],
+    );
+    assert_eq!(reply.status, 200);
+    let seen = reply.text().to_ascii_lowercase();
+    assert!(seen.starts_with("get /headers?q=1 http/1.1"), "{seen}");
+    for gone in ["x-private", "keep-alive", "\nte:", "proxy-authorization", "connection: keep-alive"] {
+        assert!(!seen.contains(gone), "`{gone}` reached the upstream:\n{seen}");
+    }
+    assert!(seen.contains("x-forwarded-for: 10.1.2.3, 127.0.0.1"), "{seen}");
+    assert!(seen.contains("forwarded: for=127.0.0.1;proto=http;host=\"test\""), "{seen}");
+    assert!(seen.contains("host: test"), "{seen}");
+    assert!(seen.contains("authorization: bearer kept"), "{seen}");
+}
+
+#[test]
+fn upgrades_pass_through_and_give_their_permit_back() {
+    let s = setup("http.maxThreads = 12\n");
+    let mut stream = connect(s.proxy);
+    stream
+        .write_all(b"GET /upgrade HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+        .unwrap();
+    let reply = read_reply(&mut stream).unwrap();
+    assert_eq!(reply.status, 101, "{reply:?}");
+    assert_eq!(reply.header("upgrade"), Some("echo"));
+    stream.write_all(b"hello through the tunnel").unwrap();
+    let mut echo = [0u8; 24];
+    stream.read_exact(&mut echo).unwrap();
+    assert_eq!(&echo, b"hello through the tunnel");
+    // The tunnel is open, the permit is back: the single slot is free.
+    s.assert_pools_empty();
+    assert_eq!(get(s.proxy, "/", &[]).status, 200);
+    assert_eq!(s.metric("limiter_http_upgrades_total"), 1.0);
+}
+
+#[test]
+fn dry_run_counts_and_refuses_nothing() {
+    let s = setup("http.maxThreads = 12\nhttp.dryRun = true\n");
+    let held: Vec<_> = (0..3).map(|_| s.spawn_get("/hold", &[])).collect();
+    s.upstream.wait_holding(3);
+    s.upstream.release();
+    for h in held {
+        assert_eq!(h.join().unwrap().status, 200);
+    }
+    assert_eq!(s.metric("limiter_http_would_refuse_total{reason=\"normal\"}"), 2.0);
+    assert_eq!(s.metric("limiter_http_refused_total{reason=\"normal\"}"), 0.0);
+    s.assert_pools_empty();
+}
+
+#[test]
+fn dump_shows_the_pools_and_reload_changes_them_live() {
+    let s = setup("http.maxThreads = 20\n");
+    let held: Vec<_> = (0..2).map(|_| s.spawn_get("/hold", &[])).collect();
+    s.upstream.wait_holding(2);
+    let table = limiter_tests::limiter(&["dump", "--config", s.daemon.config.to_str().unwrap()]);
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    assert!(table.contains("normal 2/9, debug 0/3"), "{table}");
+    // Lower the pool to 1 under 2 in flight: nothing new until under it.
+    let text = std::fs::read_to_string(&s.daemon.config).unwrap();
+    std::fs::write(&s.daemon.config, text.replace("http.maxThreads = 20", "http.maxThreads = 12")).unwrap();
+    assert!(s.daemon.reload().contains("applied"));
+    assert_503(&get(s.proxy, "/", &[]), "normal");
+    s.upstream.release();
+    for h in held {
+        assert_eq!(h.join().unwrap().status, 200);
+    }
+    s.assert_pools_empty();
+    assert_eq!(get(s.proxy, "/", &[]).status, 200);
+    assert_eq!(s.metric("limiter_http_pool_limit{pool=\"normal\"}"), 1.0);
+}
