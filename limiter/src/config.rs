@@ -125,6 +125,8 @@ pub struct HttpConfig {
     pub linger_ms: u64,
     /// The `Retry-After` of admission 503s (rounded up to seconds).
     pub retry_after_ms: u64,
+    /// Proxy worker threads, each with its own event loop (`http.workers`).
+    pub workers: usize,
 }
 
 impl HttpConfig {
@@ -180,6 +182,7 @@ impl Default for Config {
                 max_header_bytes: defaults::MAX_HEADER_BYTES,
                 linger_ms: defaults::LINGER_MS,
                 retry_after_ms: defaults::RETRY_AFTER_MS,
+                workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             },
             breaker: BreakerConfig {
                 threshold: defaults::BREAKER_THRESHOLD,
@@ -234,7 +237,7 @@ enum Owner {
 }
 
 fn owner(key: &str) -> Owner {
-    const OWNED_HTTP: [&str; 13] = [
+    const OWNED_HTTP: [&str; 14] = [
         "http.maxThreads",
         "http.maxSessionConnections",
         "http.maxWebConnections",
@@ -248,6 +251,7 @@ fn owner(key: &str) -> Owner {
         "http.maxHeaderBytes",
         "http.lingerMs",
         "http.retryAfterMs",
+        "http.workers",
     ];
     let namespace = key.split('.').next().unwrap_or("");
     if matches!(namespace, "kernel" | "breaker" | "admin") || OWNED_HTTP.contains(&key) {
@@ -351,6 +355,7 @@ impl Config {
             "http.maxHeaderBytes" => self.http.max_header_bytes = int_at_least(value, 8192)?,
             "http.lingerMs" => self.http.linger_ms = ms(value, 0)?,
             "http.retryAfterMs" => self.http.retry_after_ms = ms(value, 0)?,
+            "http.workers" => self.http.workers = int_at_least(value, 1)? as usize,
             "breaker.threshold" => self.breaker.threshold = ratio(value)?,
             "breaker.minRequests" => self.breaker.min_requests = int_at_least(value, 1)?,
             "breaker.sleepWindowMs" => self.breaker.sleep_window_ms = ms(value, 1)?,
@@ -401,6 +406,7 @@ impl Config {
             ("kernel.netns", format!("{:?}", self.kernel.netns)),
             ("admin.listen", self.admin.listen.to_string()),
             ("http.listen", self.http.listen.to_string()),
+            ("http.workers", self.http.workers.to_string()),
         ]
     }
 }

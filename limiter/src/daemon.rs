@@ -178,8 +178,7 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
         addr: config.admin.listen,
         source,
     })?;
-    let http_listener = TcpListener::bind(config.http.listen)
-        .await
+    let http_listeners = proxy::bind(config.http.listen, config.http.workers)
         .map_err(|source| DaemonError::Listen { key: "http.listen", addr: config.http.listen, source })?;
 
     let gate = if config.kernel.enabled { Some(start_gate(&config)?) } else { None };
@@ -198,7 +197,8 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
     let http = Http::new(&config.http, upstream);
     let limits = http.admission.limits();
     tracing::info!(
-        listen = %http_listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        listen = %http_listeners[0].local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        workers = http_listeners.len(),
         upstream = http.upstream(),
         normal = limits.normal,
         debug = limits.debug_reserved,
@@ -220,7 +220,7 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let admin_task = tokio::spawn(crate::admin::serve(admin, state.clone(), stop_rx.clone()));
-    let proxy_task = tokio::spawn(proxy::serve(http_listener, http, stop_rx));
+    let workers = proxy::run_workers(http_listeners, http, stop_rx);
 
     loop {
         tokio::select! {
@@ -235,7 +235,7 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
     }
     let _ = stop_tx.send(true);
     let _ = admin_task.await;
-    let _ = proxy_task.await;
+    let _ = tokio::task::spawn_blocking(move || workers.into_iter().for_each(|w| drop(w.join()))).await;
     let had_gate = state.gate.is_some();
     drop(state);
     if had_gate && options.unload_on_exit {

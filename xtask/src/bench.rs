@@ -1,5 +1,5 @@
-//! `cargo xtask bench kernel`: builds the daemon in release mode and runs
-//! the benchmark program (tests/src/bin/bench-kernel.rs), which runs its
+//! `cargo xtask bench kernel|http`: builds the daemon in release mode and runs
+//! the benchmark program (tests/src/bin/bench-*.rs), which runs its
 //! peers in the same run and writes BENCHMARKS.md.
 
 use anyhow::{Result, bail};
@@ -10,7 +10,8 @@ pub fn main(args: &[String]) -> Result<()> {
     let which = args.first().map(String::as_str).unwrap_or("");
     let bin = match which {
         "kernel" => "bench-kernel",
-        _ => bail!("usage: cargo xtask bench kernel"),
+        "http" => "bench-http",
+        _ => bail!("usage: cargo xtask bench kernel|http"),
     };
     setup::ensure(setup::Purpose::Bench)?;
     let daemon = build_daemon(true)?;

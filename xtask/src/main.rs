@@ -25,6 +25,8 @@ usage: cargo xtask VERB [ARGS]
                              real-kernel and HTTP tests one at a time (needs root)
   bench kernel               accept/refuse rates and per-program cost against
                              iptables connlimit; writes BENCHMARKS.md
+  bench http                 wrk through limiter and through nginx limit_conn;
+                             writes BENCHMARKS.md
 ";
 
 fn main() {

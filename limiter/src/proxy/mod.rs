@@ -13,6 +13,7 @@ pub mod framing;
 pub mod headers;
 pub mod io;
 pub mod sample;
+pub mod upstream;
 
 use std::{
     convert::Infallible,
@@ -31,16 +32,14 @@ use hyper::{
     header::{self, HeaderValue},
     service::service_fn,
 };
-use hyper_util::{
-    client::legacy::{Client, connect::HttpConnector},
-    rt::{TokioExecutor, TokioIo, TokioTimer},
-};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{net::TcpListener, sync::watch};
 
 use self::{
     body::{ProxyBody, Stall},
     headers::{add_forwarded, is_upgrade, strip_hop_by_hop},
     io::ClientIo,
+    upstream::{Pool, UpstreamError},
 };
 use crate::{
     admission::{Admission, Ask, Limits, Reason},
@@ -101,32 +100,34 @@ impl Counters {
     }
 }
 
-/// The proxy's shared state.
+/// The proxy's state shared by every worker thread.
 pub struct Http {
     pub admission: Arc<Admission>,
     pub counters: Arc<Counters>,
     settings: RwLock<Settings>,
-    client: Client<HttpConnector, Stall<Incoming>>,
     upstream: String,
+    connect_timeout: Duration,
+    pool_idle: Duration,
 }
+
+/// The upstream connection pool of one worker thread.
+type UpstreamClient = Arc<Pool>;
 
 impl Http {
     pub fn new(config: &HttpConfig, upstream: String) -> Arc<Self> {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_millis(config.idle_timeout_ms))
-            .pool_max_idle_per_host(usize::MAX)
-            .build(connector);
         Arc::new(Self {
             admission: Admission::new(Limits::from_config(config)),
             counters: Arc::new(Counters::default()),
             settings: RwLock::new(Settings::from_config(config)),
-            client,
             upstream,
+            connect_timeout: Duration::from_millis(config.connect_timeout_ms),
+            pool_idle: Duration::from_millis(config.idle_timeout_ms),
         })
+    }
+
+    /// A pool of upstream connections for the calling worker's runtime.
+    fn client(&self) -> UpstreamClient {
+        Arc::new(Pool::new(self.upstream.clone(), self.connect_timeout, self.pool_idle))
     }
 
     pub fn upstream(&self) -> &str {
@@ -250,13 +251,65 @@ impl Http {
     }
 }
 
+/// Binds `addr` `workers` times with `SO_REUSEPORT`, so each worker thread
+/// accepts its own share of connections (port 0: the first bind picks the
+/// port, the others share it).
+pub fn bind(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    let mut listeners: Vec<std::net::TcpListener> = Vec::with_capacity(workers);
+    for _ in 0..workers.max(1) {
+        let at = listeners.first().map_or(Ok(addr), std::net::TcpListener::local_addr)?;
+        let socket = socket2::Socket::new(socket2::Domain::for_address(at), socket2::Type::STREAM, None)?;
+        socket.set_reuse_address(true)?;
+        socket.set_reuse_port(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&at.into())?;
+        socket.listen(4096)?;
+        listeners.push(socket.into());
+    }
+    Ok(listeners)
+}
+
+/// Runs one worker thread per listener, each with its own single-threaded
+/// runtime and upstream pool, as nginx runs one event loop per worker: a
+/// request never changes thread, so no cross-thread wake-ups on the hot
+/// path. Returns when every worker has stopped after `shutdown`.
+pub fn run_workers(
+    listeners: Vec<std::net::TcpListener>,
+    http: Arc<Http>,
+    shutdown: watch::Receiver<bool>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    listeners
+        .into_iter()
+        .enumerate()
+        .map(|(i, listener)| {
+            let (http, shutdown) = (http.clone(), shutdown.clone());
+            std::thread::Builder::new()
+                .name(format!("http-worker-{i}"))
+                .spawn(move || {
+                    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                        Ok(rt) => rt,
+                        Err(e) => return tracing::error!("HTTP worker {i}: cannot start its runtime: {e}"),
+                    };
+                    runtime.block_on(async move {
+                        match TcpListener::from_std(listener) {
+                            Ok(listener) => serve(listener, http, shutdown).await,
+                            Err(e) => tracing::error!("HTTP worker {i}: {e}"),
+                        }
+                    });
+                })
+                .expect("spawn an HTTP worker thread")
+        })
+        .collect()
+}
+
 /// Accepts client connections until `shutdown` turns true.
 pub async fn serve(listener: TcpListener, http: Arc<Http>, mut shutdown: watch::Receiver<bool>) {
+    let client = http.client();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    tokio::spawn(connection(stream, peer, http.clone()));
+                    tokio::spawn(connection(stream, peer, http.clone(), client.clone()));
                 }
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
@@ -269,7 +322,12 @@ pub async fn serve(listener: TcpListener, http: Arc<Http>, mut shutdown: watch::
     }
 }
 
-async fn connection(stream: tokio::net::TcpStream, peer: SocketAddr, http: Arc<Http>) {
+async fn connection(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    http: Arc<Http>,
+    client: UpstreamClient,
+) {
     let _ = stream.set_nodelay(true);
     let settings = http.settings();
     let io = ClientIo::new(stream, settings.idle_timeout, settings.linger, http.counters.clone());
@@ -277,7 +335,7 @@ async fn connection(stream: tokio::net::TcpStream, peer: SocketAddr, http: Arc<H
     http.counters.connections_total.fetch_add(1, Ordering::Relaxed);
     let service = {
         let http = http.clone();
-        service_fn(move |req| handle(req, http.clone(), peer))
+        service_fn(move |req| handle(req, http.clone(), client.clone(), peer))
     };
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -306,6 +364,7 @@ async fn connection(stream: tokio::net::TcpStream, peer: SocketAddr, http: Arc<H
 async fn handle(
     req: Request<Incoming>,
     http: Arc<Http>,
+    client: UpstreamClient,
     peer: SocketAddr,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let started = Instant::now();
@@ -323,7 +382,7 @@ async fn handle(
         session: headers.get(header::AUTHORIZATION).map(HeaderValue::as_bytes),
     };
     match http.admission.admit(ask) {
-        Ok(permit) => Ok(forward(req, permit, &http, peer).await),
+        Ok(permit) => Ok(forward(req, permit, &http, &client, peer).await),
         Err(reason) => Ok(http.refuse(reason, started)),
     }
 }
@@ -367,25 +426,42 @@ async fn forward(
     mut req: Request<Incoming>,
     permit: crate::admission::Permit,
     http: &Arc<Http>,
+    client: &UpstreamClient,
     peer: SocketAddr,
 ) -> Response<ProxyBody> {
     let settings = http.settings();
     let upgrade = is_upgrade(req.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let Ok(uri) = format!("http://{}{path}", http.upstream).parse::<hyper::Uri>() else {
+    // Origin form towards the upstream, whatever form the client used.
+    let mut target = hyper::Uri::builder();
+    if let Some(pq) = parts.uri.path_and_query() {
+        target = target.path_and_query(pq.clone());
+    } else {
+        target = target.path_and_query("/");
+    }
+    let Ok(uri) = target.build() else {
         return http.own(StatusCode::BAD_REQUEST, "400 Bad Request: unusable request target\n", true);
     };
     strip_hop_by_hop(&mut parts.headers, upgrade);
-    let host = parts.headers.get(header::HOST).cloned();
+    let host = match parts.headers.get(header::HOST) {
+        Some(host) => Some(host.clone()),
+        None => {
+            // HTTP/1.0 without Host: name the upstream, as HTTP/1.1 needs one.
+            let upstream = HeaderValue::from_str(&http.upstream).ok();
+            if let Some(h) = &upstream {
+                parts.headers.insert(header::HOST, h.clone());
+            }
+            None
+        }
+    };
     add_forwarded(&mut parts.headers, peer, host.as_ref());
     parts.uri = uri;
     parts.version = hyper::Version::HTTP_11;
     let upstream_req = Request::from_parts(parts, Stall::new(body, settings.idle_timeout));
 
     let sent = Instant::now();
-    let result = tokio::time::timeout(settings.upstream_timeout, http.client.request(upstream_req)).await;
+    let result = tokio::time::timeout(settings.upstream_timeout, client.send(upstream_req)).await;
     let mut response = match result {
         Err(_) => {
             http.counters.upstream_timeouts.fetch_add(1, Ordering::Relaxed);
@@ -396,10 +472,14 @@ async fn forward(
             );
         }
         Ok(Err(e)) => {
-            let (counter, text) = if e.is_connect() {
-                (&http.counters.upstream_connect_errors, "502 Bad Gateway: cannot connect to the upstream\n")
-            } else {
-                (&http.counters.upstream_resets, "502 Bad Gateway: the upstream closed the connection\n")
+            let (counter, text) = match e {
+                UpstreamError::Connect(_) => (
+                    &http.counters.upstream_connect_errors,
+                    "502 Bad Gateway: cannot connect to the upstream\n",
+                ),
+                UpstreamError::Send(_) => {
+                    (&http.counters.upstream_resets, "502 Bad Gateway: the upstream closed the connection\n")
+                }
             };
             counter.fetch_add(1, Ordering::Relaxed);
             tracing::debug!("upstream request failed: {e:?}");
