@@ -143,23 +143,38 @@ fn main() -> ExitCode {
 
 fn describe(c: &Config) -> String {
     let ports: Vec<String> = c.kernel.ports.iter().map(|(p, m)| format!("{p}:{m}")).collect();
-    let unlimited = |n: u32| {
-        if n == 0 { "unlimited".to_owned() } else { n.to_string() }
+    let unlimited = |n: u32| if n == 0 { "unlimited".to_owned() } else { n.to_string() };
+    let kernel = if c.kernel.enabled {
+        format!(
+            "  kernel.ports       {}\n  kernel.pinPath     {}\n  kernel.cgroup      {}\n  kernel.netns       {}\n",
+            if ports.is_empty() { "(none: count only)".into() } else { ports.join(", ") },
+            c.kernel.pin_path.display(),
+            c.kernel.cgroup.as_ref().map_or("(the cgroup v2 root)".into(), |p| p.display().to_string()),
+            c.kernel.netns.as_ref().map_or("(the daemon's own)".into(), |p| p.display().to_string()),
+        )
+    } else {
+        "  kernel             disabled (kernel.enabled = false)\n".to_owned()
     };
     format!(
-        "{}: OK\n  kernel.ports       {}\n  kernel.pinPath     {}\n  kernel.cgroup      {}\n  kernel.netns       {}\n  \
-         http               maxThreads {} -> normal pool {}, /debug/ slots {}; per session {}; web clients {}\n  \
+        "{}: OK\n{kernel}  \
+         http               listen {}, upstream {}, {} workers\n  \
+         http limits        maxThreads {} -> normal pool {}, /debug/ slots {}; per session {}; web clients {}{}\n  \
+         breaker            opens above {} errors over {} ms (at least {} results), probes after {} ms\n  \
          admin.listen       {}\n  ignored keys       {} (the business runtime's)\n",
         c.source.as_ref().map_or("<config>".into(), |p| p.display().to_string()),
-        if ports.is_empty() { "(none: count only)".into() } else { ports.join(", ") },
-        c.kernel.pin_path.display(),
-        c.kernel.cgroup.as_ref().map_or("(the cgroup v2 root)".into(), |p| p.display().to_string()),
-        c.kernel.netns.as_ref().map_or("(the daemon's own)".into(), |p| p.display().to_string()),
+        c.http.listen,
+        c.http.upstream.as_deref().unwrap_or("(built-in sample)"),
+        c.http.workers,
         c.http.max_threads,
         c.http.normal_limit(),
         defaults::DEBUG_SLOTS,
         unlimited(c.http.max_session_connections),
         unlimited(c.http.max_web_connections),
+        if c.http.dry_run { " (DRY RUN: counts, refuses nothing)" } else { "" },
+        c.breaker.threshold,
+        c.breaker.window_ms,
+        c.breaker.min_requests,
+        c.breaker.sleep_window_ms,
         c.admin.listen,
         c.ignored.len(),
     )

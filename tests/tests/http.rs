@@ -460,3 +460,13 @@ fn dump_shows_the_pools_and_reload_changes_them_live() {
     assert_eq!(get(s.proxy, "/", &[]).status, 200);
     assert_eq!(s.metric("limiter_http_pool_limit{pool=\"normal\"}"), 1.0);
 }
+
+#[test]
+fn the_example_configuration_is_valid() {
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/limiter.ini");
+    let out = limiter_tests::limiter(&["check-config", example.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("normal pool 3"), "{text}");
+    assert!(text.contains("8080:200"), "{text}");
+}

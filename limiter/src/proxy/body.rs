@@ -18,16 +18,18 @@ use crate::admission::Permit;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Times out a body that produces no frame for `idle`.
+/// Times out a body that produces no frame for `idle`. The timer is only
+/// armed the first time the body has to wait, so the common small body
+/// that is ready at once costs no timer at all.
 pub struct Stall<B> {
     inner: B,
     idle: Duration,
-    timer: Pin<Box<Sleep>>,
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl<B> Stall<B> {
     pub fn new(inner: B, idle: Duration) -> Self {
-        Self { inner, idle, timer: Box::pin(sleep(idle)) }
+        Self { inner, idle, timer: None }
     }
 }
 
@@ -50,11 +52,15 @@ where
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
                 let idle = self.idle;
-                self.timer.as_mut().reset(Instant::now() + idle);
+                if let Some(timer) = self.timer.as_mut() {
+                    timer.as_mut().reset(Instant::now() + idle);
+                }
                 Poll::Ready(frame.map(|r| r.map_err(Into::into)))
             }
             Poll::Pending => {
-                if self.timer.as_mut().poll(cx).is_ready() {
+                let idle = self.idle;
+                let timer = self.timer.get_or_insert_with(|| Box::pin(sleep(idle)));
+                if timer.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(Some(Err(Box::new(Stalled))));
                 }
                 Poll::Pending

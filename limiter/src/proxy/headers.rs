@@ -36,6 +36,13 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
 /// Removes hop-by-hop headers. With `keep_upgrade`, `Upgrade` and
 /// `Connection: upgrade` stay, so the upstream sees the upgrade request.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    if !headers.contains_key(header::CONNECTION) && !keep_upgrade {
+        // The usual case: only the fixed list to remove.
+        for name in HOP_BY_HOP {
+            headers.remove(name);
+        }
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
