@@ -1,6 +1,8 @@
 //! The admin listener (`admin.listen`, loopback by default): `GET /metrics`
 //! (Prometheus text), `GET /status` (JSON, what `limiter dump` adds when
-//! the daemon runs), `GET /healthz`.
+//! the daemon runs), `GET /healthz`, and the breaker override:
+//! `GET /breaker`, `POST /breaker/open`, `POST /breaker/close`,
+//! `POST /breaker/auto`.
 
 use std::{convert::Infallible, sync::Arc};
 
@@ -10,7 +12,7 @@ use hyper::{Method, Request, Response, StatusCode, body::Incoming, header, servi
 use hyper_util::rt::TokioIo;
 use tokio::{net::TcpListener, sync::watch};
 
-use crate::daemon::State;
+use crate::{breaker::Mode, daemon::State};
 
 type Body = Full<Bytes>;
 
@@ -45,8 +47,23 @@ async fn handle(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bo
             Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("{e}\n")),
         },
         (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n".into()),
-        (_, "/metrics" | "/status" | "/healthz") => {
+        (&Method::GET, "/breaker") => {
+            reply(StatusCode::OK, "application/json", state.breaker(None).to_string())
+        }
+        (&Method::POST, "/breaker/open") => {
+            reply(StatusCode::OK, "application/json", state.breaker(Some(Mode::ForcedOpen)).to_string())
+        }
+        (&Method::POST, "/breaker/close") => {
+            reply(StatusCode::OK, "application/json", state.breaker(Some(Mode::ForcedClosed)).to_string())
+        }
+        (&Method::POST, "/breaker/auto") => {
+            reply(StatusCode::OK, "application/json", state.breaker(Some(Mode::Auto)).to_string())
+        }
+        (_, "/metrics" | "/status" | "/healthz" | "/breaker") => {
             reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n".into())
+        }
+        (_, "/breaker/open" | "/breaker/close" | "/breaker/auto") => {
+            reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "POST only\n".into())
         }
         _ => reply(
             StatusCode::NOT_FOUND,

@@ -166,12 +166,12 @@ impl Drop for Permit {
         if self.web {
             inner.web -= 1;
         }
-        if let Some(h) = self.session {
-            if let Some(n) = inner.sessions.get_mut(&h) {
-                *n -= 1;
-                if *n == 0 {
-                    inner.sessions.remove(&h);
-                }
+        if let Some(h) = self.session
+            && let Some(n) = inner.sessions.get_mut(&h)
+        {
+            *n -= 1;
+            if *n == 0 {
+                inner.sessions.remove(&h);
             }
         }
     }

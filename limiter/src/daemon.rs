@@ -113,6 +113,15 @@ impl State {
         }))
     }
 
+    /// Sets the breaker's mode (when given) and returns its state as JSON.
+    pub fn breaker(&self, mode: Option<crate::breaker::Mode>) -> serde_json::Value {
+        if let Some(mode) = mode {
+            tracing::warn!(mode = mode.as_str(), "circuit breaker mode set on the admin listener");
+            self.http.breaker.set_mode(mode);
+        }
+        serde_json::to_value(self.http.breaker.snapshot()).unwrap_or_default()
+    }
+
     /// Re-reads the file and applies it whole, or nothing.
     fn reload(&self, path: &Path) {
         match self.try_reload(path) {
@@ -148,6 +157,7 @@ impl State {
         if new.http.upstream != config.http.upstream {
             return Err("http.upstream changed, which needs a restart".into());
         }
+        self.http.can_reload(&new).map_err(|key| format!("{key} changed, which needs a restart"))?;
         // The kernel part can fail (a map write); it goes first so that a
         // failure leaves the HTTP side untouched too.
         let changes = match &self.gate {
@@ -156,7 +166,7 @@ impl State {
             }
             None => Vec::new(),
         };
-        self.http.reload(&new.http);
+        self.http.reload(&new);
         *config = new;
         Ok(changes)
     }
@@ -194,7 +204,7 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
             addr.to_string()
         }
     };
-    let http = Http::new(&config.http, upstream);
+    let http = Http::new(&config, upstream);
     let limits = http.admission.limits();
     tracing::info!(
         listen = %http_listeners[0].local_addr().map(|a| a.to_string()).unwrap_or_default(),

@@ -162,5 +162,22 @@ fn pools(http: &serde_json::Value) -> String {
     if let Some(upstream) = http["upstream"].as_str() {
         out.push_str(&format!("http upstream: {upstream}\n"));
     }
+    let b = &http["breaker"];
+    if !b.is_null() {
+        let next = b["next_probe_in_ms"]
+            .as_u64()
+            .map(|ms| format!(", next probe in {} s", ms.div_ceil(1000)))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "breaker: {} ({}), window {} results, error rate {:.1} %, {} trips{}{}\n",
+            b["state"].as_str().unwrap_or("?"),
+            b["mode"].as_str().unwrap_or("?"),
+            b["window_requests"],
+            b["error_rate"].as_f64().unwrap_or(0.0) * 100.0,
+            b["trips"],
+            b["last_trip_unix"].as_u64().map(|t| format!(", last trip at unix {t}")).unwrap_or_default(),
+            next,
+        ));
+    }
     out
 }

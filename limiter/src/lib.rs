@@ -8,6 +8,8 @@
 //! - [`daemon`]: `limiter run` (signals, reload, lifecycle);
 //! - [`admin`]: the admin listener (`/metrics`, `/status`);
 //! - [`admission`]: HTTP permits (pools, sessions, web clients);
+//! - [`breaker`]: the circuit breaker in front of the upstream (no I/O,
+//!   injected clock);
 //! - [`proxy`]: the HTTP/1.1 reverse proxy that applies them;
 //! - [`metrics`], [`histogram`]: Prometheus text exposition;
 //! - [`dump`]: `limiter dump`, from the pins and the admin listener.
@@ -17,6 +19,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod breaker;
 pub mod config;
 pub mod daemon;
 pub mod dump;

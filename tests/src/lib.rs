@@ -369,9 +369,18 @@ impl Drop for Daemon {
 
 /// A one-shot HTTP/1.0 GET returning the body of a 200.
 pub fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
+    http_call(addr, "GET", path)
+}
+
+/// A one-shot HTTP/1.0 POST (no body) returning the body of a 200.
+pub fn http_post(addr: SocketAddr, path: &str) -> Result<String> {
+    http_call(addr, "POST", path)
+}
+
+fn http_call(addr: SocketAddr, method: &str, path: &str) -> Result<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n")?;
+    write!(s, "{method} {path} HTTP/1.0\r\nHost: x\r\nContent-Length: 0\r\n\r\n")?;
     let mut raw = String::new();
     s.read_to_string(&mut raw)?;
     let (head, body) = raw.split_once("\r\n\r\n").context("no header end")?;

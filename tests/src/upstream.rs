@@ -9,6 +9,7 @@
 //! | `POST /sink` | reads the whole body, answers its length |
 //! | `/slowhead?ms=N` | waits N ms before the response head |
 //! | `/upgrade` | `101 Switching Protocols`, then echoes bytes |
+//! | `/flap` | 500 while [`Upstream::set_failing`] is on, else 200 |
 //! | anything else | `200 ok` |
 
 use std::{
@@ -32,6 +33,9 @@ type Body = BoxBody<Bytes, Infallible>;
 #[derive(Default)]
 struct Shared {
     hits: AtomicU64,
+    /// `/flap` answers 500 while set.
+    failing: std::sync::atomic::AtomicBool,
+    flap_hits: AtomicU64,
     holding: AtomicU64,
     release: Notify,
 }
@@ -69,6 +73,16 @@ impl Upstream {
     /// Requests that reached the upstream.
     pub fn hits(&self) -> u64 {
         self.shared.hits.load(Ordering::SeqCst)
+    }
+
+    /// Makes `/flap` answer 500 (true) or 200 (false).
+    pub fn set_failing(&self, failing: bool) {
+        self.shared.failing.store(failing, Ordering::SeqCst);
+    }
+
+    /// Requests that reached `/flap`.
+    pub fn flap_hits(&self) -> u64 {
+        self.shared.flap_hits.load(Ordering::SeqCst)
     }
 
     /// Requests waiting in `/hold`.
@@ -111,6 +125,14 @@ async fn answer(mut req: Request<Incoming>, s: Arc<Shared>) -> Result<Response<B
             released.await;
             s.holding.fetch_sub(1, Ordering::SeqCst);
             Response::new(full("released\n"))
+        }
+        "/flap" => {
+            s.flap_hits.fetch_add(1, Ordering::SeqCst);
+            let mut r = Response::new(full("flap\n"));
+            if s.failing.load(Ordering::SeqCst) {
+                *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            }
+            r
         }
         "/headers" => {
             let mut text = format!("{} {} {:?}\n", req.method(), req.uri(), req.version());

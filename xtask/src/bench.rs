@@ -2,7 +2,9 @@
 //! the benchmark program (tests/src/bin/bench-*.rs), which runs its
 //! peers in the same run and writes BENCHMARKS.md.
 
-use anyhow::{Result, bail};
+use std::fs;
+
+use anyhow::{Context as _, Result, bail};
 
 use crate::{build_daemon, cargo, setup, status};
 
@@ -11,11 +13,59 @@ pub fn main(args: &[String]) -> Result<()> {
     let bin = match which {
         "kernel" => "bench-kernel",
         "http" => "bench-http",
-        _ => bail!("usage: cargo xtask bench kernel|http"),
+        "breaker" => return breaker(),
+        _ => bail!("usage: cargo xtask bench kernel|http|breaker"),
     };
     setup::ensure(setup::Purpose::Bench)?;
     let daemon = build_daemon(true)?;
     let mut cmd = cargo();
     cmd.args(["run", "--release", "--package", "limiter-tests", "--bin", bin]).env("LIMITER_BIN", daemon);
     status(&format!("benchmark {which}"), &mut cmd)
+}
+
+/// The breaker's criterion benchmark; its estimates go into BENCHMARKS.md.
+fn breaker() -> Result<()> {
+    setup::ensure(setup::Purpose::Build)?;
+    let mut cmd = cargo();
+    cmd.args(["bench", "--package", "limiter", "--bench", "breaker"]);
+    status("benchmark breaker", &mut cmd)?;
+    let estimate = |name: &str| -> Result<f64> {
+        let path = crate::root().join("target/criterion").join(name).join("new/estimates.json");
+        let v: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?)?;
+        // criterion's headline figure: the slope when it fitted one, else the mean.
+        v["slope"]["point_estimate"].as_f64().or(v["mean"]["point_estimate"].as_f64()).context("no estimate")
+    };
+    let single = estimate("single_thread_success")?;
+    let mixed = estimate("single_thread_5pct_failures")?;
+    let contended = estimate("all_cores_contending_success")?;
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+    let report = format!(
+        "criterion, `admit()` + `record()` on a closed breaker (the path of every request to a healthy upstream), {cores} CPUs.\n\n\
+         | case | ns per request | requests/s |\n|---|---|---|\n\
+         | one thread, all successes | {single:.1} | {:.1} M |\n\
+         | one thread, 5 % failures (each failure sums the window) | {mixed:.1} | {:.1} M |\n\
+         | {cores} threads contending, all successes (aggregate) | {contended:.1} | {:.1} M |\n\n\
+         Targets: under 100 ns single-threaded: {} ({single:.1} ns); aggregate rate with all cores contending at least \
+         the single-threaded rate: {} ({:.2}x).\n",
+        1e3 / single,
+        1e3 / mixed,
+        1e3 / contended,
+        verdict(single < 100.0),
+        verdict(contended <= single),
+        single / contended,
+    );
+    print!("{report}");
+    let path = crate::root().join("BENCHMARKS.md");
+    let (begin, end) = ("<!-- bench breaker: begin -->", "<!-- bench breaker: end -->");
+    let section =
+        format!("{begin}\n## Circuit breaker\n\nReproduce: `cargo xtask bench breaker`.\n\n{report}{end}");
+    let text = fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n\n".into());
+    let text = match (text.find(begin), text.find(end)) {
+        (Some(b), Some(e)) => format!("{}{section}{}", &text[..b], &text[e + end.len()..]),
+        _ => format!("{}\n\n{section}\n", text.trim_end()),
+    };
+    fs::write(&path, text)?;
+    Ok(())
 }

@@ -27,6 +27,7 @@ usage: cargo xtask VERB [ARGS]
                              iptables connlimit; writes BENCHMARKS.md
   bench http                 wrk through limiter and through nginx limit_conn;
                              writes BENCHMARKS.md
+  bench breaker              the breaker's per-request cost (criterion)
 ";
 
 fn main() {

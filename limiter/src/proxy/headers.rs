@@ -58,11 +58,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     for name in HOP_BY_HOP {
         headers.remove(name);
     }
-    if keep_upgrade {
-        if let Some(upgrade) = upgrade {
-            headers.insert(header::UPGRADE, upgrade);
-            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        }
+    if keep_upgrade && let Some(upgrade) = upgrade {
+        headers.insert(header::UPGRADE, upgrade);
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
 }
 

@@ -43,7 +43,8 @@ use self::{
 };
 use crate::{
     admission::{Admission, Ask, Limits, Reason},
-    config::HttpConfig,
+    breaker::{self, Breaker, Decision, State, TicketKind},
+    config::Config,
     histogram::Histogram,
     metrics::Page,
 };
@@ -57,11 +58,18 @@ pub struct Settings {
     pub upstream_timeout: Duration,
     pub linger: Duration,
     pub max_header_bytes: usize,
+    /// Upstream statuses that count as breaker failures.
+    pub failure_statuses: Vec<(u16, u16)>,
+    /// `/debug/` requests pass an open breaker.
+    pub bypass_debug: bool,
 }
 
 impl Settings {
-    pub fn from_config(http: &HttpConfig) -> Self {
+    pub fn from_config(config: &Config) -> Self {
+        let http = &config.http;
         Self {
+            failure_statuses: config.breaker.failure_statuses.clone(),
+            bypass_debug: config.breaker.bypass_debug,
             retry_after_secs: http.retry_after_ms.div_ceil(1000),
             header_read_timeout: Duration::from_millis(http.header_read_timeout_ms),
             idle_timeout: Duration::from_millis(http.idle_timeout_ms),
@@ -103,6 +111,9 @@ impl Counters {
 /// The proxy's state shared by every worker thread.
 pub struct Http {
     pub admission: Arc<Admission>,
+    pub breaker: Breaker,
+    /// Breaker transitions by the state entered (closed, open, half-open).
+    pub transitions: Arc<[AtomicU64; 3]>,
     pub counters: Arc<Counters>,
     settings: RwLock<Settings>,
     upstream: String,
@@ -114,14 +125,41 @@ pub struct Http {
 type UpstreamClient = Arc<Pool>;
 
 impl Http {
-    pub fn new(config: &HttpConfig, upstream: String) -> Arc<Self> {
+    pub fn new(config: &Config, upstream: String) -> Arc<Self> {
+        let transitions: Arc<[AtomicU64; 3]> = Arc::default();
+        let counted = transitions.clone();
+        let sink: breaker::Sink = Box::new(move |e| {
+            counted[e.to as usize].fetch_add(1, Ordering::Relaxed);
+            let rate = if e.window_requests == 0 {
+                0.0
+            } else {
+                e.window_failures as f64 / e.window_requests as f64
+            };
+            tracing::warn!(
+                from = e.from.as_str(),
+                to = e.to.as_str(),
+                cause = ?e.cause,
+                window_requests = e.window_requests,
+                window_failures = e.window_failures,
+                error_rate = format!("{rate:.3}"),
+                "circuit breaker {} -> {}",
+                e.from.as_str(),
+                e.to.as_str()
+            );
+        });
         Arc::new(Self {
-            admission: Admission::new(Limits::from_config(config)),
+            admission: Admission::new(Limits::from_config(&config.http)),
+            breaker: Breaker::new(
+                breaker::Settings::from_config(&config.breaker),
+                breaker::MonotonicClock::default(),
+                sink,
+            ),
+            transitions,
             counters: Arc::new(Counters::default()),
             settings: RwLock::new(Settings::from_config(config)),
             upstream,
-            connect_timeout: Duration::from_millis(config.connect_timeout_ms),
-            pool_idle: Duration::from_millis(config.idle_timeout_ms),
+            connect_timeout: Duration::from_millis(config.http.connect_timeout_ms),
+            pool_idle: Duration::from_millis(config.http.idle_timeout_ms),
         })
     }
 
@@ -138,10 +176,21 @@ impl Http {
         self.settings.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
-    /// Applies a reloaded configuration (limits and timeouts; the listen
-    /// address and upstream need a restart).
-    pub fn reload(&self, config: &HttpConfig) {
-        self.admission.set_limits(Limits::from_config(config));
+    /// Whether `config` can be applied without a restart (the breaker's
+    /// ring is sized for its window).
+    pub fn can_reload(&self, config: &Config) -> Result<(), &'static str> {
+        if self.breaker.fits(&breaker::Settings::from_config(&config.breaker)) {
+            Ok(())
+        } else {
+            Err("breaker.windowMs / breaker.bucketMs (the number of buckets)")
+        }
+    }
+
+    /// Applies a reloaded configuration (limits, timeouts, breaker
+    /// settings; check [`Self::can_reload`] first).
+    pub fn reload(&self, config: &Config) {
+        self.admission.set_limits(Limits::from_config(&config.http));
+        self.breaker.set_settings(breaker::Settings::from_config(&config.breaker));
         *self.settings.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
             Settings::from_config(config);
     }
@@ -229,6 +278,49 @@ impl Http {
             "Connections switched to another protocol (WebSocket).",
         )
         .sample("limiter_http_upgrades_total", &[], c.upgrades.load(Ordering::Relaxed));
+        let b = self.breaker.snapshot();
+        page.family("limiter_breaker_state", "gauge", "1 for the breaker's current state.");
+        for state in [State::Closed, State::Open, State::HalfOpen] {
+            page.sample("limiter_breaker_state", &[("state", state.as_str())], u8::from(b.state == state));
+        }
+        page.family(
+            "limiter_breaker_mode",
+            "gauge",
+            "1 for the breaker's mode (auto, or forced by an operator).",
+        );
+        for mode in [breaker::Mode::Auto, breaker::Mode::ForcedOpen, breaker::Mode::ForcedClosed] {
+            page.sample("limiter_breaker_mode", &[("mode", mode.as_str())], u8::from(b.mode == mode));
+        }
+        page.family("limiter_breaker_window_requests", "gauge", "Results in the rolling window.").sample(
+            "limiter_breaker_window_requests",
+            &[],
+            b.window_requests,
+        );
+        page.family(
+            "limiter_breaker_window_error_rate",
+            "gauge",
+            "Failures / results in the rolling window.",
+        )
+        .sample("limiter_breaker_window_error_rate", &[], b.error_rate);
+        page.family("limiter_breaker_trips_total", "counter", "Times the breaker opened on its own.").sample(
+            "limiter_breaker_trips_total",
+            &[],
+            b.trips,
+        );
+        page.family(
+            "limiter_breaker_last_trip_timestamp_seconds",
+            "gauge",
+            "Unix time of the last trip (0: never).",
+        )
+        .sample("limiter_breaker_last_trip_timestamp_seconds", &[], b.last_trip_unix.unwrap_or(0));
+        page.family("limiter_breaker_transitions_total", "counter", "State changes, by the state entered.");
+        for (i, state) in [State::Closed, State::Open, State::HalfOpen].iter().enumerate() {
+            page.sample(
+                "limiter_breaker_transitions_total",
+                &[("to", state.as_str())],
+                self.transitions[i].load(Ordering::Relaxed),
+            );
+        }
         c.upstream_latency.write(
             page,
             "limiter_http_upstream_latency_seconds",
@@ -246,6 +338,7 @@ impl Http {
         serde_json::json!({
             "upstream": self.upstream,
             "pools": self.admission.snapshot(),
+            "breaker": self.breaker.snapshot(),
             "time_to_503_p99_bound_seconds": self.counters.time_to_503.quantile_bound(0.99),
         })
     }
@@ -375,15 +468,59 @@ async fn handle(
             true,
         ));
     }
+    let debug = req.uri().path().starts_with("/debug/");
+    // 1. The breaker, before any permit is taken.
+    let ticket = if debug {
+        // Diagnostics are never results; they pass an open breaker unless
+        // breaker.bypassDebug = false, and then never consume a probe.
+        if !http.settings().bypass_debug
+            && http.breaker.state() != State::Closed
+            && let Decision::Refuse { retry_after_ms } = http.breaker.admit_passive()
+        {
+            return Ok(http.refuse_breaker(retry_after_ms, started));
+        }
+        None
+    } else {
+        match http.breaker.admit() {
+            Decision::Admit(kind) => Some(Ticket { http: http.clone(), kind: Some(kind) }),
+            Decision::Refuse { retry_after_ms } => return Ok(http.refuse_breaker(retry_after_ms, started)),
+        }
+    };
+    // 2-4. Pools, web clients, sessions.
     let headers = req.headers();
     let ask = Ask {
-        debug: req.uri().path().starts_with("/debug/"),
+        debug,
         web: headers.contains_key("x-client-id"),
         session: headers.get(header::AUTHORIZATION).map(HeaderValue::as_bytes),
     };
     match http.admission.admit(ask) {
-        Ok(permit) => Ok(forward(req, permit, &http, &client, peer).await),
+        Ok(permit) => Ok(forward(req, permit, ticket, &http, &client, peer).await),
+        // The ticket is dropped unrecorded: a refusal is not a result.
         Err(reason) => Ok(http.refuse(reason, started)),
+    }
+}
+
+/// The breaker's side of one admitted request. Dropped without a result
+/// (client gone, refused by admission), it records nothing and frees a
+/// half-open probe slot.
+struct Ticket {
+    http: Arc<Http>,
+    kind: Option<TicketKind>,
+}
+
+impl Ticket {
+    fn record(mut self, success: bool) {
+        if let Some(kind) = self.kind.take() {
+            self.http.breaker.record(kind, success);
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Some(kind) = self.kind.take() {
+            self.http.breaker.abandon(kind);
+        }
     }
 }
 
@@ -398,6 +535,18 @@ impl Http {
         if close {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
+        response
+    }
+
+    /// The breaker's 503: its `Retry-After` says when the next probe may
+    /// be tried, plus up to 10 % (at least a second) of jitter so that
+    /// refused clients do not all return in the same second.
+    fn refuse_breaker(self: &Arc<Self>, retry_after_ms: u64, started: Instant) -> Response<ProxyBody> {
+        self.admission.count_refusal(Reason::Breaker);
+        let secs = retry_after_ms.div_ceil(1000).max(1);
+        let jitter = fastrand::u64(0..=(secs / 10).max(1));
+        let mut response = self.refuse(Reason::Breaker, started);
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs + jitter));
         response
     }
 
@@ -425,6 +574,7 @@ impl Http {
 async fn forward(
     mut req: Request<Incoming>,
     permit: crate::admission::Permit,
+    ticket: Option<Ticket>,
     http: &Arc<Http>,
     client: &UpstreamClient,
     peer: SocketAddr,
@@ -464,6 +614,9 @@ async fn forward(
     let result = tokio::time::timeout(settings.upstream_timeout, client.send(upstream_req)).await;
     let mut response = match result {
         Err(_) => {
+            if let Some(t) = ticket {
+                t.record(false)
+            }
             http.counters.upstream_timeouts.fetch_add(1, Ordering::Relaxed);
             return http.own(
                 StatusCode::GATEWAY_TIMEOUT,
@@ -472,6 +625,9 @@ async fn forward(
             );
         }
         Ok(Err(e)) => {
+            if let Some(t) = ticket {
+                t.record(false)
+            }
             let (counter, text) = match e {
                 UpstreamError::Connect(_) => (
                     &http.counters.upstream_connect_errors,
@@ -488,24 +644,29 @@ async fn forward(
         Ok(Ok(response)) => response,
     };
     http.counters.upstream_latency.record(sent.elapsed());
+    if let Some(ticket) = ticket {
+        let status = response.status().as_u16();
+        let failed = settings.failure_statuses.iter().any(|&(lo, hi)| (lo..=hi).contains(&status));
+        ticket.record(!failed);
+    }
 
-    if let Some(client_upgrade) = client_upgrade {
-        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-            let upstream_upgrade = hyper::upgrade::on(&mut response);
-            http.counters.upgrades.fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(async move {
-                let (Ok(client), Ok(upstream)) = tokio::join!(client_upgrade, upstream_upgrade) else {
-                    return;
-                };
-                let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut TokioIo::new(upstream))
-                    .await;
-            });
-            http.counters.status(response.status());
-            // The upgrade is complete: the permit goes back now, the
-            // tunnel is not an HTTP request any more.
-            drop(permit);
-            return response.map(|_| ProxyBody::empty());
-        }
+    if let Some(client_upgrade) = client_upgrade
+        && response.status() == StatusCode::SWITCHING_PROTOCOLS
+    {
+        let upstream_upgrade = hyper::upgrade::on(&mut response);
+        http.counters.upgrades.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            let (Ok(client), Ok(upstream)) = tokio::join!(client_upgrade, upstream_upgrade) else {
+                return;
+            };
+            let _ =
+                tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut TokioIo::new(upstream)).await;
+        });
+        http.counters.status(response.status());
+        // The upgrade is complete: the permit goes back now, the
+        // tunnel is not an HTTP request any more.
+        drop(permit);
+        return response.map(|_| ProxyBody::empty());
     }
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers, false);

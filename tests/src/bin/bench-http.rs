@@ -257,10 +257,10 @@ fn report(
     out.push_str("| path | requests/s | p50 ms | p99 ms |\n|---|---|---|---|\n");
     for (i, name) in names.iter().enumerate() {
         out.push_str(&format!(
-            "| {name} | {} | {} | {} |\n",
+            "| {name} | {} | {:.2} | {:.2} |\n",
             col(&under[i], |r| r.rps),
-            format!("{:.2}", med(&under[i], |r| r.p50_ms)),
-            format!("{:.2}", med(&under[i], |r| r.p99_ms)),
+            med(&under[i], |r| r.p50_ms),
+            med(&under[i], |r| r.p99_ms),
         ));
     }
     let (l_rps, n_rps) = (med(&under[1], |r| r.rps), med(&under[2], |r| r.rps));

@@ -1,0 +1,76 @@
+//! The breaker's per-request overhead (admit + record), single-threaded and
+//! with every core contending. Run by `cargo xtask bench breaker`, which
+//! writes the figures into BENCHMARKS.md.
+
+use std::{
+    hint::black_box,
+    sync::{Arc, Barrier},
+    time::{Duration, Instant},
+};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use limiter::breaker::{Breaker, Decision, MonotonicClock, Settings};
+
+fn breaker() -> Arc<Breaker> {
+    let settings = Settings {
+        threshold: 0.5,
+        // Never trips: this measures the closed-state path a healthy
+        // upstream takes on every request.
+        min_requests: u64::MAX,
+        sleep_window_ms: 30_000,
+        window_ms: 30_000,
+        bucket_ms: 1_000,
+        half_open_max_probes: 1,
+        half_open_successes: 1,
+    };
+    Arc::new(Breaker::new(settings, MonotonicClock::default(), Box::new(|_| {})))
+}
+
+fn request(b: &Breaker, success: bool) {
+    if let Decision::Admit(kind) = black_box(b.admit()) {
+        b.record(kind, black_box(success));
+    }
+}
+
+fn benches(c: &mut Criterion) {
+    let b = breaker();
+    c.bench_function("single_thread_success", |bench| bench.iter(|| request(&b, true)));
+    let mut n = 0u32;
+    c.bench_function("single_thread_5pct_failures", |bench| {
+        bench.iter(|| {
+            n = n.wrapping_add(1);
+            request(&b, !n.is_multiple_of(20))
+        })
+    });
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    // Reported per request of the aggregate: wall time / (threads x iters).
+    c.bench_function("all_cores_contending_success", |bench| {
+        bench.iter_custom(|iters| {
+            let start = Arc::new(Barrier::new(threads + 1));
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    let (b, start) = (b.clone(), start.clone());
+                    std::thread::spawn(move || {
+                        start.wait();
+                        for _ in 0..iters {
+                            request(&b, true);
+                        }
+                    })
+                })
+                .collect();
+            start.wait();
+            let t = Instant::now();
+            for w in workers {
+                w.join().unwrap();
+            }
+            t.elapsed() / threads as u32
+        })
+    });
+}
+
+criterion_group! {
+    name = breaker_benches;
+    config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    targets = benches
+}
+criterion_main!(breaker_benches);
