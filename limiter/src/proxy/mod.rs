@@ -115,7 +115,7 @@ pub struct Http {
     /// Breaker transitions by the state entered (closed, open, half-open).
     pub transitions: Arc<[AtomicU64; 3]>,
     pub counters: Arc<Counters>,
-    settings: RwLock<Settings>,
+    settings: RwLock<Arc<Settings>>,
     upstream: String,
     connect_timeout: Duration,
     pool_idle: Duration,
@@ -156,7 +156,7 @@ impl Http {
             ),
             transitions,
             counters: Arc::new(Counters::default()),
-            settings: RwLock::new(Settings::from_config(config)),
+            settings: RwLock::new(Arc::new(Settings::from_config(config))),
             upstream,
             connect_timeout: Duration::from_millis(config.http.connect_timeout_ms),
             pool_idle: Duration::from_millis(config.http.idle_timeout_ms),
@@ -172,7 +172,8 @@ impl Http {
         &self.upstream
     }
 
-    pub fn settings(&self) -> Settings {
+    /// The settings in force (a reference count, not a copy).
+    pub fn settings(&self) -> Arc<Settings> {
         self.settings.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
@@ -192,7 +193,7 @@ impl Http {
         self.admission.set_limits(Limits::from_config(&config.http));
         self.breaker.set_settings(breaker::Settings::from_config(&config.breaker));
         *self.settings.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Settings::from_config(config);
+            Arc::new(Settings::from_config(config));
     }
 
     /// The HTTP families of `/metrics`.
