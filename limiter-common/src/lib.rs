@@ -125,6 +125,9 @@ pub struct Settings {
     /// Sockets that could not be tracked (storage allocation failed), so
     /// were neither counted nor will be decremented.
     pub untracked: u64,
+    /// Inode of the cgroup v2 directory `limiter_count` is attached to, so
+    /// a restart can tell that the configuration now names another one.
+    pub cgroup_id: u64,
 }
 
 /// Socket-local mark of a counted socket, so that only sockets this gate
@@ -146,7 +149,7 @@ const _: () = {
     assert!(size_of::<PortLimit>() == 8);
     assert!(size_of::<PortStats>() == 24);
     assert!(size_of::<Refusals>() == 16);
-    assert!(size_of::<Settings>() == 24);
+    assert!(size_of::<Settings>() == 32);
     assert!(size_of::<SockMark>() == 8);
     assert!(align_of::<PortStats>() == 8);
 };

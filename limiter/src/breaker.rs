@@ -233,6 +233,9 @@ struct Slow {
     trips: u64,
     probes_in_flight: u32,
     probe_successes: u32,
+    /// Bumped on every state change: a probe of an earlier half-open round
+    /// (still out when its round ended) decides nothing and frees nothing.
+    round: u64,
 }
 
 pub type Sink = Box<dyn Fn(&Event) + Send + Sync>;
@@ -260,8 +263,9 @@ pub enum Decision {
 pub enum TicketKind {
     /// Closed (or forced closed): the result feeds the window.
     Normal,
-    /// A half-open probe: its result decides the way out of Open.
-    Probe,
+    /// A half-open probe of the given round: its result decides the way
+    /// out of Open.
+    Probe(u64),
 }
 
 /// A snapshot for metrics, dump and tests.
@@ -297,6 +301,7 @@ impl<C: Clock> Breaker<C> {
                 trips: 0,
                 probes_in_flight: 0,
                 probe_successes: 0,
+                round: 0,
             }),
             sink,
         }
@@ -352,12 +357,12 @@ impl<C: Clock> Breaker<C> {
                 slow.probe_successes = 0;
                 slow.probes_in_flight = 1;
                 self.transition(&mut slow, State::HalfOpen, Cause::SleepElapsed, now);
-                Decision::Admit(TicketKind::Probe)
+                Decision::Admit(TicketKind::Probe(slow.round))
             }
             State::HalfOpen => {
                 if slow.probes_in_flight < slow.settings.half_open_max_probes {
                     slow.probes_in_flight += 1;
-                    Decision::Admit(TicketKind::Probe)
+                    Decision::Admit(TicketKind::Probe(slow.round))
                 } else {
                     // A probe is out; the answer comes within the upstream
                     // timeout. Ask to come back soon.
@@ -390,15 +395,15 @@ impl<C: Clock> Breaker<C> {
                     self.maybe_trip();
                 }
             }
-            TicketKind::Probe => self.probe_result(Some(success)),
+            TicketKind::Probe(round) => self.probe_result(round, Some(success)),
         }
     }
 
     /// An admitted request ended without a result (client abort, refused
     /// by admission after the breaker let it through).
     pub fn abandon(&self, kind: TicketKind) {
-        if kind == TicketKind::Probe {
-            self.probe_result(None);
+        if let TicketKind::Probe(round) = kind {
+            self.probe_result(round, None);
         }
     }
 
@@ -467,9 +472,12 @@ impl<C: Clock> Breaker<C> {
         self.transition_with(slow, State::Open, cause, now, window);
     }
 
-    fn probe_result(&self, success: Option<bool>) {
+    fn probe_result(&self, round: u64, success: Option<bool>) {
         let now = self.clock.now_ms();
         let mut slow = self.lock();
+        if round != slow.round {
+            return;
+        }
         slow.probes_in_flight = slow.probes_in_flight.saturating_sub(1);
         if slow.mode != Mode::Auto || self.state() != State::HalfOpen {
             return;
@@ -497,8 +505,9 @@ impl<C: Clock> Breaker<C> {
         self.transition_with(slow, to, cause, now, window);
     }
 
-    fn transition_with(&self, _slow: &mut Slow, to: State, cause: Cause, now: u64, window: (u64, u64)) {
+    fn transition_with(&self, slow: &mut Slow, to: State, cause: Cause, now: u64, window: (u64, u64)) {
         let from = self.state();
+        slow.round += 1;
         self.state.store(to as u8, Ordering::Release);
         (self.sink)(&Event {
             from,
@@ -521,6 +530,8 @@ impl<C: Clock> Breaker<C> {
         slow.mode = mode;
         slow.probes_in_flight = 0;
         slow.probe_successes = 0;
+        // Probes still out belong to the automatic round that just ended.
+        slow.round += 1;
         let to = match mode {
             // Not a trip: the trip count and time are the upstream's story.
             Mode::ForcedOpen => State::Open,

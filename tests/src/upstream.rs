@@ -121,9 +121,19 @@ async fn answer(mut req: Request<Incoming>, s: Arc<Shared>) -> Result<Response<B
     let response = match req.uri().path() {
         "/hold" | "/debug/hold" => {
             let released = s.release.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            // Counted while held, even if the connection goes away and
+            // hyper drops this future.
+            struct Held<'a>(&'a AtomicU64);
+            impl Drop for Held<'_> {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
             s.holding.fetch_add(1, Ordering::SeqCst);
+            let _held = Held(&s.holding);
             released.await;
-            s.holding.fetch_sub(1, Ordering::SeqCst);
             Response::new(full("released\n"))
         }
         "/flap" => {

@@ -205,7 +205,7 @@ fn the_503_arrives_intact_after_an_unread_1mb_post() {
 
 #[test]
 fn client_aborts_return_their_permits() {
-    let s = setup("http.maxThreads = 13\n");
+    let s = setup("http.maxThreads = 15\n");
     // Gone while the upstream has not answered yet.
     let mut waiting = connect(s.proxy);
     waiting.write_all(b"GET /hold HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
@@ -222,12 +222,30 @@ fn client_aborts_return_their_permits() {
     let mut uploading = connect(s.proxy);
     uploading.write_all(b"POST /sink HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\n").unwrap();
     uploading.write_all(&[b'x'; 1000]).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.upstream.hits() < 3 {
+        assert!(Instant::now() < deadline, "the upload never reached the upstream");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    socket2::SockRef::from(&uploading).set_linger(Some(Duration::ZERO)).unwrap();
     drop(uploading);
     s.upstream.release();
     s.assert_pools_empty();
-    // The pool is whole again: two requests fit.
-    assert_eq!(get(s.proxy, "/", &[]).status, 200);
+    // None of these was the upstream's fault: no breaker result, no reset.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.metric("limiter_http_bad_requests_total{kind=\"body\"}") < 1.0 {
+        assert!(Instant::now() < deadline, "the aborted upload was not accounted as a client body error");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(s.metric("limiter_breaker_window_error_rate"), 0.0);
+    assert_eq!(s.metric("limiter_http_upstream_errors_total{kind=\"reset\"}"), 0.0);
+    // The pool is whole again: all four slots fit.
+    let held: Vec<_> = (0..4).map(|_| s.spawn_get("/hold", &[])).collect();
+    s.upstream.wait_holding(4);
+    s.upstream.release();
+    for h in held {
+        assert_eq!(h.join().unwrap().status, 200);
+    }
 }
 
 #[test]
@@ -371,9 +389,16 @@ fn malformed_oversized_and_smuggling_requests_are_refused_before_admission() {
     stream.write_all(pipelined).unwrap();
     assert_eq!(read_reply(&mut stream).unwrap().status, 200);
     assert_eq!(read_reply(&mut stream).unwrap().status, 400);
-    assert_eq!(s.upstream.hits(), 1, "only the honest request may reach the upstream");
+    // An Upgrade header ends the framing watch for the connection, so the
+    // connection closes after its response instead of carrying a smuggled one.
+    let mut stream = connect(s.proxy);
+    stream.write_all(b"GET /up HTTP/1.1\r\nHost: t\r\nUpgrade: x\r\n\r\nPOST /b HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n").unwrap();
+    let first = read_reply(&mut stream).unwrap();
+    assert_eq!((first.status, first.header("connection")), (200, Some("close")));
+    assert!(closed_by_server(&mut stream), "a second request was served after an Upgrade header");
+    assert_eq!(s.upstream.hits(), 2, "only the honest requests may reach the upstream");
     assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"framing_conflict\"}"), 3.0);
-    assert_eq!(s.metric("limiter_http_admitted_total{pool=\"normal\"}"), 1.0);
+    assert_eq!(s.metric("limiter_http_admitted_total{pool=\"normal\"}"), 2.0);
     s.assert_pools_empty();
 }
 

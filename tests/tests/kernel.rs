@@ -121,6 +121,7 @@ fn connection_past_the_limit_is_refused_at_once_and_established_ones_work() {
     wait_established(&sb.pin_path, P, 2);
     let extra = sb.connect(&addr(P)).expect("a freed slot admits one");
     let _extra_server = accept_n(&listener, 1);
+    wait_established(&sb.pin_path, P, 3);
     assert_eq!(sb.connect(&addr(P)).unwrap_err().kind(), ErrorKind::ConnectionRefused);
     let row = port(&dump(&sb.pin_path), P);
     assert_eq!((row.established, row.refused, row.admitted), (3, 2, 4));
@@ -168,6 +169,7 @@ fn limits_change_live_and_reload_is_all_or_nothing() {
         held.push(sb.connect(&addr(P)).unwrap());
     }
     let mut servers = accept_n(&listener, 2);
+    wait_established(&sb.pin_path, P, 2);
     assert_eq!(sb.connect(&addr(P)).unwrap_err().kind(), ErrorKind::ConnectionRefused);
 
     // A port that is counted but not (yet) enforced: 5 connections, none refused.
@@ -184,6 +186,7 @@ fn limits_change_live_and_reload_is_all_or_nothing() {
         held.push(sb.connect(&addr(P)).unwrap());
     }
     servers.extend(accept_n(&listener, 2));
+    wait_established(&sb.pin_path, P, 4);
     assert_eq!(sb.connect(&addr(P)).unwrap_err().kind(), ErrorKind::ConnectionRefused);
     let row_q = wait_established(&sb.pin_path, q, 5);
     assert_eq!(row_q.limit, Some(5));
@@ -237,6 +240,7 @@ fn unlisted_ports_udp_outgoing_and_ipv6() {
     let listener = sb.listen(&addr(P), 128);
     let _c = sb.connect(&addr(P)).unwrap();
     let _s = accept_n(&listener, 1);
+    wait_established(&sb.pin_path, P, 1);
     assert_eq!(sb.connect(&addr(P)).unwrap_err().kind(), ErrorKind::ConnectionRefused);
     // ...UDP on the same port number is untouched...
     let udp = sb.udp(&addr(P));
@@ -291,6 +295,7 @@ fn kill_9_and_restart_keep_enforcing_with_one_attachment() {
     let listener = sb.listen(&addr(P), 128);
     let mut clients: Vec<_> = (0..2).map(|_| sb.connect(&addr(P)).unwrap()).collect();
     let mut servers = accept_n(&listener, 2);
+    wait_established(&sb.pin_path, P, 2);
 
     daemon.signal(Signal::SIGKILL);
     drop(daemon);
@@ -323,6 +328,7 @@ fn sigterm_leaves_the_gate_and_unload_removes_only_its_own_pins() {
     let listener = sb.listen(&addr(P), 128);
     let _c = sb.connect(&addr(P)).unwrap();
     let _s = accept_n(&listener, 1);
+    wait_established(&sb.pin_path, P, 1);
     daemon.signal(Signal::SIGTERM);
     assert_eq!(daemon.wait(), Some(0));
     assert_eq!(sb.connect(&addr(P)).unwrap_err().kind(), ErrorKind::ConnectionRefused);
@@ -412,14 +418,23 @@ fn bad_environments_get_one_clear_sentence() {
         .unwrap();
     assert!(start_err(&no_netns, &[]).starts_with("limiter: kernel.netns /var/run/netns/no-such-netns: "));
 
-    // Pins from an incompatible limiter: a gate whose layout version is
-    // not this daemon's (as a future release would leave).
+    // A gate adopted under another kernel.cgroup would count the old one.
     let mut daemon = Daemon::start(&config, &[]).unwrap();
     daemon.signal(Signal::SIGTERM);
     daemon.wait();
+    let other = sb.cgroup.with_extension("other");
+    std::fs::create_dir(&other).unwrap();
+    let moved = sb.dir.join("moved.ini");
+    std::fs::write(&moved, text.replace(sb.cgroup.to_str().unwrap(), other.to_str().unwrap())).unwrap();
+    let err = start_err(&moved, &[]);
+    std::fs::remove_dir(&other).unwrap();
+    assert!(err.contains("counts the sockets of another cgroup") && err.contains("limiter unload"), "{err}");
+
+    // Pins from an incompatible limiter: a gate whose layout version is
+    // not this daemon's (as a future release would leave).
     let settings = sb.pin_path.join("LIMITER_CONFIG");
     let mut value = vec!["value"];
-    let bytes = ["99", "0", "0", "0"].iter().chain(std::iter::repeat_n(&"0", 20));
+    let bytes = ["99", "0", "0", "0"].iter().chain(std::iter::repeat_n(&"0", 28));
     value.extend(bytes.copied());
     let mut args = vec!["map", "update", "pinned", settings.to_str().unwrap(), "key", "0", "0", "0", "0"];
     args.extend(value);
@@ -447,8 +462,9 @@ fn dump_and_metrics_agree_with_what_was_opened() {
     let l2 = sb.listen(&addr(other), 128);
     let c1: Vec<_> = (0..4).map(|_| sb.connect(&addr(P)).unwrap()).collect();
     let c2: Vec<_> = (0..7).map(|_| sb.connect(&addr(other)).unwrap()).collect();
+    wait_established(&sb.pin_path, P, 4);
     for _ in 0..3 {
-        assert!(sb.connect(&addr(P)).is_err());
+        assert_eq!(sb.connect(&addr(P)).unwrap_err().kind(), ErrorKind::ConnectionRefused);
     }
     wait_established(&sb.pin_path, other, 7);
     let d = dump(&sb.pin_path);

@@ -4,6 +4,14 @@ use proptest::prelude::*;
 
 use super::*;
 
+/// The ticket of an admitted probe.
+fn probe(d: Decision) -> TicketKind {
+    match d {
+        Decision::Admit(kind @ TicketKind::Probe(_)) => kind,
+        other => panic!("expected a probe, got {other:?}"),
+    }
+}
+
 fn settings() -> Settings {
     Settings {
         threshold: 0.5,
@@ -116,7 +124,7 @@ fn the_sleep_window_is_honoured_to_the_millisecond() {
     f.clock.advance(29_999);
     assert_eq!(f.breaker.admit(), Decision::Refuse { retry_after_ms: 1 });
     f.clock.advance(1);
-    assert_eq!(f.breaker.admit(), Decision::Admit(TicketKind::Probe));
+    assert!(matches!(f.breaker.admit(), Decision::Admit(TicketKind::Probe(_))));
     assert_eq!(f.breaker.state(), State::HalfOpen);
 }
 
@@ -134,13 +142,13 @@ fn concurrent_probes_are_capped() {
     let f = fixture(Settings { half_open_max_probes: 2, ..settings() });
     f.trip();
     f.clock.advance(30_000);
-    assert_eq!(f.breaker.admit(), Decision::Admit(TicketKind::Probe));
-    assert_eq!(f.breaker.admit(), Decision::Admit(TicketKind::Probe));
+    let first = probe(f.breaker.admit());
+    let _second = probe(f.breaker.admit());
     assert!(matches!(f.breaker.admit(), Decision::Refuse { .. }));
     // An abandoned probe frees its slot without deciding anything.
-    f.breaker.abandon(TicketKind::Probe);
+    f.breaker.abandon(first);
     assert_eq!(f.breaker.state(), State::HalfOpen);
-    assert_eq!(f.breaker.admit(), Decision::Admit(TicketKind::Probe));
+    assert!(matches!(f.breaker.admit(), Decision::Admit(TicketKind::Probe(_))));
 }
 
 #[test]
@@ -148,9 +156,9 @@ fn a_probe_failure_reopens_and_restamps() {
     let f = fixture(settings());
     f.trip();
     f.clock.advance(30_000);
-    assert_eq!(f.breaker.admit(), Decision::Admit(TicketKind::Probe));
+    let p = probe(f.breaker.admit());
     f.clock.advance(500);
-    f.breaker.record(TicketKind::Probe, false);
+    f.breaker.record(p, false);
     assert_eq!(f.breaker.state(), State::Open);
     // The new sleep window counts from the probe failure.
     f.clock.advance(29_999);
@@ -163,11 +171,10 @@ fn success_closes_and_clears_the_window() {
     let f = fixture(Settings { half_open_successes: 2, half_open_max_probes: 2, ..settings() });
     f.trip();
     f.clock.advance(30_000);
-    assert_eq!(f.breaker.admit(), Decision::Admit(TicketKind::Probe));
-    assert_eq!(f.breaker.admit(), Decision::Admit(TicketKind::Probe));
-    f.breaker.record(TicketKind::Probe, true);
+    let (p1, p2) = (probe(f.breaker.admit()), probe(f.breaker.admit()));
+    f.breaker.record(p1, true);
     assert_eq!(f.breaker.state(), State::HalfOpen, "one success of two");
-    f.breaker.record(TicketKind::Probe, true);
+    f.breaker.record(p2, true);
     assert_eq!(f.breaker.state(), State::Closed);
     assert_eq!(f.breaker.snapshot().window_requests, 0);
     assert_eq!(
@@ -181,6 +188,25 @@ fn success_closes_and_clears_the_window() {
 }
 
 #[test]
+fn a_probe_from_an_earlier_round_decides_nothing() {
+    let f = fixture(Settings { half_open_max_probes: 2, ..settings() });
+    f.trip();
+    f.clock.advance(30_000);
+    let (p1, p2) = (probe(f.breaker.admit()), probe(f.breaker.admit()));
+    f.breaker.record(p1, false); // re-opens
+    f.clock.advance(30_000);
+    let p3 = probe(f.breaker.admit());
+    // The late success of p2 neither closes it nor frees a slot of this round.
+    f.breaker.record(p2, true);
+    assert_eq!(f.breaker.state(), State::HalfOpen);
+    assert_eq!(f.breaker.snapshot().probes_in_flight, 1);
+    let _p4 = probe(f.breaker.admit());
+    assert!(matches!(f.breaker.admit(), Decision::Refuse { .. }), "p2 freed a slot of the new round");
+    f.breaker.record(p3, true);
+    assert_eq!(f.breaker.state(), State::Closed);
+}
+
+#[test]
 fn results_of_requests_admitted_before_the_trip_do_not_decide() {
     let f = fixture(settings());
     f.trip();
@@ -190,7 +216,7 @@ fn results_of_requests_admitted_before_the_trip_do_not_decide() {
     }
     assert_eq!(f.breaker.state(), State::Open);
     f.clock.advance(30_000);
-    assert_eq!(f.breaker.admit(), Decision::Admit(TicketKind::Probe));
+    assert!(matches!(f.breaker.admit(), Decision::Admit(TicketKind::Probe(_))));
     f.breaker.record(TicketKind::Normal, true);
     assert_eq!(f.breaker.state(), State::HalfOpen, "only the probe decides");
 }

@@ -107,6 +107,12 @@ pub enum KernelError {
         dir = pin_dir.display()
     )]
     NetnsChanged { pin_dir: PathBuf, pinned: u64, wanted: u64 },
+    #[error(
+        "the gate pinned at {dir} counts the sockets of another cgroup than kernel.cgroup {wanted}: \
+         changing kernel.cgroup needs `limiter unload` first",
+        dir = pin_dir.display(), wanted = wanted.display()
+    )]
+    CgroupChanged { pin_dir: PathBuf, wanted: PathBuf },
     #[error("no gate is pinned at {}: start it with `limiter run`", .0.display())]
     NotLoaded(PathBuf),
     #[error("loading the kernel programs failed: {0}")]
@@ -145,6 +151,8 @@ pub enum Origin {
 #[derive(Clone, Debug, Serialize)]
 pub struct Target {
     pub cgroup: PathBuf,
+    /// Inode of the cgroup directory (the kernel's cgroup id).
+    pub cgroup_id: u64,
     pub netns: PathBuf,
     pub netns_inode: u64,
     pub netns_cookie: u64,
@@ -266,6 +274,11 @@ impl Gate {
         let netns = config.netns.clone().unwrap_or_else(|| PathBuf::from("/proc/self/ns/net"));
         let netns_fd = env::open_netns(&netns)?;
         let target = Target {
+            cgroup_id: std::os::unix::fs::MetadataExt::ino(
+                &cgroup_fd
+                    .metadata()
+                    .map_err(|e| KernelError::io(format!("reading {}", cgroup.display()), e))?,
+            ),
             netns_inode: env::netns_inode(&netns_fd),
             netns_cookie: env::netns_cookie(&netns_fd)?,
             cgroup,
@@ -277,9 +290,13 @@ impl Gate {
         match pin_state(&pin_dir) {
             PinState::Complete => {
                 let mut gate = Self::open(&pin_dir)?;
-                let pinned = gate.settings()?.netns_cookie;
+                let settings = gate.settings()?;
+                let pinned = settings.netns_cookie;
                 if pinned != target.netns_cookie {
                     return Err(KernelError::NetnsChanged { pin_dir, pinned, wanted: target.netns_cookie });
+                }
+                if settings.cgroup_id != target.cgroup_id {
+                    return Err(KernelError::CgroupChanged { pin_dir, wanted: target.cgroup });
                 }
                 let changes = gate.set_limits(&config.ports)?;
                 return Ok((gate, Origin::Adopted, target, changes));
@@ -306,6 +323,7 @@ impl Gate {
             let value = Settings {
                 layout_version: LAYOUT_VERSION,
                 netns_cookie: target.netns_cookie,
+                cgroup_id: target.cgroup_id,
                 ..Settings::default()
             };
             settings.set(0, value, 0).map_err(KernelError::map("writing the settings map"))?;
@@ -427,20 +445,37 @@ impl Gate {
         let mut changes = Vec::new();
         for (&port, &max) in ports {
             let old = current.get(&port);
-            if old.map(|l| l.max_established) == Some(max) {
-                continue;
+            if old.map(|l| l.max_established) != Some(max) {
+                changes.push(match old {
+                    Some(l) => LimitChange::Changed { port, from: l.max_established, to: max },
+                    None => LimitChange::Added { port, max },
+                });
             }
-            let flags = old.map_or(0, |l| l.flags);
-            self.write_limit(port, PortLimit { max_established: max, flags })?;
-            changes.push(match old {
-                Some(l) => LimitChange::Changed { port, from: l.max_established, to: max },
-                None => LimitChange::Added { port, max },
-            });
         }
         for (&port, limit) in &current {
             if !ports.contains_key(&port) {
-                self.write_limit(port, PortLimit::default())?;
                 changes.push(LimitChange::Removed { port, max: limit.max_established });
+            }
+        }
+        for (done, change) in changes.iter().enumerate() {
+            let (port, limit) = match *change {
+                LimitChange::Added { port, max } | LimitChange::Changed { port, to: max, .. } => {
+                    let flags = current.get(&port).map_or(0, |l| l.flags);
+                    (port, PortLimit { max_established: max, flags })
+                }
+                LimitChange::Removed { port, .. } => (port, PortLimit::default()),
+            };
+            if let Err(e) = self.write_limit(port, limit) {
+                // All or nothing: put back what was already written.
+                for undo in &changes[..done] {
+                    let port = match *undo {
+                        LimitChange::Added { port, .. }
+                        | LimitChange::Changed { port, .. }
+                        | LimitChange::Removed { port, .. } => port,
+                    };
+                    let _ = self.write_limit(port, current.get(&port).copied().unwrap_or_default());
+                }
+                return Err(e);
             }
         }
         Ok(changes)

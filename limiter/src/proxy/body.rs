@@ -5,6 +5,10 @@
 
 use std::{
     pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     task::{Context, Poll},
     time::Duration,
 };
@@ -18,18 +22,60 @@ use crate::admission::Permit;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Times out a body that produces no frame for `idle`. The timer is only
-/// armed the first time the body has to wait, so the common small body
-/// that is ready at once costs no timer at all.
+/// Times out a body that, while polled, produces no frame for `idle`. The
+/// countdown starts when the body has to wait, not when the last frame
+/// came: a body nobody polls for a while (its reader is busy writing the
+/// previous frame) is not stalled. The timer is only allocated the first
+/// time the body waits, so a small body that is ready at once costs none.
 pub struct Stall<B> {
     inner: B,
     idle: Duration,
     timer: Option<Pin<Box<Sleep>>>,
+    armed: bool,
+    progress: Option<Arc<Progress>>,
 }
 
-impl<B> Stall<B> {
+impl<B: Body> Stall<B> {
     pub fn new(inner: B, idle: Duration) -> Self {
-        Self { inner, idle, timer: None }
+        Self { inner, idle, timer: None, armed: false, progress: None }
+    }
+
+    /// Also reports to `progress` when the body has been read to its end.
+    pub fn with_progress(inner: B, idle: Duration, progress: Arc<Progress>) -> Self {
+        if inner.is_end_stream() {
+            progress.finish();
+        }
+        Self { inner, idle, timer: None, armed: false, progress: Some(progress) }
+    }
+}
+
+/// When a request body finished streaming upstream, so that the upstream
+/// timeout counts from the request fully sent, not from its first byte.
+#[derive(Debug)]
+pub struct Progress {
+    base: Instant,
+    /// Milliseconds after `base`; `u64::MAX` while still streaming.
+    done_at_ms: AtomicU64,
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Self { base: Instant::now(), done_at_ms: AtomicU64::new(u64::MAX) }
+    }
+}
+
+impl Progress {
+    fn finish(&self) {
+        let ms = self.base.elapsed().as_millis() as u64;
+        let _ = self.done_at_ms.compare_exchange(u64::MAX, ms, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// When the request was fully sent, if it was.
+    pub fn done_at(&self) -> Option<Instant> {
+        match self.done_at_ms.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            ms => Some(self.base + Duration::from_millis(ms)),
+        }
     }
 }
 
@@ -51,15 +97,22 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
-                let idle = self.idle;
-                if let Some(timer) = self.timer.as_mut() {
-                    timer.as_mut().reset(Instant::now() + idle);
+                self.armed = false;
+                if let Some(p) = &self.progress
+                    && (frame.is_none() || self.inner.is_end_stream())
+                {
+                    p.finish();
                 }
                 Poll::Ready(frame.map(|r| r.map_err(Into::into)))
             }
             Poll::Pending => {
                 let idle = self.idle;
-                let timer = self.timer.get_or_insert_with(|| Box::pin(sleep(idle)));
+                let this = &mut *self;
+                let timer = this.timer.get_or_insert_with(|| Box::pin(sleep(idle)));
+                if !this.armed {
+                    timer.as_mut().reset(Instant::now() + idle);
+                    this.armed = true;
+                }
                 if timer.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(Some(Err(Box::new(Stalled))));
                 }

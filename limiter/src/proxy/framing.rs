@@ -82,6 +82,10 @@ pub struct Framing {
     chunked: bool,
     cl_value: u64,
     cl_valid: bool,
+    /// The value of the Content-Length line being read.
+    cl_line: u64,
+    /// The value of an earlier Content-Length line of this head.
+    cl_first: Option<u64>,
     /// Heads seen, and heads poisoned for carrying both framing headers.
     pub heads: u64,
     pub poisoned: u64,
@@ -104,6 +108,8 @@ impl Default for Framing {
             chunked: false,
             cl_value: 0,
             cl_valid: true,
+            cl_line: 0,
+            cl_first: None,
             heads: 0,
             poisoned: 0,
         }
@@ -153,6 +159,8 @@ impl Framing {
         self.chunked = false;
         self.cl_value = 0;
         self.cl_valid = true;
+        self.cl_line = 0;
+        self.cl_first = None;
     }
 
     /// One byte of a head, a chunk-size line, a chunk end or a trailer.
@@ -166,9 +174,12 @@ impl Framing {
                 _ if in_ext => {}
                 b';' | b' ' | b'\t' => self.state = State::ChunkSize { size, in_ext: true, digits },
                 _ => match (b as char).to_digit(16) {
+                    // Leading zeros are not significant (hyper accepts any
+                    // number of them); 16 significant digits fill a u64.
                     Some(d) if digits < 16 => {
+                        let significant = if size == 0 && d == 0 { digits } else { digits + 1 };
                         self.state =
-                            State::ChunkSize { size: size * 16 + u64::from(d), in_ext, digits: digits + 1 }
+                            State::ChunkSize { size: size * 16 + u64::from(d), in_ext, digits: significant }
                     }
                     // Not a chunk size hyper would accept: it will fail the
                     // request; stop following this connection.
@@ -247,7 +258,7 @@ impl Framing {
             if let Name::ContentLength = self.name {
                 match b {
                     b'0'..=b'9' => {
-                        self.cl_value = self.cl_value.saturating_mul(10).saturating_add(u64::from(b - b'0'))
+                        self.cl_line = self.cl_line.saturating_mul(10).saturating_add(u64::from(b - b'0'))
                     }
                     b' ' | b'\t' => {}
                     _ => self.cl_valid = false,
@@ -309,6 +320,14 @@ impl Framing {
         match self.name {
             Name::ContentLength => {
                 self.head_has_cl = true;
+                // Identical duplicates are one length (as hyper reads
+                // them); different ones make hyper refuse the head.
+                match self.cl_first {
+                    Some(first) if first != self.cl_line => self.cl_valid = false,
+                    _ => self.cl_first = Some(self.cl_line),
+                }
+                self.cl_value = self.cl_line;
+                self.cl_line = 0;
                 if self.head_has_te {
                     self.poison(buf, i);
                 }

@@ -36,7 +36,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{net::TcpListener, sync::watch};
 
 use self::{
-    body::{ProxyBody, Stall},
+    body::{Progress, ProxyBody, Stall},
     headers::{add_forwarded, is_upgrade, strip_hop_by_hop},
     io::ClientIo,
     upstream::{Pool, UpstreamError},
@@ -96,6 +96,8 @@ pub struct Counters {
     pub malformed: AtomicU64,
     /// Heads refused for carrying both Content-Length and Transfer-Encoding.
     pub framing_conflicts: AtomicU64,
+    /// Request bodies that failed or stalled on the client's side.
+    pub client_body_errors: AtomicU64,
     pub connections_open: AtomicU64,
     pub connections_total: AtomicU64,
     pub upgrades: AtomicU64,
@@ -262,7 +264,8 @@ impl Http {
             .sample("limiter_http_bad_requests_total", &[("kind", "header_timeout")], c.header_timeouts.load(Ordering::Relaxed))
             .sample("limiter_http_bad_requests_total", &[("kind", "too_large")], c.heads_too_large.load(Ordering::Relaxed))
             .sample("limiter_http_bad_requests_total", &[("kind", "malformed")], c.malformed.load(Ordering::Relaxed))
-            .sample("limiter_http_bad_requests_total", &[("kind", "framing_conflict")], c.framing_conflicts.load(Ordering::Relaxed));
+            .sample("limiter_http_bad_requests_total", &[("kind", "framing_conflict")], c.framing_conflicts.load(Ordering::Relaxed))
+            .sample("limiter_http_bad_requests_total", &[("kind", "body")], c.client_body_errors.load(Ordering::Relaxed));
         page.family("limiter_http_connections", "gauge", "Client connections open.").sample(
             "limiter_http_connections",
             &[],
@@ -469,7 +472,7 @@ async fn handle(
             true,
         ));
     }
-    let debug = req.uri().path().starts_with("/debug/");
+    let debug = is_debug_path(req.uri().path());
     // 1. The breaker, before any permit is taken.
     let ticket = if debug {
         // Diagnostics are never results; they pass an open breaker unless
@@ -499,6 +502,44 @@ async fn handle(
         // The ticket is dropped unrecorded: a refusal is not a result.
         Err(reason) => Ok(http.refuse(reason, started)),
     }
+}
+
+/// Waits for the upstream's response head: at most `timeout` after the
+/// request (body included) was fully sent. While the body is still
+/// streaming, its own stall timeout applies instead.
+async fn answer_within<F: std::future::Future>(
+    send: F,
+    progress: &Progress,
+    timeout: Duration,
+) -> Result<F::Output, ()> {
+    tokio::pin!(send);
+    loop {
+        let deadline =
+            progress.done_at().map_or_else(|| tokio::time::Instant::now() + timeout, |t| t + timeout);
+        tokio::select! {
+            out = &mut send => return Ok(out),
+            () = tokio::time::sleep_until(deadline) => {
+                if progress.done_at().is_some_and(|t| t + timeout <= tokio::time::Instant::now()) {
+                    return Err(());
+                }
+            }
+        }
+    }
+}
+
+/// Whether a path is a diagnostic one: `/debug/...` with no dot-segment
+/// (`/debug/../api` would reach `/api` at an upstream that normalises
+/// paths, with the privileges of a diagnostic request) and no encoded dot
+/// or slash.
+fn is_debug_path(path: &str) -> bool {
+    if !path.starts_with("/debug/") {
+        return false;
+    }
+    let lower = path.to_ascii_lowercase();
+    if lower.contains("%2e") || lower.contains("%2f") || lower.contains("%5c") || path.contains('\\') {
+        return false;
+    }
+    !path.split('/').any(|seg| seg == "." || seg == "..")
 }
 
 /// The breaker's side of one admitted request. Dropped without a result
@@ -582,6 +623,9 @@ async fn forward(
 ) -> Response<ProxyBody> {
     let settings = http.settings();
     let upgrade = is_upgrade(req.headers());
+    // Any Upgrade header stops the framing watch (the connection may become
+    // a tunnel), so unless an upgrade really happens this connection closes.
+    let close_after = req.headers().contains_key(header::UPGRADE);
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
     // Origin form towards the upstream, whatever form the client used.
@@ -609,10 +653,12 @@ async fn forward(
     add_forwarded(&mut parts.headers, peer, host.as_ref());
     parts.uri = uri;
     parts.version = hyper::Version::HTTP_11;
-    let upstream_req = Request::from_parts(parts, Stall::new(body, settings.idle_timeout));
+    let progress = Arc::new(Progress::default());
+    let upstream_req =
+        Request::from_parts(parts, Stall::with_progress(body, settings.idle_timeout, progress.clone()));
 
     let sent = Instant::now();
-    let result = tokio::time::timeout(settings.upstream_timeout, client.send(upstream_req)).await;
+    let result = answer_within(client.send(upstream_req), &progress, settings.upstream_timeout).await;
     let mut response = match result {
         Err(_) => {
             if let Some(t) = ticket {
@@ -622,6 +668,18 @@ async fn forward(
             return http.own(
                 StatusCode::GATEWAY_TIMEOUT,
                 "504 Gateway Timeout: the upstream did not answer in time\n",
+                true,
+            );
+        }
+        Ok(Err(UpstreamError::Send(e))) if e.is_user() => {
+            // The client's body failed (aborted, or stalled past
+            // http.idleTimeoutMs): not the upstream's fault, not a result.
+            drop(ticket);
+            http.counters.client_body_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!("request body failed: {e:?}");
+            return http.own(
+                StatusCode::BAD_REQUEST,
+                "400 Bad Request: the request body failed or stalled\n",
                 true,
             );
         }
@@ -671,7 +729,7 @@ async fn forward(
     }
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers, false);
-    if upgrade {
+    if close_after {
         // Refused upgrade: the framing watch stopped at the Upgrade head,
         // so this connection must not carry another request.
         parts.headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -679,4 +737,26 @@ async fn forward(
     http.counters.status(parts.status);
     let body = ProxyBody::boxed(Stall::new(body, settings.idle_timeout).boxed_unsync()).with_permit(permit);
     Response::from_parts(parts, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_debug_path;
+
+    #[test]
+    fn debug_paths_cannot_climb_out() {
+        assert!(is_debug_path("/debug/pprof"));
+        assert!(is_debug_path("/debug/a.b/c..d"));
+        for path in [
+            "/debug/../api",
+            "/debug/./x",
+            "/debug/..",
+            "/debug/%2e%2e/api",
+            "/debug/x%2Fy",
+            "/debugx",
+            "/api/debug/x",
+        ] {
+            assert!(!is_debug_path(path), "{path}");
+        }
+    }
 }

@@ -106,3 +106,20 @@ fn an_upgrade_stops_the_scan() {
     assert_eq!(&out, input);
     assert_eq!((f.heads, f.poisoned), (1, 0));
 }
+
+#[test]
+fn duplicate_identical_lengths_are_one_length() {
+    let input = b"POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello\
+        POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let (_, f) = scan_all_ways(input);
+    assert_eq!((f.heads, f.poisoned), (2, 1));
+}
+
+#[test]
+fn leading_zeros_in_chunk_sizes_do_not_lose_the_stream() {
+    let input = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n\
+        000000000000000000000005\r\nhello\r\n0000000000000000000000\r\n\r\n\
+        POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let (_, f) = scan_all_ways(input);
+    assert_eq!((f.heads, f.poisoned), (2, 1));
+}
