@@ -25,6 +25,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub mod bench;
 pub mod client;
 pub mod upstream;
 

@@ -23,7 +23,12 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail, ensure};
-use limiter_tests::{Daemon, client, free_port, http_get, upstream::Upstream};
+use limiter_tests::{
+    Daemon,
+    bench::{median, spread},
+    client, free_port, http_get,
+    upstream::Upstream,
+};
 
 const ROUNDS: usize = 5;
 const SECONDS: u32 = 5;
@@ -136,18 +141,6 @@ fn nginx_proxy(dir: &Path, name: &str, listen: u16, upstream: SocketAddr, per_se
     )
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s[s.len() / 2]
-}
-
-fn spread(v: &[f64]) -> String {
-    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = v.iter().copied().fold(0.0, f64::max);
-    format!("{:.0} ({:.0}-{:.0})", median(v), min, max)
-}
-
 fn main() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("limiter-bench-http-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
@@ -156,7 +149,12 @@ fn main() -> Result<()> {
     let _ = fs::remove_dir_all(&dir);
     let report = result?;
     print!("{report}");
-    write_benchmarks(&report)
+    limiter_tests::bench::write_section(
+        "http",
+        "HTTP admission",
+        "`cargo xtask bench http` (installs nginx and wrk itself).",
+        &report,
+    )
 }
 
 fn bench(dir: &Path) -> Result<String> {
@@ -298,23 +296,4 @@ fn report(
         if p99.is_some_and(|p| p <= 0.001) { "met" } else { "MISSED" },
     ));
     out
-}
-
-fn write_benchmarks(report: &str) -> Result<()> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../BENCHMARKS.md");
-    let (begin, end) = ("<!-- bench http: begin -->", "<!-- bench http: end -->");
-    let date = Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]).output()?;
-    let section = format!(
-        "{begin}\n## HTTP admission\n\nReproduce: `cargo xtask bench http` (installs nginx and wrk itself).\n\
-         Run on {}.\n\n{report}{end}",
-        String::from_utf8_lossy(&date.stdout).trim()
-    );
-    let text = fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n\n".into());
-    let text = match (text.find(begin), text.find(end)) {
-        (Some(b), Some(e)) => format!("{}{section}{}", &text[..b], &text[e + end.len()..]),
-        _ => format!("{}\n{section}\n", text.trim_end()),
-    };
-    fs::write(&path, text)?;
-    eprintln!("wrote {}", path.display());
-    Ok(())
 }

@@ -24,7 +24,11 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, ensure};
-use limiter_tests::{Daemon, Sandbox, run};
+use limiter_tests::{
+    Daemon, Sandbox,
+    bench::{median, spread},
+    run,
+};
 
 const PORT: u16 = 7200;
 const ROUNDS: usize = 7;
@@ -124,7 +128,12 @@ fn main() -> Result<()> {
 
     let report = report(&accept, &refuse, &leaked, &cost);
     print!("{report}");
-    write_benchmarks(&report)?;
+    limiter_tests::bench::write_section(
+        "kernel",
+        "Kernel gate",
+        "`cargo xtask bench kernel` (as root; installs iptables itself).",
+        &report,
+    )?;
     Ok(())
 }
 
@@ -282,19 +291,6 @@ fn prog_stats(id: u32) -> Result<(u64, u64)> {
     Ok((v["run_time_ns"].as_u64().unwrap_or(0), v["run_cnt"].as_u64().unwrap_or(0)))
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s[s.len() / 2]
-}
-
-/// "median (min-max)"
-fn spread(v: &[f64]) -> String {
-    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = v.iter().copied().fold(0.0, f64::max);
-    format!("{:>7.0} ({:.0}-{:.0})", median(v), min, max)
-}
-
 fn verdict(ok: bool) -> &'static str {
     if ok { "met" } else { "MISSED" }
 }
@@ -377,23 +373,4 @@ fn report(accept: &[Vec<f64>; 3], refuse: &[Vec<f64>; 3], leaked: &[u64; 3], cos
         verdict(worst < 100.0)
     ));
     out
-}
-
-/// Replaces the kernel section of BENCHMARKS.md (between its markers).
-fn write_benchmarks(report: &str) -> Result<()> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../BENCHMARKS.md");
-    let (begin, end) = ("<!-- bench kernel: begin -->", "<!-- bench kernel: end -->");
-    let section = format!(
-        "{begin}\n## Kernel gate\n\nReproduce: `cargo xtask bench kernel` (as root; installs iptables itself).\n\
-         Run on {}.\n\n{report}{end}",
-        run("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_default().trim()
-    );
-    let text = fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n\n".into());
-    let text = match (text.find(begin), text.find(end)) {
-        (Some(b), Some(e)) => format!("{}{section}{}", &text[..b], &text[e + end.len()..]),
-        _ => format!("{text}{section}\n"),
-    };
-    fs::write(&path, text)?;
-    eprintln!("wrote {}", path.display());
-    Ok(())
 }
