@@ -207,11 +207,6 @@ pub fn ensure_bpffs(pin_dir: &Path) -> Result<bool, KernelError> {
     Ok(mounted)
 }
 
-/// Whether `path` is on bpffs (dump uses this to explain an empty answer).
-pub fn is_bpffs(path: &Path) -> bool {
-    fs_type(path) == Some(BPF_FS_MAGIC)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -419,10 +419,6 @@ impl Gate {
         })
     }
 
-    pub fn pin_dir(&self) -> &Path {
-        &self.pin_dir
-    }
-
     pub fn settings(&self) -> Result<Settings, KernelError> {
         self.settings.get(&0, 0).map_err(KernelError::map("reading the settings map"))
     }

@@ -18,7 +18,7 @@
 /// Where in the request stream the scanner is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
-    /// Reading a head; `line_start` is true at the first byte of a line.
+    /// Reading a head, line by line.
     Head,
     /// `n` body bytes to skip.
     Body(u64),
@@ -69,7 +69,6 @@ const CANDIDATES: [&[u8]; 3] = [b"content-length", b"transfer-encoding", b"upgra
 pub struct Framing {
     state: State,
     // Head state.
-    line_start: bool,
     seen_request_line: bool,
     chunk_match: u8,
     name: Name,
@@ -95,7 +94,6 @@ impl Default for Framing {
     fn default() -> Self {
         Self {
             state: State::Head,
-            line_start: true,
             seen_request_line: false,
             chunk_match: 0,
             name: Name::Matching { candidates: 0b111, matched: 0 },
@@ -146,7 +144,6 @@ impl Framing {
     }
 
     fn reset_head(&mut self) {
-        self.line_start = true;
         self.seen_request_line = false;
         self.chunk_match = 0;
         self.name = Name::Matching { candidates: 0b111, matched: 0 };
@@ -237,7 +234,6 @@ impl Framing {
             if !empty {
                 self.end_header_line(buf, i);
             }
-            self.line_start = true;
             self.line_bytes = 0;
             self.cr = false;
             self.in_value = false;
@@ -253,7 +249,6 @@ impl Framing {
         }
         self.cr = false;
         self.line_bytes += 1;
-        self.line_start = false;
         if self.in_value {
             if let Name::ContentLength = self.name {
                 match b {
