@@ -16,13 +16,16 @@ use bytemuck::{Pod, Zeroable};
 
 /// Version of the pinned layout (map set, key and value shapes). A daemon
 /// refuses to adopt pins whose [`Settings::layout_version`] differs.
-pub const LAYOUT_VERSION: u32 = 1;
+///
+/// 1: port counts and refusals. 2: per-source caps, trusted prefixes,
+/// refusals by reason and path, XDP, pre-existing connections.
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Names of the maps, as the kernel and the pin directory show them
 /// (at most 15 bytes: `BPF_OBJ_NAME_LEN`).
 pub mod map_names {
     /// Array indexed by port → [`super::PortLimit`]: what the kernel reads
-    /// on every SYN (`max_established == 0`: not enforced).
+    /// on every SYN (an all-zero limit: not enforced).
     pub const LIMITS: &str = "LIMITER_LIMITS";
     /// Hash [`super::PortKey`] → [`super::PortLimit`]: the enforced ports
     /// only, a copy the daemon keeps for readers (`dump`, `bpftool`).
@@ -38,16 +41,33 @@ pub mod map_names {
     pub const SETTINGS: &str = "LIMITER_CONFIG";
     /// Socket-local storage → [`super::SockMark`]: which sockets were counted.
     pub const SOCKS: &str = "LIMITER_SOCKS";
+    /// Array of [`super::SourceSlot`]: established connections per client
+    /// group and port (an open-addressing table, see [`super::source`]).
+    pub const SOURCES: &str = "LIMITER_SOURCES";
+    /// LPM trie [`super::TrustedKey`] → `u32`: trusted client prefixes.
+    pub const TRUSTED: &str = "LIMITER_TRUSTED";
+    /// Per-CPU array, index 0 → [`super::GateCounters`].
+    pub const COUNTERS: &str = "LIMITER_COUNTS";
+    /// Array indexed by port → `u32`: scratch of the start-up walk (1: a
+    /// listener was seen on the port).
+    pub const WALK: &str = "LIMITER_WALK";
     /// Every map the daemon pins, in the order it pins them.
-    pub const ALL: [&str; 7] = [SETTINGS, LIMITS, LISTED, STATS, ACTIVE, REFUSED, SOCKS];
+    pub const ALL: [&str; 11] =
+        [SETTINGS, LIMITS, LISTED, STATS, ACTIVE, REFUSED, SOCKS, SOURCES, TRUSTED, COUNTERS, WALK];
 }
 
 /// Names of the programs (the function names in `limiter-ebpf`).
 pub mod program_names {
     /// The `sock_ops` program that counts established connections.
     pub const COUNT: &str = "limiter_count";
+    /// The `tp_btf/inet_sock_set_state` program that uncounts closed ones.
+    pub const CLOSE: &str = "limiter_close";
     /// The `sk_lookup` program that refuses connections to a full port.
     pub const REFUSE: &str = "limiter_refuse";
+    /// The XDP program that answers a SYN to a full port with a RST.
+    pub const XDP: &str = "limiter_xdp";
+    /// The `iter/tcp` program that counts connections older than the gate.
+    pub const WALK: &str = "limiter_walk";
 }
 
 /// Number of ports: the arrays are indexed by port, so lookups on the SYN
@@ -57,6 +77,32 @@ pub const MAX_PORTS: u32 = 65_536;
 
 /// `PortLimit::flags` bit: count would-be refusals, refuse nothing.
 pub const LIMIT_FLAG_DRY_RUN: u32 = 1;
+
+/// Refusal reasons: index into [`Refusals`] arrays.
+pub mod reason {
+    /// The port has `max_established` connections.
+    pub const PORT: usize = 0;
+    /// The client's group has `per_source_max` connections to the port.
+    pub const SOURCE: usize = 1;
+    /// The client's group is new and the source table has no slot for it.
+    pub const TABLE: usize = 2;
+    /// Number of reasons.
+    pub const COUNT: usize = 3;
+    /// Names, as metrics and dumps show them.
+    pub const NAMES: [&str; COUNT] = ["port_full", "source_full", "source_table_full"];
+}
+
+/// Where a refusal happened: index into [`Refusals::refused`].
+pub mod path {
+    /// The `sk_lookup` program (the kernel answered the SYN with a RST).
+    pub const SK_LOOKUP: usize = 0;
+    /// The XDP program (a RST built at the driver).
+    pub const XDP: usize = 1;
+    /// Number of paths.
+    pub const COUNT: usize = 2;
+    /// Names, as metrics and dumps show them.
+    pub const NAMES: [&str; COUNT] = ["sk_lookup", "xdp"];
+}
 
 /// A local TCP port in host byte order, as a map key.
 #[repr(C)]
@@ -75,15 +121,28 @@ impl PortKey {
     }
 }
 
-/// The limit of one port.
+/// The limits of one port.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct PortLimit {
-    /// At most this many established server-side connections; 0: the port
-    /// is not enforced (counted only).
+    /// At most this many established server-side connections; 0: no cap
+    /// on the port as a whole.
     pub max_established: u32,
     /// `LIMIT_FLAG_*` bits.
     pub flags: u32,
+    /// At most this many from one client group ([`Settings::prefix_v4`],
+    /// [`Settings::prefix_v6`]); 0: no per-source cap.
+    pub per_source_max: u32,
+    /// Explicit padding; always zero.
+    pub _pad: u32,
+}
+
+impl PortLimit {
+    /// Whether any cap applies to the port.
+    #[inline(always)]
+    pub const fn enforced(&self) -> bool {
+        self.max_established != 0 || self.per_source_max != 0
+    }
 }
 
 /// Counters of one local port. `established` is a gauge; the rest only grow.
@@ -105,13 +164,39 @@ pub struct PortStats {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct Refusals {
-    /// Connection attempts refused because the port was full.
-    pub refused: u64,
-    /// Attempts that would have been refused in dry-run mode.
-    pub would_refuse: u64,
+    /// Connection attempts refused, by `path * reason::COUNT + reason`.
+    pub refused: [u64; path::COUNT * reason::COUNT],
+    /// Attempts that would have been refused in dry-run mode, by reason.
+    pub would_refuse: [u64; reason::COUNT],
+    /// Attempts from a trusted prefix admitted past a cap.
+    pub trusted_admitted: u64,
 }
 
-/// Gate-wide settings, written by the daemon before it attaches anything.
+impl Refusals {
+    /// Refusals for one reason, over both paths.
+    pub fn by_reason(&self, reason: usize) -> u64 {
+        (0..path::COUNT).map(|p| self.refused[p * reason::COUNT + reason]).sum()
+    }
+
+    /// Refusals on one path, over every reason.
+    pub fn by_path(&self, path: usize) -> u64 {
+        self.refused[path * reason::COUNT..(path + 1) * reason::COUNT].iter().sum()
+    }
+
+    /// Adds `other` field by field (summing the CPUs).
+    pub fn add(&mut self, other: &Self) {
+        for (a, b) in self.refused.iter_mut().zip(other.refused) {
+            *a += b;
+        }
+        for (a, b) in self.would_refuse.iter_mut().zip(other.would_refuse) {
+            *a += b;
+        }
+        self.trusted_admitted += other.trusted_admitted;
+    }
+}
+
+/// Gate-wide settings. Written only by the daemon (the kernel programs
+/// count into [`GateCounters`]), so a reload can rewrite the whole value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct Settings {
@@ -122,17 +207,39 @@ pub struct Settings {
     /// Cookie of the network namespace whose sockets are counted
     /// (`SO_NETNS_COOKIE`); sockets of other namespaces are ignored.
     pub netns_cookie: u64,
-    /// Sockets that could not be tracked (storage allocation failed), so
-    /// were neither counted nor will be decremented.
-    pub untracked: u64,
     /// Inode of the cgroup v2 directory `limiter_count` is attached to, so
     /// a restart can tell that the configuration now names another one.
     pub cgroup_id: u64,
+    /// Seed of the source table's hash, random per gate.
+    pub hash_seed: u32,
+    /// Slots in the source table minus one (the table size is a power of two).
+    pub source_mask: u32,
+    /// IPv4 client addresses are grouped by this many leading bits (1-32).
+    pub prefix_v4: u32,
+    /// IPv6 client addresses are grouped by this many leading bits (1-128).
+    pub prefix_v6: u32,
+    /// Connections from trusted prefixes admitted past a full port.
+    pub trusted_reserve: u32,
+    /// Explicit padding; always zero.
+    pub _pad: u32,
+}
+
+/// Gate-wide counters, per CPU (index 0 of a per-CPU array).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct GateCounters {
+    /// Sockets that could not be marked (storage allocation failed), so
+    /// were neither counted nor will be decremented.
+    pub untracked_sockets: u64,
+    /// Connections counted on their port but not for their client group:
+    /// the source table had no slot left when the handshake completed.
+    pub untracked_sources: u64,
+    /// Connections older than the gate, counted by the start-up walk.
+    pub walked: u64,
 }
 
 /// Socket-local mark of a counted socket, so that only sockets this gate
-/// counted are ever decremented (not those another program flagged, nor
-/// those that predate the gate).
+/// counted are ever decremented, exactly once.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct SockMark {
@@ -140,18 +247,219 @@ pub struct SockMark {
     pub port: u16,
     /// Explicit padding; always zero.
     pub _pad: u16,
-    /// 1 while counted, 0 once decremented.
+    /// 1 while counted, 0 before and after: set and cleared by
+    /// compare-and-swap, so counting and uncounting happen once each.
     pub counted: u32,
+    /// Source-table slot counted for this socket, plus one; 0: none.
+    pub slot: u32,
+    /// Explicit padding; always zero.
+    pub _pad2: u32,
+}
+
+/// A client group for per-source caps: the client address masked to the
+/// configured prefix, and the local port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct SourceKey {
+    /// Address words in host order, masked; IPv4 uses word 0 only.
+    pub addr: [u32; 4],
+    /// Local port, host order.
+    pub port: u16,
+    /// 4 or 6; an IPv4-mapped IPv6 address is stored as 4.
+    pub family: u8,
+    /// Explicit padding; always zero.
+    pub _pad: u8,
+}
+
+/// One slot of the source table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct SourceSlot {
+    /// State, generation and count in one word, changed only by
+    /// compare-and-swap or atomic add (see [`source`]).
+    pub word: u64,
+    /// The group this slot counts; written only while the slot is
+    /// [`source::CLAIMING`].
+    pub key: SourceKey,
+    /// Explicit padding; always zero.
+    pub _pad: u32,
+}
+
+/// Key of the trusted-prefix LPM trie: IPv4 prefixes are stored as
+/// IPv4-mapped IPv6 (`::ffff:a.b.c.d`, prefix length + 96).
+#[repr(C, packed)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct TrustedKey {
+    /// Significant leading bits of `addr`.
+    pub prefix_len: u32,
+    /// The address, network byte order.
+    pub addr: [u8; 16],
+}
+
+/// Byte offsets of `struct sock_common` fields in the running kernel, read
+/// from its BTF by the daemon and given to the start-up walk.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct SockOffsets {
+    /// `skc_daddr` (`__be32`).
+    pub daddr: u32,
+    /// `skc_v6_daddr` (`struct in6_addr`).
+    pub v6_daddr: u32,
+    /// `skc_num` (local port, host order `u16`).
+    pub num: u32,
+    /// `skc_family` (`u16`).
+    pub family: u32,
+    /// `skc_state` (`u8`).
+    pub state: u32,
+    /// Explicit padding; always zero.
+    pub _pad: u32,
+}
+
+/// The source table: open addressing over an array, so no entry is ever
+/// freed under a reader (a hash map's deleted element can be reused for
+/// another key while a program still points at it).
+///
+/// A slot's `word` holds `count` (bits 0-31), `state` (bits 32-33) and a
+/// generation (bits 34-63). A group is looked up in [`PROBES`] slots from
+/// its hash. A slot is reclaimed for another group only when its count is 0,
+/// by a compare-and-swap that bumps the generation and moves it to
+/// [`CLAIMING`]; the key is written, then the slot becomes [`LIVE`] with
+/// count 1. Incrementing is a compare-and-swap on the word a reader saw, so
+/// it fails if the slot was reclaimed meanwhile; decrementing is an atomic
+/// subtract on the slot the socket remembers. Two racing first connections
+/// of one group may claim two slots: readers sum every live slot of a group,
+/// so the count stays exact.
+pub mod source {
+    use super::SourceKey;
+
+    /// Slots probed per group.
+    pub const PROBES: u32 = 8;
+    /// Never used since the table was created.
+    pub const FREE: u64 = 0;
+    /// Being given to a group; its key is not readable.
+    pub const CLAIMING: u64 = 1;
+    /// Counting a group (count may be 0: reclaimable).
+    pub const LIVE: u64 = 2;
+
+    const STATE_SHIFT: u32 = 32;
+    const GEN_SHIFT: u32 = 34;
+
+    /// The count in a slot word.
+    #[inline(always)]
+    pub const fn count(word: u64) -> u32 {
+        word as u32
+    }
+
+    /// The state in a slot word.
+    #[inline(always)]
+    pub const fn state(word: u64) -> u64 {
+        (word >> STATE_SHIFT) & 3
+    }
+
+    /// The word of the next generation in `state` with `count`.
+    #[inline(always)]
+    pub const fn next(word: u64, state: u64, count: u32) -> u64 {
+        let generation = (word >> GEN_SHIFT).wrapping_add(1);
+        (generation << GEN_SHIFT) | (state << STATE_SHIFT) | count as u64
+    }
+
+    /// The same generation and state with `count`.
+    #[inline(always)]
+    pub const fn with_count(word: u64, count: u32) -> u64 {
+        (word & !0xffff_ffff) | count as u64
+    }
+
+    /// A claimed slot made live with its first connection (same generation).
+    #[inline(always)]
+    pub const fn live(claiming: u64) -> u64 {
+        (claiming & !((3 << STATE_SHIFT) | 0xffff_ffff)) | (LIVE << STATE_SHIFT) | 1
+    }
+
+    /// Whether a slot can be given to a new group.
+    #[inline(always)]
+    pub const fn claimable(word: u64) -> bool {
+        state(word) == FREE || (state(word) == LIVE && count(word) == 0)
+    }
+
+    /// The group of a client. `v4` is the IPv4 address as read from the
+    /// packet or socket (network byte order in memory); `v6` likewise.
+    /// IPv4-mapped IPv6 addresses become IPv4, so a dual-stack listener and
+    /// the refusal paths agree.
+    #[inline(always)]
+    pub fn key_v4(v4_be: u32, port: u16, prefix: u32) -> SourceKey {
+        let addr = u32::from_be(v4_be) & mask(prefix);
+        SourceKey { addr: [addr, 0, 0, 0], port, family: 4, _pad: 0 }
+    }
+
+    /// See [`key_v4`].
+    #[inline(always)]
+    pub fn key_v6(v6_be: [u32; 4], port: u16, prefix_v4: u32, prefix_v6: u32) -> SourceKey {
+        let w =
+            [u32::from_be(v6_be[0]), u32::from_be(v6_be[1]), u32::from_be(v6_be[2]), u32::from_be(v6_be[3])];
+        if w[0] == 0 && w[1] == 0 && w[2] == 0xffff {
+            return key_v4(v6_be[3], port, prefix_v4);
+        }
+        let p = prefix_v6;
+        let addr = [
+            w[0] & mask(p),
+            w[1] & mask(p.saturating_sub(32)),
+            w[2] & mask(p.saturating_sub(64)),
+            w[3] & mask(p.saturating_sub(96)),
+        ];
+        SourceKey { addr, port, family: 6, _pad: 0 }
+    }
+
+    /// A mask of the leading `bits` bits of a word (all of them from 32).
+    #[inline(always)]
+    pub const fn mask(bits: u32) -> u32 {
+        if bits == 0 {
+            0
+        } else if bits >= 32 {
+            u32::MAX
+        } else {
+            u32::MAX << (32 - bits)
+        }
+    }
+
+    /// Where a group's probe sequence starts (seeded, so a client cannot
+    /// aim at other groups' slots without knowing the seed).
+    #[inline(always)]
+    pub fn hash(key: &SourceKey, seed: u32) -> u32 {
+        let mut h = seed ^ 0x9e37_79b9;
+        let words = [
+            key.addr[0],
+            key.addr[1],
+            key.addr[2],
+            key.addr[3],
+            u32::from(key.port) | (u32::from(key.family) << 16),
+        ];
+        let mut i = 0;
+        while i < 5 {
+            h ^= words[i];
+            h = h.wrapping_mul(0x85eb_ca6b);
+            h ^= h >> 13;
+            h = h.wrapping_mul(0xc2b2_ae35);
+            h ^= h >> 16;
+            i += 1;
+        }
+        h
+    }
 }
 
 const _: () = {
     assert!(size_of::<PortKey>() == 4);
-    assert!(size_of::<PortLimit>() == 8);
+    assert!(size_of::<PortLimit>() == 16);
     assert!(size_of::<PortStats>() == 24);
-    assert!(size_of::<Refusals>() == 16);
-    assert!(size_of::<Settings>() == 32);
-    assert!(size_of::<SockMark>() == 8);
+    assert!(size_of::<Refusals>() == 80);
+    assert!(size_of::<Settings>() == 48);
+    assert!(size_of::<GateCounters>() == 24);
+    assert!(size_of::<SockMark>() == 16);
+    assert!(size_of::<SourceKey>() == 20);
+    assert!(size_of::<SourceSlot>() == 32);
+    assert!(size_of::<TrustedKey>() == 20);
+    assert!(size_of::<SockOffsets>() == 24);
     assert!(align_of::<PortStats>() == 8);
+    assert!(align_of::<SourceSlot>() == 8);
 };
 
 #[cfg(feature = "user")]
@@ -174,4 +482,59 @@ mod user {
     unsafe impl aya::Pod for Settings {}
     // SAFETY: as above.
     unsafe impl aya::Pod for SockMark {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for GateCounters {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for SourceKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for SourceSlot {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for TrustedKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for SockOffsets {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::source::*;
+
+    #[test]
+    fn client_groups_mask_and_normalise() {
+        let v4 = u32::from_ne_bytes([192, 0, 2, 77]);
+        assert_eq!(key_v4(v4, 80, 24).addr, [0xc000_0200, 0, 0, 0]);
+        assert_eq!(key_v4(v4, 80, 32).addr, [0xc000_024d, 0, 0, 0]);
+        // ::ffff:192.0.2.77 is the IPv4 client, grouped by the IPv4 prefix.
+        let mapped = [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff]), v4];
+        assert_eq!(key_v6(mapped, 80, 24, 64), key_v4(v4, 80, 24));
+        let v6 = [
+            u32::from_ne_bytes([0x20, 0x01, 0x0d, 0xb8]),
+            u32::from_ne_bytes([0, 1, 0, 2]),
+            u32::from_ne_bytes([0, 3, 0, 4]),
+            u32::from_ne_bytes([0, 5, 0, 6]),
+        ];
+        let k = key_v6(v6, 443, 32, 56);
+        assert_eq!((k.family, k.port), (6, 443));
+        assert_eq!(k.addr, [0x2001_0db8, 0x0001_0000, 0, 0]);
+        assert_eq!(key_v6(v6, 443, 32, 128).addr, [0x2001_0db8, 0x0001_0002, 0x0003_0004, 0x0005_0006]);
+        assert_eq!((mask(0), mask(1), mask(32), mask(200)), (0, 0x8000_0000, u32::MAX, u32::MAX));
+    }
+
+    #[test]
+    fn slot_words_keep_state_generation_and_count_apart() {
+        let w = next(FREE, CLAIMING, 0);
+        assert_eq!((state(w), count(w)), (CLAIMING, 0));
+        let live = live(w);
+        assert_eq!((state(live), count(live)), (LIVE, 1));
+        assert_eq!(live >> 34, w >> 34, "same generation");
+        let two = with_count(live, 2);
+        assert_eq!((state(two), count(two)), (LIVE, 2));
+        assert!(!claimable(two) && claimable(with_count(live, 0)) && claimable(FREE));
+        let again = next(with_count(live, 0), CLAIMING, 0);
+        assert_ne!(again >> 34, live >> 34, "a reclaim moves the generation on");
+        // Decrementing a count is a plain subtract of the word.
+        assert_eq!(two - 1, with_count(live, 1));
+        // The hash depends on the seed.
+        let k = key_v4(1, 80, 32);
+        assert_ne!(hash(&k, 1), hash(&k, 2));
+    }
 }

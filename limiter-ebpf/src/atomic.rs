@@ -55,3 +55,25 @@ pub unsafe fn raise(dst: *mut u64, value: u64) {
         seen = now;
     }
 }
+
+/// Compare-and-swap: `Ok(())` if `*dst` was `old` and is now `new`,
+/// `Err(seen)` otherwise.
+///
+/// # Safety
+/// As [`add`].
+#[inline(always)]
+pub unsafe fn cas(dst: *mut u64, old: u64, new: u64) -> Result<(), u64> {
+    // SAFETY: forwarded to the caller.
+    let (seen, swapped) = unsafe { atomic_cxchg::<u64, { SeqCst }, { SeqCst }>(dst, old, new) };
+    if swapped { Ok(()) } else { Err(seen) }
+}
+
+/// 32-bit compare-and-swap; `true` if `*dst` was `old` and is now `new`.
+///
+/// # Safety
+/// `dst` must point to a live, 4-byte-aligned map value field.
+#[inline(always)]
+pub unsafe fn cas32(dst: *mut u32, old: u32, new: u32) -> bool {
+    // SAFETY: forwarded to the caller.
+    unsafe { atomic_cxchg::<u32, { SeqCst }, { SeqCst }>(dst, old, new) }.1
+}

@@ -1,13 +1,18 @@
 //! limiter's kernel programs, one file per hook:
 //!
 //! - [`sock_ops`]: counts established server-side TCP connections per local
-//!   port (attached to a cgroup v2; kernel ≥ 5.15 for
+//!   port and client group (attached to a cgroup v2; kernel ≥ 5.15 for
 //!   `bpf_get_netns_cookie` in sock_ops);
-//! - [`sk_lookup`]: refuses a connection attempt to a full port, so the
-//!   kernel answers the SYN with a RST (attached to a network namespace;
-//!   kernel ≥ 5.9).
+//! - [`close`]: uncounts them when they close (`tp_btf/inet_sock_set_state`);
+//! - [`walk`]: counts, once at start-up, connections older than the gate
+//!   (`iter/tcp`);
+//! - [`sk_lookup`]: refuses a connection attempt the gate does not admit,
+//!   so the kernel answers the SYN with a RST (attached to a network
+//!   namespace; kernel ≥ 5.9);
+//! - [`xdp`]: refuses the same attempts at the driver with a RST it builds
+//!   itself (attached to the listed interfaces).
 //!
-//! Both share the maps in [`maps`]. No logging on these paths: every byte of
+//! The decision is [`gate`]; all share the maps in [`maps`]. No logging on these paths: every byte of
 //! a program runs once per connection.
 #![no_std]
 #![no_main]
@@ -15,9 +20,15 @@
 #![expect(internal_features, reason = "the bpf target has no stable 64-bit atomics")]
 
 mod atomic;
+mod close;
+mod count;
+mod gate;
 mod maps;
 mod sk_lookup;
 mod sock_ops;
+mod sources;
+mod walk;
+mod xdp;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -1,13 +1,16 @@
 //! The maps, BTF-typed so `bpftool map dump` prints named fields.
 //! Keys and values come from `limiter-common`; names are fixed there too.
-//! The SYN path reads only arrays indexed by port (inlined lookups); the
-//! hashes are indexes for readers.
+//! The SYN path reads only arrays indexed by port (inlined lookups), the
+//! source table (an array) and the trusted trie; the hashes are indexes for
+//! readers.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, PerCpuHashMap, SkStorage},
+    btf_maps::{Array, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap, SkStorage},
     macros::btf_map,
 };
-use limiter_common::{MAX_PORTS, PortKey, PortLimit, PortStats, Refusals, Settings, SockMark};
+use limiter_common::{
+    GateCounters, MAX_PORTS, PortKey, PortLimit, PortStats, Refusals, Settings, SockMark, SourceSlot,
+};
 
 /// Limit of every port, indexed by port; written only by the daemon.
 #[btf_map]
@@ -38,3 +41,26 @@ pub static LIMITER_CONFIG: Array<Settings, 1> = Array::new();
 /// decremented. Freed by the kernel with the socket.
 #[btf_map]
 pub static LIMITER_SOCKS: SkStorage<SockMark> = SkStorage::new();
+
+/// The source table (`limiter_common::source`). The daemon sets the real
+/// size (`kernel.sourceTableSize`) at load time.
+#[btf_map]
+pub static LIMITER_SOURCES: Array<SourceSlot, 65_536> = Array::new();
+
+/// Trusted prefixes, keyed as IPv4-mapped IPv6 (`limiter_common::TrustedKey`).
+#[btf_map]
+pub static LIMITER_TRUSTED: LpmTrie<[u8; 16], u32, 1024> = LpmTrie::new();
+
+/// Index 0: gate-wide counters, per CPU.
+#[btf_map]
+pub static LIMITER_COUNTS: PerCpuArray<GateCounters, 1> = PerCpuArray::new();
+
+/// Scratch of the start-up walk: 1 for ports with a listener.
+#[btf_map]
+pub static LIMITER_WALK: Array<u32, { MAX_PORTS as usize }> = Array::new();
+
+/// This CPU's gate counters.
+#[inline(always)]
+pub fn counters() -> Option<*mut GateCounters> {
+    LIMITER_COUNTS.get_ptr_mut(0)
+}

@@ -28,6 +28,14 @@ pub mod defaults {
     pub const DEBUG_SLOTS: u32 = 3;
     /// `kernel.pinPath`.
     pub const PIN_PATH: &str = "/sys/fs/bpf/limiter";
+    /// `kernel.sourcePrefixV4`: each IPv4 address is its own group.
+    pub const SOURCE_PREFIX_V4: u32 = 32;
+    /// `kernel.sourcePrefixV6`: a /64 is one client (one subnet).
+    pub const SOURCE_PREFIX_V6: u32 = 64;
+    /// `kernel.sourceTableSize`: 2 MiB of slots.
+    pub const SOURCE_TABLE_SIZE: u32 = 65_536;
+    /// `kernel.trustedReserve`, like the HTTP `/debug/` slots.
+    pub const TRUSTED_RESERVE: u32 = 3;
     /// `admin.listen`.
     pub const ADMIN_LISTEN: &str = "127.0.0.1:9901";
     /// `http.listen`.
@@ -93,6 +101,79 @@ pub struct KernelConfig {
     pub cgroup: Option<PathBuf>,
     /// Network namespace to gate (`kernel.netns`); `None`: the daemon's own.
     pub netns: Option<PathBuf>,
+    /// Per-port options (`kernel.port.<port>.perSourceMax`, `.dryRun`).
+    pub port_options: BTreeMap<u16, PortOptions>,
+    /// Client groups for per-source caps: IPv4 prefix length
+    /// (`kernel.sourcePrefixV4`, 1-32).
+    pub source_prefix_v4: u32,
+    /// IPv6 prefix length (`kernel.sourcePrefixV6`, 1-128).
+    pub source_prefix_v6: u32,
+    /// Slots in the source table (`kernel.sourceTableSize`, a power of two).
+    pub source_table_size: u32,
+    /// Trusted client prefixes (`kernel.trusted`).
+    pub trusted: Vec<Prefix>,
+    /// Connections from trusted prefixes admitted past a full port
+    /// (`kernel.trustedReserve`).
+    pub trusted_reserve: u32,
+    /// Interfaces whose ingress refuses SYNs with XDP (`kernel.xdp.interfaces`).
+    pub xdp_interfaces: Vec<String>,
+    /// `kernel.xdp.mode`: `auto` (driver, else generic), `driver`, `generic`.
+    pub xdp_mode: XdpModeChoice,
+}
+
+/// `kernel.xdp.mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum XdpModeChoice {
+    /// Driver mode where the driver supports it, generic otherwise.
+    #[default]
+    Auto,
+    /// Driver mode or fail.
+    Driver,
+    /// Generic (skb) mode.
+    Generic,
+}
+
+/// `kernel.port.<port>.*`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortOptions {
+    /// Most established connections from one client group; 0: no cap.
+    pub per_source_max: u32,
+    /// Count would-be refusals, refuse nothing.
+    pub dry_run: bool,
+}
+
+/// An address prefix such as `10.0.0.0/8` or `fd00::/8`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Prefix {
+    pub addr: std::net::IpAddr,
+    pub len: u8,
+}
+
+impl fmt::Display for Prefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+impl KernelConfig {
+    /// What the kernel's limits array should hold: every port with a cap.
+    pub fn port_limits(&self) -> BTreeMap<u16, limiter_common::PortLimit> {
+        let mut out = BTreeMap::new();
+        let ports = self.ports.keys().chain(self.port_options.keys());
+        for &port in ports {
+            let options = self.port_options.get(&port).copied().unwrap_or_default();
+            out.insert(
+                port,
+                limiter_common::PortLimit {
+                    max_established: self.ports.get(&port).copied().unwrap_or(0),
+                    flags: if options.dry_run { limiter_common::LIMIT_FLAG_DRY_RUN } else { 0 },
+                    per_source_max: options.per_source_max,
+                    _pad: 0,
+                },
+            );
+        }
+        out
+    }
 }
 
 /// `http.*` keys the daemon owns.
@@ -167,6 +248,14 @@ impl Default for Config {
                 pin_path: PathBuf::from(defaults::PIN_PATH),
                 cgroup: None,
                 netns: None,
+                port_options: BTreeMap::new(),
+                source_prefix_v4: defaults::SOURCE_PREFIX_V4,
+                source_prefix_v6: defaults::SOURCE_PREFIX_V6,
+                source_table_size: defaults::SOURCE_TABLE_SIZE,
+                trusted: Vec::new(),
+                trusted_reserve: defaults::TRUSTED_RESERVE,
+                xdp_interfaces: Vec::new(),
+                xdp_mode: XdpModeChoice::Auto,
             },
             http: HttpConfig {
                 max_threads: defaults::MAX_THREADS,
@@ -326,8 +415,8 @@ impl Config {
         }
         config.check().map_err(|(key, message)| ConfigError {
             file: name.to_owned(),
-            line: seen.get(key).copied().unwrap_or(0),
-            key: Some(key.to_owned()),
+            line: seen.get(&key).copied().unwrap_or(0),
+            key: Some(key),
             value: None,
             message,
         })?;
@@ -342,6 +431,21 @@ impl Config {
             "kernel.pinPath" => self.kernel.pin_path = absolute_path(value)?,
             "kernel.cgroup" => self.kernel.cgroup = Some(absolute_path(value)?),
             "kernel.netns" => self.kernel.netns = Some(absolute_path(value)?),
+            "kernel.sourcePrefixV4" => self.kernel.source_prefix_v4 = int_in(value, 1, 32)?,
+            "kernel.sourcePrefixV6" => self.kernel.source_prefix_v6 = int_in(value, 1, 128)?,
+            "kernel.sourceTableSize" => self.kernel.source_table_size = table_size(value)?,
+            "kernel.trusted" => self.kernel.trusted = prefixes(value)?,
+            "kernel.trustedReserve" => self.kernel.trusted_reserve = int_at_least(value, 0)?,
+            "kernel.xdp.interfaces" => self.kernel.xdp_interfaces = interfaces(value)?,
+            "kernel.xdp.mode" => {
+                self.kernel.xdp_mode = match value {
+                    "auto" => XdpModeChoice::Auto,
+                    "driver" => XdpModeChoice::Driver,
+                    "generic" => XdpModeChoice::Generic,
+                    _ => return Err("expected auto, driver or generic".into()),
+                }
+            }
+            _ if key.starts_with("kernel.port.") => self.set_port_option(key, value)?,
             "http.maxThreads" => self.http.max_threads = int_at_least(value, MIN_MAX_THREADS)?,
             "http.maxSessionConnections" => self.http.max_session_connections = int_at_least(value, 0)?,
             "http.maxWebConnections" => self.http.max_web_connections = int_at_least(value, 0)?,
@@ -376,23 +480,56 @@ impl Config {
         Ok(())
     }
 
+    /// `kernel.port.<port>.perSourceMax` and `kernel.port.<port>.dryRun`.
+    fn set_port_option(&mut self, key: &str, value: &str) -> Result<(), String> {
+        let rest = &key["kernel.port.".len()..];
+        let Some((port, option)) = rest.split_once('.') else {
+            return Err("expected kernel.port.<port>.perSourceMax or kernel.port.<port>.dryRun".into());
+        };
+        let port: u16 = match port.parse() {
+            Ok(p) if p >= 1 => p,
+            _ => return Err(format!("`{port}` is not a port (1-65535)")),
+        };
+        let options = self.kernel.port_options.entry(port).or_default();
+        match option {
+            "perSourceMax" => options.per_source_max = int_at_least(value, 1)?,
+            "dryRun" => options.dry_run = boolean(value)?,
+            _ => {
+                return Err(format!(
+                    "unknown option `{option}` (kernel.port.<port> has perSourceMax and dryRun)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks that involve more than one key; names the key to blame.
-    fn check(&self) -> Result<(), (&'static str, String)> {
+    fn check(&self) -> Result<(), (String, String)> {
+        for (port, options) in &self.kernel.port_options {
+            if options.dry_run && options.per_source_max == 0 && !self.kernel.ports.contains_key(port) {
+                return Err((
+                    format!("kernel.port.{port}.dryRun"),
+                    format!(
+                        "port {port} has no limit to dry-run (set it in kernel.ports or kernel.port.{port}.perSourceMax)"
+                    ),
+                ));
+            }
+        }
         let b = &self.breaker;
         if b.bucket_ms > b.window_ms {
             return Err((
-                "breaker.bucketMs",
+                "breaker.bucketMs".into(),
                 format!("{} ms buckets do not fit in a {} ms window", b.bucket_ms, b.window_ms),
             ));
         }
         if !b.window_ms.is_multiple_of(b.bucket_ms) {
             return Err((
-                "breaker.windowMs",
+                "breaker.windowMs".into(),
                 format!("{} ms is not a whole number of {} ms buckets", b.window_ms, b.bucket_ms),
             ));
         }
         if b.window_ms / b.bucket_ms > 3600 {
-            return Err(("breaker.windowMs", "more than 3600 buckets; use larger buckets".into()));
+            return Err(("breaker.windowMs".into(), "more than 3600 buckets; use larger buckets".into()));
         }
         Ok(())
     }
@@ -404,6 +541,9 @@ impl Config {
             ("kernel.pinPath", self.kernel.pin_path.display().to_string()),
             ("kernel.cgroup", format!("{:?}", self.kernel.cgroup)),
             ("kernel.netns", format!("{:?}", self.kernel.netns)),
+            ("kernel.xdp.interfaces", self.kernel.xdp_interfaces.join(", ")),
+            ("kernel.xdp.mode", format!("{:?}", self.kernel.xdp_mode)),
+            ("kernel.sourceTableSize", self.kernel.source_table_size.to_string()),
             ("admin.listen", self.admin.listen.to_string()),
             ("http.listen", self.http.listen.to_string()),
             ("http.workers", self.http.workers.to_string()),
@@ -475,6 +615,78 @@ fn upstream(value: &str) -> Result<String, String> {
         return Err("expected host:port (or http://host:port)".into());
     }
     Ok(rest.to_owned())
+}
+
+fn int_in(value: &str, min: u32, max: u32) -> Result<u32, String> {
+    match value.parse::<i64>() {
+        Ok(n) if (i64::from(min)..=i64::from(max)).contains(&n) => Ok(n as u32),
+        Ok(_) => Err(format!("must be between {min} and {max}")),
+        Err(_) => Err("not a whole number".into()),
+    }
+}
+
+fn table_size(value: &str) -> Result<u32, String> {
+    let n = int_in(value, 1024, 1 << 20)?;
+    if !n.is_power_of_two() {
+        return Err(format!("{n} is not a power of two (such as 65536)"));
+    }
+    Ok(n)
+}
+
+/// `10.0.0.0/8, fd00::/8, 192.0.2.7` (no length: the whole address).
+fn prefixes(value: &str) -> Result<Vec<Prefix>, String> {
+    let mut out = Vec::new();
+    for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (addr, len) = item.split_once('/').unwrap_or((item, ""));
+        let addr: std::net::IpAddr =
+            addr.trim().parse().map_err(|_| format!("`{item}`: `{addr}` is not an IPv4 or IPv6 address"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let len = if len.is_empty() {
+            max
+        } else {
+            match len.trim().parse::<u8>() {
+                Ok(l) if l <= max => l,
+                _ => return Err(format!("`{item}`: prefix length must be 0-{max}")),
+            }
+        };
+        let prefix = Prefix { addr: mask_addr(addr, len), len };
+        if prefix.addr != addr {
+            return Err(format!("`{item}` has host bits set; did you mean {prefix}?"));
+        }
+        if out.contains(&prefix) {
+            return Err(format!("{prefix} is listed twice"));
+        }
+        out.push(prefix);
+    }
+    Ok(out)
+}
+
+fn mask_addr(addr: std::net::IpAddr, len: u8) -> std::net::IpAddr {
+    match addr {
+        std::net::IpAddr::V4(a) => {
+            let mask = if len == 0 { 0 } else { u32::MAX << (32 - u32::from(len)) };
+            std::net::IpAddr::V4((u32::from(a) & mask).into())
+        }
+        std::net::IpAddr::V6(a) => {
+            let mask = if len == 0 { 0 } else { u128::MAX << (128 - u32::from(len)) };
+            std::net::IpAddr::V6((u128::from(a) & mask).into())
+        }
+    }
+}
+
+/// `eth0, eth1`
+fn interfaces(value: &str) -> Result<Vec<String>, String> {
+    let mut out: Vec<String> = Vec::new();
+    for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        if item.len() > 15 || item.contains(['/', ' ']) || item == "." || item == ".." {
+            return Err(format!("`{item}` is not an interface name (at most 15 characters, no `/`)"));
+        }
+        if out.iter().any(|i| i == item) {
+            return Err(format!("interface {item} is listed twice"));
+        }
+        out.push(item.to_owned());
+    }
+    Ok(out)
 }
 
 /// `8080:400, 8443:200`

@@ -161,9 +161,7 @@ impl State {
         // The kernel part can fail (a map write); it goes first so that a
         // failure leaves the HTTP side untouched too.
         let changes = match &self.gate {
-            Some(g) => {
-                g.gate.lock().expect("gate lock").set_limits(&new.kernel.ports).map_err(|e| e.to_string())?
-            }
+            Some(g) => g.gate.lock().expect("gate lock").apply(&new.kernel).map_err(|e| e.to_string())?,
             None => Vec::new(),
         };
         self.http.reload(&new);
@@ -258,7 +256,7 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
 }
 
 fn start_gate(config: &Config) -> Result<GateState, DaemonError> {
-    let (gate, origin, target, changes) = Gate::start(&config.kernel)?;
+    let kernel::Started { gate, origin, target, changes, xdp, walked } = Gate::start(&config.kernel)?;
     match origin {
         Origin::Loaded { mounted_bpffs } => tracing::info!(
             pin_path = %config.kernel.pin_path.display(),
@@ -266,6 +264,7 @@ fn start_gate(config: &Config) -> Result<GateState, DaemonError> {
             netns = %target.netns.display(),
             netns_cookie = target.netns_cookie,
             mounted_bpffs,
+            preexisting_connections_counted = walked,
             "kernel gate loaded and attached"
         ),
         Origin::Adopted => tracing::info!(
@@ -273,7 +272,18 @@ fn start_gate(config: &Config) -> Result<GateState, DaemonError> {
             "kernel gate adopted: it was pinned and enforcing; nothing re-attached"
         ),
     }
-    let ports: Vec<String> = config.kernel.ports.iter().map(|(p, m)| format!("{p}:{m}")).collect();
-    tracing::info!(ports = %ports.join(", "), changes = changes.len(), "kernel gate enforcing");
+    for x in &xdp {
+        match &x.fallback_reason {
+            None => tracing::info!(interface = %x.interface, mode = x.mode, "XDP refusal attached"),
+            Some(why) => tracing::info!(
+                interface = %x.interface,
+                mode = x.mode,
+                driver_mode_error = %why,
+                "XDP refusal attached in generic mode (the driver has no native XDP)"
+            ),
+        }
+    }
+    let ports: Vec<String> = changes.iter().map(ToString::to_string).collect();
+    tracing::info!(changes = %ports.join(" "), "kernel gate enforcing");
     Ok(GateState { gate: Mutex::new(gate), target, origin })
 }

@@ -89,17 +89,37 @@ pub fn table(snap: Option<&Snapshot>, daemon: &DaemonView) -> String {
     if snap.untracked_sockets > 0 {
         let _ = writeln!(out, "  untracked sockets: {}", snap.untracked_sockets);
     }
+    if snap.untracked_sources > 0 {
+        let _ = writeln!(
+            out,
+            "  connections not counted for their client group (table full): {}",
+            snap.untracked_sources
+        );
+    }
+    if snap.walked > 0 {
+        let _ = writeln!(out, "  connections older than the gate, counted at start-up: {}", snap.walked);
+    }
+    if !snap.trusted.is_empty() {
+        let _ = writeln!(
+            out,
+            "  trusted: {} (reserve {} past a full port)",
+            snap.trusted.join(", "),
+            snap.trusted_reserve
+        );
+    }
     let _ = writeln!(
         out,
         "\n{:>6} {:>8} {:>12} {:>8} {:>12} {:>10}",
         "PORT", "LIMIT", "ESTABLISHED", "PEAK", "ADMITTED", "REFUSED"
     );
     for r in &snap.ports {
-        let limit = match (r.limit, r.dry_run) {
-            (Some(l), false) => l.to_string(),
-            (Some(l), true) => format!("{l} dry"),
-            (None, _) => "-".into(),
-        };
+        let mut limit = r.limit.map_or_else(|| "-".to_owned(), |l| l.to_string());
+        if let Some(s) = r.per_source_max {
+            limit.push_str(&format!(",src{s}"));
+        }
+        if r.dry_run {
+            limit.push_str(" dry");
+        }
         let refused = if r.dry_run { format!("({})", r.would_refuse) } else { r.refused.to_string() };
         let _ = writeln!(
             out,
@@ -109,6 +129,34 @@ pub fn table(snap: Option<&Snapshot>, daemon: &DaemonView) -> String {
     }
     if snap.ports.is_empty() {
         let _ = writeln!(out, "  (no port has completed a handshake yet, and none is enforced)");
+    }
+    for r in snap.ports.iter().filter(|r| r.refused > 0 || r.would_refuse > 0 || r.trusted_admitted > 0) {
+        let by = if r.dry_run { &r.would_refuse_by } else { &r.refused_by };
+        let _ = writeln!(
+            out,
+            "  port {}: {}port_full {}, source_full {}, source_table_full {}; at the driver (xdp) {}, in the stack (sk_lookup) {}; trusted admitted past a cap {}",
+            r.port,
+            if r.dry_run { "would refuse: " } else { "refused: " },
+            by.port_full,
+            by.source_full,
+            by.source_table_full,
+            r.refused_by.xdp,
+            r.refused_by.sk_lookup,
+            r.trusted_admitted
+        );
+    }
+    if !snap.top_sources.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nclient groups ({} of {} source-table slots in use; top {}):",
+            snap.source_slots_used,
+            snap.source_slots,
+            snap.top_sources.len()
+        );
+        let _ = writeln!(out, "{:>6} {:<42} {:>12}", "PORT", "GROUP", "ESTABLISHED");
+        for g in &snap.top_sources {
+            let _ = writeln!(out, "{:>6} {:<42} {:>12}", g.port, g.group, g.established);
+        }
     }
     out.push('\n');
     out.push_str(&daemon_lines(Some(snap), daemon));

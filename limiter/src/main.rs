@@ -145,12 +145,41 @@ fn describe(c: &Config) -> String {
     let ports: Vec<String> = c.kernel.ports.iter().map(|(p, m)| format!("{p}:{m}")).collect();
     let unlimited = |n: u32| if n == 0 { "unlimited".to_owned() } else { n.to_string() };
     let kernel = if c.kernel.enabled {
+        let k = &c.kernel;
+        let options: Vec<String> = k
+            .port_options
+            .iter()
+            .map(|(p, o)| {
+                let mut parts = Vec::new();
+                if o.per_source_max != 0 {
+                    parts.push(format!("perSourceMax {}", o.per_source_max));
+                }
+                if o.dry_run {
+                    parts.push("DRY RUN".to_owned());
+                }
+                format!("{p}: {}", parts.join(", "))
+            })
+            .collect();
+        let trusted: Vec<String> = k.trusted.iter().map(ToString::to_string).collect();
         format!(
-            "  kernel.ports       {}\n  kernel.pinPath     {}\n  kernel.cgroup      {}\n  kernel.netns       {}\n",
+            "  kernel.ports       {}\n  kernel.port.*      {}\n  client groups      IPv4 /{}, IPv6 /{}, {} table slots\n  \
+             kernel.trusted     {} (reserve {})\n  kernel.xdp         {}\n  \
+             kernel.pinPath     {}\n  kernel.cgroup      {}\n  kernel.netns       {}\n",
             if ports.is_empty() { "(none: count only)".into() } else { ports.join(", ") },
-            c.kernel.pin_path.display(),
-            c.kernel.cgroup.as_ref().map_or("(the cgroup v2 root)".into(), |p| p.display().to_string()),
-            c.kernel.netns.as_ref().map_or("(the daemon's own)".into(), |p| p.display().to_string()),
+            if options.is_empty() { "(none)".into() } else { options.join("; ") },
+            k.source_prefix_v4,
+            k.source_prefix_v6,
+            k.source_table_size,
+            if trusted.is_empty() { "(none)".into() } else { trusted.join(", ") },
+            k.trusted_reserve,
+            if k.xdp_interfaces.is_empty() {
+                "(no interface: sk_lookup only)".into()
+            } else {
+                format!("{} ({:?} mode)", k.xdp_interfaces.join(", "), k.xdp_mode)
+            },
+            k.pin_path.display(),
+            k.cgroup.as_ref().map_or("(the cgroup v2 root)".into(), |p| p.display().to_string()),
+            k.netns.as_ref().map_or("(the daemon's own)".into(), |p| p.display().to_string()),
         )
     } else {
         "  kernel             disabled (kernel.enabled = false)\n".to_owned()

@@ -60,6 +60,16 @@ pub fn kernel(page: &mut Page, snap: &Snapshot) {
             page.sample("limiter_kernel_limit", &[("port", port)], limit);
         }
     }
+    page.family(
+        "limiter_kernel_per_source_limit",
+        "gauge",
+        "Most established connections from one client group on a port with a per-source cap.",
+    );
+    for (port, r) in &ports {
+        if let Some(limit) = r.per_source_max {
+            page.sample("limiter_kernel_per_source_limit", &[("port", port)], limit);
+        }
+    }
     type Field = fn(&crate::kernel::PortRow) -> u64;
     let families: [(&str, &str, &str, Field); 5] = [
         (
@@ -81,16 +91,16 @@ pub fn kernel(page: &mut Page, snap: &Snapshot) {
             |r| r.admitted,
         ),
         (
-            "limiter_kernel_refused_total",
+            "limiter_kernel_trusted_admitted_total",
             "counter",
-            "Connection attempts refused with a RST because the port was full.",
-            |r| r.refused,
+            "Attempts from trusted prefixes admitted past a full port or a per-source cap.",
+            |r| r.trusted_admitted,
         ),
         (
-            "limiter_kernel_would_refuse_total",
-            "counter",
-            "Attempts a dry-run port would have refused.",
-            |r| r.would_refuse,
+            "limiter_kernel_sources",
+            "gauge",
+            "Client groups with established connections on a port with a per-source cap.",
+            |r| r.sources,
         ),
     ];
     for (name, kind, help, field) in families {
@@ -99,19 +109,96 @@ pub fn kernel(page: &mut Page, snap: &Snapshot) {
             page.sample(name, &[("port", port)], field(r));
         }
     }
-    let attached = snap.links.iter().all(|l| l.link_id.is_some());
+    page.family(
+        "limiter_kernel_refused_total",
+        "counter",
+        "Connection attempts refused with a RST, by reason (port_full, source_full, \
+         source_table_full) and path (xdp: at the driver; sk_lookup: in the stack).",
+    );
+    for (port, r) in &ports {
+        for (p, path) in limiter_common::path::NAMES.iter().enumerate() {
+            for (q, reason) in limiter_common::reason::NAMES.iter().enumerate() {
+                let n = r.refused_matrix[p][q];
+                // Zero series only for the classic reason, so a scrape of
+                // an idle port still shows the family.
+                if n > 0 || q == limiter_common::reason::PORT {
+                    page.sample(
+                        "limiter_kernel_refused_total",
+                        &[("port", port), ("reason", reason), ("path", path)],
+                        n,
+                    );
+                }
+            }
+        }
+    }
+    page.family(
+        "limiter_kernel_would_refuse_total",
+        "counter",
+        "Attempts a dry-run port would have refused, by reason.",
+    );
+    for (port, r) in &ports {
+        if r.dry_run {
+            for (reason, n) in [
+                ("port_full", r.would_refuse_by.port_full),
+                ("source_full", r.would_refuse_by.source_full),
+                ("source_table_full", r.would_refuse_by.source_table_full),
+            ] {
+                page.sample("limiter_kernel_would_refuse_total", &[("port", port), ("reason", reason)], n);
+            }
+        }
+    }
+    let fixed = ["link_sock_ops", "link_close", "link_sk_lookup"];
+    let attached = snap.links.iter().filter(|l| fixed.contains(&l.pin.as_str())).all(|l| l.link_id.is_some());
     page.family(
         "limiter_kernel_gate_attached",
         "gauge",
-        "1 while both kernel programs are pinned and attached; 0 after `limiter unload`.",
+        "1 while the counting, uncounting and refusing programs are pinned and attached; 0 after `limiter unload`.",
     )
     .sample("limiter_kernel_gate_attached", &[], u8::from(attached));
+    page.family(
+        "limiter_kernel_xdp_attached",
+        "gauge",
+        "1 for each interface whose XDP refusal is pinned and attached.",
+    );
+    for link in &snap.links {
+        if let Some(interface) = link.pin.strip_prefix(crate::kernel::LINK_XDP_PREFIX) {
+            page.sample(
+                "limiter_kernel_xdp_attached",
+                &[("interface", interface)],
+                u8::from(link.link_id.is_some()),
+            );
+        }
+    }
     page.family(
         "limiter_kernel_untracked_sockets_total",
         "counter",
         "Established sockets the gate could not mark, so did not count.",
     )
     .sample("limiter_kernel_untracked_sockets_total", &[], snap.untracked_sockets);
+    page.family(
+        "limiter_kernel_untracked_sources_total",
+        "counter",
+        "Connections counted on their port but not for their client group: the source table had no slot left.",
+    )
+    .sample("limiter_kernel_untracked_sources_total", &[], snap.untracked_sources);
+    page.family(
+        "limiter_kernel_preexisting_counted_total",
+        "counter",
+        "Connections older than the gate, counted by the start-up walk.",
+    )
+    .sample("limiter_kernel_preexisting_counted_total", &[], snap.walked);
+    page.family(
+        "limiter_kernel_source_slots",
+        "gauge",
+        "Slots in the source table (kernel.sourceTableSize).",
+    )
+    .sample("limiter_kernel_source_slots", &[], snap.source_slots);
+    page.family(
+        "limiter_kernel_source_slots_used",
+        "gauge",
+        "Source-table slots counting a client group now.",
+    )
+    .sample("limiter_kernel_source_slots_used", &[], snap.source_slots_used);
 }
 
 #[cfg(test)]

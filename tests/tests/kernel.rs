@@ -434,7 +434,7 @@ fn bad_environments_get_one_clear_sentence() {
     // not this daemon's (as a future release would leave).
     let settings = sb.pin_path.join("LIMITER_CONFIG");
     let mut value = vec!["value"];
-    let bytes = ["99", "0", "0", "0"].iter().chain(std::iter::repeat_n(&"0", 28));
+    let bytes = ["99", "0", "0", "0"].iter().chain(std::iter::repeat_n(&"0", 44));
     value.extend(bytes.copied());
     let mut args = vec!["map", "update", "pinned", settings.to_str().unwrap(), "key", "0", "0", "0", "0"];
     args.extend(value);
@@ -442,7 +442,7 @@ fn bad_environments_get_one_clear_sentence() {
     assert_eq!(
         start_err(&config, &[]),
         format!(
-            "limiter: the pins in {dir} were made by an incompatible limiter (layout version 99, this limiter uses 1); \
+            "limiter: the pins in {dir} were made by an incompatible limiter (layout version 99, this limiter uses 2); \
              run `limiter unload --pin-path {dir}` (this drops the gate's counts) and start again",
             dir = sb.pin_path.display()
         )
@@ -476,7 +476,7 @@ fn dump_and_metrics_agree_with_what_was_opened() {
         port(&d, other),
         PortView { limit: None, established: 7, high_watermark: 7, admitted: 7, refused: 0 }
     );
-    assert_eq!(d["kernel"]["layout_version"], 1);
+    assert_eq!(d["kernel"]["layout_version"], 2);
     let with_daemon = limiter(&["dump", "--json", "--config", config.to_str().unwrap()]);
     let with_daemon: serde_json::Value = serde_json::from_slice(&with_daemon.stdout).unwrap();
     assert_eq!(with_daemon["daemon"]["running"], true);
@@ -497,7 +497,7 @@ fn dump_and_metrics_agree_with_what_was_opened() {
     for line in [
         format!("limiter_kernel_limit{{port=\"{P}\"}} 4"),
         format!("limiter_kernel_established{{port=\"{P}\"}} 4"),
-        format!("limiter_kernel_refused_total{{port=\"{P}\"}} 3"),
+        format!("limiter_kernel_refused_total{{port=\"{P}\",reason=\"port_full\",path=\"sk_lookup\"}} 3"),
         format!("limiter_kernel_established{{port=\"{other}\"}} 7"),
         "limiter_kernel_gate_attached 1".to_owned(),
     ] {

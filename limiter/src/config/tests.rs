@@ -208,3 +208,74 @@ fn a_missing_file_names_the_file() {
     let e = Config::load(Path::new("/nonexistent/limiter.ini")).unwrap_err().to_string();
     assert!(e.starts_with("/nonexistent/limiter.ini: cannot read the file:"), "{e}");
 }
+
+#[test]
+fn per_port_options_source_groups_and_trusted_prefixes() {
+    let c = parse(
+        "kernel.ports = 8080:400\n\
+         [kernel]\n\
+         port.8080.perSourceMax = 20\n\
+         port.8080.dryRun = true\n\
+         port.9090.perSourceMax = 5\n\
+         sourcePrefixV4 = 24\n\
+         sourcePrefixV6 = 56\n\
+         sourceTableSize = 4096\n\
+         trusted = 10.0.0.0/8, fd00::/8, 192.0.2.7\n\
+         trustedReserve = 5\n\
+         xdp.interfaces = eth0, eth1\n\
+         xdp.mode = generic\n",
+    )
+    .unwrap();
+    let k = &c.kernel;
+    let limits = k.port_limits();
+    assert_eq!(
+        limits[&8080],
+        limiter_common::PortLimit { max_established: 400, flags: 1, per_source_max: 20, _pad: 0 }
+    );
+    // A per-source cap alone enforces a port without a port-wide cap.
+    assert_eq!(
+        limits[&9090],
+        limiter_common::PortLimit { max_established: 0, flags: 0, per_source_max: 5, _pad: 0 }
+    );
+    assert!(limits[&9090].enforced());
+    assert_eq!((k.source_prefix_v4, k.source_prefix_v6, k.source_table_size), (24, 56, 4096));
+    let trusted: Vec<String> = k.trusted.iter().map(ToString::to_string).collect();
+    assert_eq!(trusted, ["10.0.0.0/8", "fd00::/8", "192.0.2.7/32"]);
+    assert_eq!(k.trusted_reserve, 5);
+    assert_eq!(k.xdp_interfaces, ["eth0", "eth1"]);
+    assert_eq!(k.xdp_mode, XdpModeChoice::Generic);
+
+    let d = parse("").unwrap().kernel;
+    assert_eq!(
+        (d.source_prefix_v4, d.source_prefix_v6, d.source_table_size, d.trusted_reserve),
+        (32, 64, 65_536, 3)
+    );
+    assert_eq!(d.xdp_mode, XdpModeChoice::Auto);
+}
+
+#[test]
+fn bad_kernel_options_name_what_is_wrong() {
+    for (text, wanted) in [
+        ("kernel.port.8080.perSourceMax = 0", "kernel.port.8080.perSourceMax = 0: must be at least 1"),
+        ("kernel.port.0.dryRun = true", "`0` is not a port (1-65535)"),
+        ("kernel.port.http.dryRun = true", "`http` is not a port"),
+        ("kernel.port.8080.maxConn = 3", "unknown option `maxConn`"),
+        ("kernel.port.8080 = 3", "expected kernel.port.<port>.perSourceMax"),
+        ("kernel.port.8080.dryRun = true", "kernel.port.8080.dryRun: port 8080 has no limit to dry-run"),
+        ("kernel.sourcePrefixV4 = 33", "must be between 1 and 32"),
+        ("kernel.sourcePrefixV6 = 0", "must be between 1 and 128"),
+        ("kernel.sourceTableSize = 5000", "5000 is not a power of two"),
+        ("kernel.sourceTableSize = 512", "must be between 1024 and 1048576"),
+        ("kernel.trusted = 10.0.0.1/8", "`10.0.0.1/8` has host bits set; did you mean 10.0.0.0/8?"),
+        ("kernel.trusted = 10.0.0.0/33", "prefix length must be 0-32"),
+        ("kernel.trusted = fd00::/8, fd00::/8", "fd00::/8 is listed twice"),
+        ("kernel.trusted = example.com", "`example.com` is not an IPv4 or IPv6 address"),
+        ("kernel.xdp.interfaces = eth0, eth0", "interface eth0 is listed twice"),
+        ("kernel.xdp.interfaces = averyveryverylongname0", "is not an interface name"),
+        ("kernel.xdp.mode = native", "expected auto, driver or generic"),
+    ] {
+        let e = error(text);
+        assert!(e.contains(wanted), "{text}: got `{e}`, wanted `{wanted}`");
+        assert!(e.starts_with("limiter.ini:1: kernel."), "{text}: names file, line and key: {e}");
+    }
+}

@@ -20,10 +20,11 @@ use nix::{
 
 use super::KernelError;
 
-/// The oldest kernel the gate runs on: `bpf_get_netns_cookie` in sock_ops
-/// arrived in 5.15 (sk_lookup needs 5.9, cgroup bpf links 5.7,
-/// sk_storage in sock_ops 5.10, `SO_NETNS_COOKIE` 5.14).
-pub const MIN_KERNEL: (u32, u32) = (5, 15);
+/// The oldest kernel the gate runs on: the TCP socket iterator locks each
+/// socket it visits since 5.19 (the start-up walk relies on it);
+/// `bpf_get_netns_cookie` in sock_ops arrived in 5.15, sk_storage in
+/// tracing programs in 5.11, sk_lookup and XDP links in 5.9.
+pub const MIN_KERNEL: (u32, u32) = (5, 19);
 
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
@@ -177,6 +178,24 @@ pub fn netns_cookie(netns: &File) -> Result<u64, KernelError> {
     .unwrap_or_else(|_| Err(KernelError::io("netns cookie thread".into(), std::io::Error::other("panicked"))))
 }
 
+/// Runs `f` on this thread inside `netns`, then returns the thread to the
+/// namespace it was in (a namespace switch is per thread). Used for what
+/// resolves names or picks its namespace from the caller: XDP attachment
+/// (interface names) and the socket iterator.
+pub fn in_netns<T>(netns: &File, f: impl FnOnce() -> T) -> Result<T, KernelError> {
+    let home = File::open("/proc/thread-self/ns/net")
+        .map_err(|e| KernelError::io("opening this thread's network namespace".into(), e))?;
+    setns(netns.as_fd(), CloneFlags::CLONE_NEWNET)
+        .map_err(|e| KernelError::io("entering the target network namespace".into(), e.into()))?;
+    let out = f();
+    if let Err(e) = setns(home.as_fd(), CloneFlags::CLONE_NEWNET) {
+        // Staying in the target namespace would bind the daemon's later
+        // sockets there; better to stop.
+        panic!("could not return to the daemon's network namespace: {e}");
+    }
+    Ok(out)
+}
+
 /// Makes `pin_dir` an existing directory on bpffs (mode 0700), mounting
 /// bpffs at its parent when the parent is not on bpffs yet. Returns whether
 /// a mount was made.
@@ -222,12 +241,12 @@ mod tests {
     #[test]
     fn old_kernels_are_refused_with_the_reason() {
         assert!(check_kernel((6, 18)).is_ok());
-        assert!(check_kernel((5, 15)).is_ok());
-        let e = check_kernel((5, 10)).unwrap_err().to_string();
+        assert!(check_kernel((5, 19)).is_ok());
+        let e = check_kernel((5, 15)).unwrap_err().to_string();
         assert_eq!(
             e,
-            "kernel 5.10 is too old: limiter needs 5.15 or newer (sk_lookup needs 5.9, \
-             bpf_get_netns_cookie in sock_ops 5.15)"
+            "kernel 5.15 is too old: limiter needs 5.19 or newer (a TCP socket iterator that \
+             locks each socket, 5.19; bpf_get_netns_cookie in sock_ops, 5.15)"
         );
         assert!(check_kernel((4, 19)).is_err());
     }

@@ -12,14 +12,21 @@
 //! | `LIMITER_ACTIVE` | hash [`PortKey`] → `u32`: ports with counters (readers' index) |
 //! | `LIMITER_REFUSED` | per-CPU hash [`PortKey`] → [`Refusals`]: refusals per port |
 //! | `LIMITER_SOCKS` | sk_storage: marks of counted sockets |
+//! | `LIMITER_SOURCES` | array of [`SourceSlot`]: connections per client group (mmapable) |
+//! | `LIMITER_TRUSTED` | LPM trie [`TrustedKey`] → `u32`: trusted prefixes |
+//! | `LIMITER_COUNTS` | per-CPU array, index 0: [`GateCounters`] |
+//! | `LIMITER_WALK` | array, index port → `u32`: scratch of the start-up walk |
 //! | `link_sock_ops` | bpf link: `limiter_count` on the cgroup |
+//! | `link_close` | bpf link: `limiter_close` on `tp_btf/inet_sock_set_state` |
 //! | `link_sk_lookup` | bpf link: `limiter_refuse` on the network namespace |
+//! | `link_xdp_<interface>` | bpf link: `limiter_xdp` on one interface |
 //!
 //! The gate outlives the daemon: the daemon holds no link, so only removing
 //! the link pins (`limiter unload`) detaches the programs.
 //!
-//! Minimum kernel: 5.15 (see [`env::MIN_KERNEL`]).
+//! Minimum kernel: 5.19 (see [`env::MIN_KERNEL`]).
 
+pub mod btf;
 pub mod env;
 
 use std::{
@@ -29,28 +36,45 @@ use std::{
 };
 
 use aya::{
-    EbpfLoader,
-    maps::{Array, HashMap, Map, MapData, MapError, PerCpuHashMap},
-    programs::{CgroupAttachMode, SkLookup, SockOps, links::FdLink, links::PinnedLink},
+    Btf, EbpfLoader,
+    maps::{
+        Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap,
+        lpm_trie::{Key, LpmTrie},
+    },
+    programs::{
+        BtfTracePoint, CgroupAttachMode, Iter, SkLookup, SockOps, Xdp, XdpMode, links::FdLink,
+        links::PinnedLink,
+    },
 };
 use limiter_common::{
-    LAYOUT_VERSION, PortKey, PortLimit, PortStats, Refusals, Settings, map_names, program_names,
+    GateCounters, LAYOUT_VERSION, PortKey, PortLimit, PortStats, Refusals, Settings, SourceSlot, map_names,
+    path as refusal_path, program_names, reason, source,
 };
 use serde::Serialize;
 
-use crate::config::KernelConfig;
+use crate::config::{KernelConfig, Prefix, XdpModeChoice};
 
 /// The kernel programs, built by `build.rs` and embedded in the binary.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter"));
 
 /// Pin name of the sock_ops (counting) link.
 pub const LINK_COUNT: &str = "link_sock_ops";
+/// Pin name of the close tracepoint's link.
+pub const LINK_CLOSE: &str = "link_close";
 /// Pin name of the sk_lookup (refusing) link.
 pub const LINK_REFUSE: &str = "link_sk_lookup";
-/// Every pin the daemon owns; `unload` removes exactly these.
-pub const OWN_PINS: [&str; 9] = [
+/// Pin names of XDP links: this prefix and the interface name.
+pub const LINK_XDP_PREFIX: &str = "link_xdp_";
+/// Every fixed pin the daemon owns; `unload` removes exactly these and the
+/// `link_xdp_*` pins.
+pub const OWN_PINS: [&str; 14] = [
     LINK_REFUSE,
+    LINK_CLOSE,
     LINK_COUNT,
+    map_names::SOURCES,
+    map_names::TRUSTED,
+    map_names::COUNTERS,
+    map_names::WALK,
     map_names::LIMITS,
     map_names::LISTED,
     map_names::STATS,
@@ -72,8 +96,8 @@ pub enum KernelError {
     #[error("cannot tell the kernel version from /proc/sys/kernel/osrelease ({0:?})")]
     UnknownKernel(String),
     #[error(
-        "kernel {}.{} is too old: limiter needs {}.{} or newer (sk_lookup needs 5.9, \
-         bpf_get_netns_cookie in sock_ops 5.15)",
+        "kernel {}.{} is too old: limiter needs {}.{} or newer (a TCP socket iterator that \
+         locks each socket, 5.19; bpf_get_netns_cookie in sock_ops, 5.15)",
         found.0, found.1, env::MIN_KERNEL.0, env::MIN_KERNEL.1
     )]
     KernelTooOld { found: (u32, u32) },
@@ -113,6 +137,15 @@ pub enum KernelError {
         dir = pin_dir.display(), wanted = wanted.display()
     )]
     CgroupChanged { pin_dir: PathBuf, wanted: PathBuf },
+    #[error(
+        "the gate pinned at {dir} was created with {key} = {pinned}, and the configuration now says \
+         {wanted}: this is fixed when the gate is created; run `limiter unload --pin-path {dir}` \
+         (this drops the gate's counts) and start again, or put the old value back",
+        dir = pin_dir.display()
+    )]
+    PinnedShape { pin_dir: PathBuf, key: &'static str, pinned: String, wanted: String },
+    #[error("kernel.xdp.interfaces: no interface {0} in the gated network namespace")]
+    NoInterface(String),
     #[error("no gate is pinned at {}: start it with `limiter run`", .0.display())]
     NotLoaded(PathBuf),
     #[error("loading the kernel programs failed: {0}")]
@@ -158,36 +191,75 @@ pub struct Target {
     pub netns_cookie: u64,
 }
 
-/// One change made to the enforced limits.
+/// One change made to the enforced limits of a port.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LimitChange {
-    Added { port: u16, max: u32 },
-    Changed { port: u16, from: u32, to: u32 },
-    Removed { port: u16, max: u32 },
+pub struct LimitChange {
+    pub port: u16,
+    /// `None`: the port had no limits.
+    pub from: Option<PortLimit>,
+    /// `None`: the port's limits were removed.
+    pub to: Option<PortLimit>,
+}
+
+fn describe(limit: &PortLimit) -> String {
+    let mut parts = Vec::new();
+    if limit.max_established != 0 {
+        parts.push(format!("max {}", limit.max_established));
+    }
+    if limit.per_source_max != 0 {
+        parts.push(format!("perSource {}", limit.per_source_max));
+    }
+    if limit.flags & limiter_common::LIMIT_FLAG_DRY_RUN != 0 {
+        parts.push("dry-run".into());
+    }
+    parts.join(" ")
 }
 
 impl std::fmt::Display for LimitChange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Added { port, max } => write!(f, "+{port}:{max}"),
-            Self::Changed { port, from, to } => write!(f, "{port}:{from}->{to}"),
-            Self::Removed { port, max } => write!(f, "-{port}:{max}"),
+        match (&self.from, &self.to) {
+            (None, Some(to)) => write!(f, "+{}({})", self.port, describe(to)),
+            (Some(from), None) => write!(f, "-{}({})", self.port, describe(from)),
+            (Some(from), Some(to)) => write!(f, "{}({} -> {})", self.port, describe(from), describe(to)),
+            (None, None) => write!(f, "{}(unchanged)", self.port),
         }
     }
+}
+
+/// Refusals of one port, by reason and by path.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RefusalRow {
+    pub port_full: u64,
+    pub source_full: u64,
+    pub source_table_full: u64,
+    pub sk_lookup: u64,
+    pub xdp: u64,
 }
 
 /// The state of one local port, as `dump` and `/metrics` show it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PortRow {
     pub port: u16,
-    /// `None`: counted, not enforced.
+    /// `None`: no cap on the port as a whole.
     pub limit: Option<u32>,
+    /// `None`: no per-source cap.
+    pub per_source_max: Option<u32>,
     pub dry_run: bool,
     pub established: u64,
     pub high_watermark: u64,
     pub admitted: u64,
+    /// All refusals (both paths, every reason).
     pub refused: u64,
+    pub refused_by: RefusalRow,
+    /// Refusals by `[path][reason]` (`limiter_common::path`, `reason`).
+    pub refused_matrix: [[u64; reason::COUNT]; refusal_path::COUNT],
+    /// Would-be refusals of a dry-run port, every reason.
     pub would_refuse: u64,
+    pub would_refuse_by: RefusalRow,
+    /// Attempts from trusted prefixes admitted past a cap.
+    pub trusted_admitted: u64,
+    /// Client groups with connections on this port now.
+    pub sources: u64,
 }
 
 /// One pinned link and the program behind it.
@@ -198,6 +270,15 @@ pub struct LinkRow {
     pub program_id: Option<u32>,
 }
 
+/// A client group with connections now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SourceRow {
+    pub port: u16,
+    /// The group as a prefix, such as `192.0.2.0/24`.
+    pub group: String,
+    pub established: u64,
+}
+
 /// Everything the maps and link pins say.
 #[derive(Clone, Debug, Serialize)]
 pub struct Snapshot {
@@ -205,9 +286,24 @@ pub struct Snapshot {
     pub layout_version: u32,
     pub netns_cookie: u64,
     pub untracked_sockets: u64,
+    pub untracked_sources: u64,
+    /// Connections older than the gate, counted at start-up.
+    pub walked: u64,
+    pub source_prefix_v4: u32,
+    pub source_prefix_v6: u32,
+    pub source_slots: u64,
+    /// Slots counting a group with connections now.
+    pub source_slots_used: u64,
+    pub trusted: Vec<String>,
+    pub trusted_reserve: u32,
     pub links: Vec<LinkRow>,
     pub ports: Vec<PortRow>,
+    /// The groups with the most connections (at most [`TOP_SOURCES`]).
+    pub top_sources: Vec<SourceRow>,
 }
+
+/// How many groups a snapshot lists.
+pub const TOP_SOURCES: usize = 20;
 
 /// Open handles on a pinned gate's maps.
 pub struct Gate {
@@ -218,6 +314,9 @@ pub struct Gate {
     active: HashMap<MapData, PortKey, u32>,
     refused: PerCpuHashMap<MapData, PortKey, Refusals>,
     settings: Array<MapData, Settings>,
+    trusted: LpmTrie<MapData, [u8; 16], u32>,
+    counters: PerCpuArray<MapData, GateCounters>,
+    sources: Array<MapData, SourceSlot>,
 }
 
 impl std::fmt::Debug for Gate {
@@ -229,18 +328,39 @@ impl std::fmt::Debug for Gate {
 /// What a pin directory holds of ours.
 enum PinState {
     Empty,
-    /// Both links pinned: a gate is enforcing.
+    /// Every fixed link pinned: a gate is enforcing.
     Complete,
-    /// Some of our pins but not both links: a load that died half-way.
+    /// Some of our pins but not every link: a load that died half-way.
     Partial(Vec<PathBuf>),
 }
 
-fn pin_state(pin_dir: &Path) -> PinState {
-    let present: Vec<PathBuf> =
+/// Our pins present in `pin_dir`, the fixed ones and the XDP links.
+fn own_pins(pin_dir: &Path) -> Vec<PathBuf> {
+    let mut present: Vec<PathBuf> =
         OWN_PINS.iter().map(|name| pin_dir.join(name)).filter(|p| p.exists()).collect();
+    present.extend(xdp_pins(pin_dir).into_iter().map(|(_, path)| path));
+    present
+}
+
+/// `link_xdp_<interface>` pins: (interface, path).
+fn xdp_pins(pin_dir: &Path) -> Vec<(String, PathBuf)> {
+    let Ok(entries) = fs::read_dir(pin_dir) else { return Vec::new() };
+    let mut out: Vec<(String, PathBuf)> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_prefix(LINK_XDP_PREFIX).map(|i| (i.to_owned(), e.path()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn pin_state(pin_dir: &Path) -> PinState {
+    let present = own_pins(pin_dir);
     if present.is_empty() {
         PinState::Empty
-    } else if pin_dir.join(LINK_COUNT).exists() && pin_dir.join(LINK_REFUSE).exists() {
+    } else if [LINK_COUNT, LINK_CLOSE, LINK_REFUSE].iter().all(|l| pin_dir.join(l).exists()) {
         PinState::Complete
     } else {
         PinState::Partial(present)
@@ -259,11 +379,21 @@ impl Drop for PinRollback {
     }
 }
 
+/// How one interface's XDP program was attached.
+#[derive(Clone, Debug, Serialize)]
+pub struct XdpAttachment {
+    pub interface: String,
+    /// `driver` or `generic` (`adopted`: pinned by an earlier run).
+    pub mode: &'static str,
+    /// Why driver mode was not used, when it was not.
+    pub fallback_reason: Option<String>,
+}
+
 impl Gate {
     /// Probes the environment, then adopts the gate pinned at
-    /// `config.pin_path` or loads and attaches a new one, and applies
-    /// `config.ports`.
-    pub fn start(config: &KernelConfig) -> Result<(Self, Origin, Target, Vec<LimitChange>), KernelError> {
+    /// `config.pin_path` or loads and attaches a new one, and applies the
+    /// configured limits and trusted prefixes.
+    pub fn start(config: &KernelConfig) -> Result<Started, KernelError> {
         env::check_privileges()?;
         env::check_kernel(env::kernel_version()?)?;
         let cgroup = match &config.cgroup {
@@ -284,6 +414,14 @@ impl Gate {
             cgroup,
             netns,
         };
+        // Interfaces are names in the gated namespace: check them first, so
+        // a typo changes nothing.
+        for name in &config.xdp_interfaces {
+            let found = env::in_netns(&netns_fd, || nix::net::if_::if_nametoindex(name.as_str()).is_ok())?;
+            if !found {
+                return Err(KernelError::NoInterface(name.clone()));
+            }
+        }
         let pin_dir = config.pin_path.clone();
         let mounted_bpffs = env::ensure_bpffs(&pin_dir)?;
 
@@ -298,13 +436,43 @@ impl Gate {
                 if settings.cgroup_id != target.cgroup_id {
                     return Err(KernelError::CgroupChanged { pin_dir, wanted: target.cgroup });
                 }
-                let changes = gate.set_limits(&config.ports)?;
-                return Ok((gate, Origin::Adopted, target, changes));
+                let shape = |key, pinned: String, wanted: String| {
+                    if pinned == wanted {
+                        Ok(())
+                    } else {
+                        Err(KernelError::PinnedShape { pin_dir: pin_dir.clone(), key, pinned, wanted })
+                    }
+                };
+                shape(
+                    "kernel.sourceTableSize",
+                    (u64::from(settings.source_mask) + 1).to_string(),
+                    config.source_table_size.to_string(),
+                )?;
+                shape(
+                    "kernel.sourcePrefixV4",
+                    settings.prefix_v4.to_string(),
+                    config.source_prefix_v4.to_string(),
+                )?;
+                shape(
+                    "kernel.sourcePrefixV6",
+                    settings.prefix_v6.to_string(),
+                    config.source_prefix_v6.to_string(),
+                )?;
+                let pinned_xdp: Vec<String> = xdp_pins(&pin_dir).into_iter().map(|(i, _)| i).collect();
+                let mut wanted_xdp = config.xdp_interfaces.clone();
+                wanted_xdp.sort();
+                shape("kernel.xdp.interfaces", pinned_xdp.join(", "), wanted_xdp.join(", "))?;
+                let changes = gate.apply(config)?;
+                let xdp = pinned_xdp
+                    .into_iter()
+                    .map(|interface| XdpAttachment { interface, mode: "adopted", fallback_reason: None })
+                    .collect();
+                return Ok(Started { gate, origin: Origin::Adopted, target, changes, xdp, walked: 0 });
             }
             PinState::Partial(stale) => {
                 tracing::warn!(
                     pins = ?stale,
-                    "removing the pins of a gate whose load never completed (no link was pinned)"
+                    "removing the pins of a gate whose load never completed (not every link was pinned)"
                 );
                 for path in stale {
                     fs::remove_file(&path)
@@ -314,8 +482,14 @@ impl Gate {
             PinState::Empty => {}
         }
 
+        let offsets = btf::sock_offsets().map_err(KernelError::Load)?;
+        let kernel_btf = Btf::from_sys_fs().map_err(KernelError::load)?;
         let mut rollback = PinRollback(Vec::new());
-        let mut ebpf = EbpfLoader::new().load(EBPF_OBJECT).map_err(KernelError::load)?;
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(map_names::SOURCES, config.source_table_size)
+            .override_global("LIMITER_OFFSETS", &offsets, true)
+            .load(EBPF_OBJECT)
+            .map_err(KernelError::load)?;
         {
             let map = ebpf.map_mut(map_names::SETTINGS).ok_or_else(|| missing(map_names::SETTINGS))?;
             let mut settings: Array<&mut MapData, Settings> =
@@ -324,6 +498,11 @@ impl Gate {
                 layout_version: LAYOUT_VERSION,
                 netns_cookie: target.netns_cookie,
                 cgroup_id: target.cgroup_id,
+                hash_seed: fastrand::u32(..),
+                source_mask: config.source_table_size - 1,
+                prefix_v4: config.source_prefix_v4,
+                prefix_v6: config.source_prefix_v6,
+                trusted_reserve: config.trusted_reserve,
                 ..Settings::default()
             };
             settings.set(0, value, 0).map_err(KernelError::map("writing the settings map"))?;
@@ -336,9 +515,25 @@ impl Gate {
         }
         // Limits before attaching: enforcement starts with the first SYN.
         let mut gate = Self::open(&pin_dir)?;
-        let changes = gate.set_limits(&config.ports)?;
+        let changes = gate.apply(config)?;
 
-        // Counting first, so the refusal never reads a count nobody keeps.
+        // Uncounting before counting, so no counted socket closes unseen;
+        // counting before refusing, so the refusal never reads a count
+        // nobody keeps.
+        let close: &mut BtfTracePoint = ebpf
+            .program_mut(program_names::CLOSE)
+            .ok_or_else(|| missing(program_names::CLOSE))?
+            .try_into()
+            .map_err(KernelError::load)?;
+        close
+            .load("inet_sock_set_state", &kernel_btf)
+            .map_err(|e| KernelError::Load(format!("{}: {e}", program_names::CLOSE)))?;
+        let id = close.attach().map_err(|e| {
+            KernelError::Load(format!("attaching {} to inet_sock_set_state: {e}", program_names::CLOSE))
+        })?;
+        let link: FdLink = close.take_link(id).map_err(KernelError::load)?.into();
+        pin_link(link, &pin_dir.join(LINK_CLOSE), &mut rollback)?;
+
         let count: &mut SockOps = ebpf
             .program_mut(program_names::COUNT)
             .ok_or_else(|| missing(program_names::COUNT))?
@@ -356,6 +551,10 @@ impl Gate {
             count.take_link(id).map_err(KernelError::load)?.try_into().map_err(KernelError::load)?;
         pin_link(link, &pin_dir.join(LINK_COUNT), &mut rollback)?;
 
+        // Connections older than the gate: counted now that the close of
+        // every counted socket is seen.
+        let walked = walk(&mut ebpf, &kernel_btf, &netns_fd, &gate)?;
+
         let refuse: &mut SkLookup = ebpf
             .program_mut(program_names::REFUSE)
             .ok_or_else(|| missing(program_names::REFUSE))?
@@ -372,8 +571,37 @@ impl Gate {
         let link: FdLink = refuse.take_link(id).map_err(KernelError::load)?.into();
         pin_link(link, &pin_dir.join(LINK_REFUSE), &mut rollback)?;
 
+        let mut xdp = Vec::new();
+        if !config.xdp_interfaces.is_empty() {
+            let program: &mut Xdp = ebpf
+                .program_mut(program_names::XDP)
+                .ok_or_else(|| missing(program_names::XDP))?
+                .try_into()
+                .map_err(KernelError::load)?;
+            program.load().map_err(|e| KernelError::Load(format!("{}: {e}", program_names::XDP)))?;
+            for interface in &config.xdp_interfaces {
+                match attach_xdp(program, interface, &netns_fd, config.xdp_mode)? {
+                    Ok((link, attachment)) => {
+                        pin_link(
+                            link,
+                            &pin_dir.join(format!("{LINK_XDP_PREFIX}{interface}")),
+                            &mut rollback,
+                        )?;
+                        xdp.push(attachment);
+                    }
+                    // The stack's sk_lookup still enforces on this
+                    // interface: refusing later is better than not starting.
+                    Err(reason) => tracing::warn!(
+                        interface,
+                        reason,
+                        "XDP did not attach in driver or generic mode; sk_lookup still refuses on it"
+                    ),
+                }
+            }
+        }
+
         rollback.0.clear();
-        Ok((gate, Origin::Loaded { mounted_bpffs }, target, changes))
+        Ok(Started { gate, origin: Origin::Loaded { mounted_bpffs }, target, changes, xdp, walked })
     }
 
     /// Opens the maps pinned in `pin_dir`, checking their layout.
@@ -398,16 +626,28 @@ impl Gate {
             })?;
             Map::from_map_data(data).map_err(|e| incompatible(format!("map {name}: {e}")))
         };
-        let settings: Array<MapData, Settings> = Array::try_from(open(map_names::SETTINGS)?)
-            .map_err(|e| incompatible(format!("map {}: {e}", map_names::SETTINGS)))?;
-        let version =
-            settings.get(&0, 0).map_err(KernelError::map("reading the settings map"))?.layout_version;
-        if version != LAYOUT_VERSION {
+        let settings_map = open(map_names::SETTINGS)?;
+        // Older layouts had a smaller settings value: say "incompatible",
+        // not "wrong size".
+        let settings: Array<MapData, Settings> = Array::try_from(settings_map)
+            .map_err(|e| incompatible(format!("map {}: {e} (an older layout)", map_names::SETTINGS)))?;
+        let value = settings.get(&0, 0).map_err(KernelError::map("reading the settings map"))?;
+        if value.layout_version != LAYOUT_VERSION {
             return Err(incompatible(format!(
-                "layout version {version}, this limiter uses {LAYOUT_VERSION}"
+                "layout version {}, this limiter uses {LAYOUT_VERSION}",
+                value.layout_version
             )));
         }
         let bad = |name: &'static str| move |e: MapError| incompatible(format!("map {name}: {e}"));
+        let sources: Array<MapData, SourceSlot> =
+            Array::try_from(open(map_names::SOURCES)?).map_err(bad(map_names::SOURCES))?;
+        let slots = u64::from(value.source_mask) + 1;
+        if u64::from(sources.len()) != slots {
+            return Err(incompatible(format!(
+                "source table has {} slots, settings say {slots}",
+                sources.len()
+            )));
+        }
         Ok(Self {
             pin_dir: pin_dir.to_path_buf(),
             limits: Array::try_from(open(map_names::LIMITS)?).map_err(bad(map_names::LIMITS))?,
@@ -415,7 +655,10 @@ impl Gate {
             stats: Array::try_from(open(map_names::STATS)?).map_err(bad(map_names::STATS))?,
             active: HashMap::try_from(open(map_names::ACTIVE)?).map_err(bad(map_names::ACTIVE))?,
             refused: PerCpuHashMap::try_from(open(map_names::REFUSED)?).map_err(bad(map_names::REFUSED))?,
+            trusted: LpmTrie::try_from(open(map_names::TRUSTED)?).map_err(bad(map_names::TRUSTED))?,
+            counters: PerCpuArray::try_from(open(map_names::COUNTERS)?).map_err(bad(map_names::COUNTERS))?,
             settings,
+            sources,
         })
     }
 
@@ -433,43 +676,53 @@ impl Gate {
         Ok(out)
     }
 
+    /// Applies everything reloadable from `config`: port limits, trusted
+    /// prefixes and the trusted reserve. All or nothing: on a failed map
+    /// write, what was written is put back. Returns the limit changes.
+    pub fn apply(&mut self, config: &KernelConfig) -> Result<Vec<LimitChange>, KernelError> {
+        let old_settings = self.settings()?;
+        let old_trusted = self.trusted_prefixes()?;
+        let changes = self.set_limits(&config.port_limits())?;
+        let result = self.set_trusted(&old_trusted, &config.trusted).and_then(|()| {
+            let settings = Settings { trusted_reserve: config.trusted_reserve, ..old_settings };
+            self.settings.set(0, settings, 0).map_err(KernelError::map("writing the settings map"))
+        });
+        if let Err(e) = result {
+            let _ = self.set_trusted(&config.trusted, &old_trusted);
+            let _ = self.settings.set(0, old_settings, 0);
+            let undo: BTreeMap<u16, PortLimit> = changes
+                .iter()
+                .filter_map(|c| c.from.map(|f| (c.port, f)))
+                .chain(self.limits()?.into_iter().filter(|(p, _)| !changes.iter().any(|c| c.port == *p)))
+                .collect();
+            let _ = self.set_limits(&undo);
+            return Err(e);
+        }
+        Ok(changes)
+    }
+
     /// Makes the enforced ports exactly `ports`, entry by entry (each
     /// update is atomic in the kernel; established connections are never
     /// touched). Returns what changed.
-    pub fn set_limits(&mut self, ports: &BTreeMap<u16, u32>) -> Result<Vec<LimitChange>, KernelError> {
+    pub fn set_limits(&mut self, ports: &BTreeMap<u16, PortLimit>) -> Result<Vec<LimitChange>, KernelError> {
         let current = self.limits()?;
         let mut changes = Vec::new();
-        for (&port, &max) in ports {
+        for (&port, limit) in ports {
             let old = current.get(&port);
-            if old.map(|l| l.max_established) != Some(max) {
-                changes.push(match old {
-                    Some(l) => LimitChange::Changed { port, from: l.max_established, to: max },
-                    None => LimitChange::Added { port, max },
-                });
+            if old != Some(limit) {
+                changes.push(LimitChange { port, from: old.copied(), to: Some(*limit) });
             }
         }
         for (&port, limit) in &current {
             if !ports.contains_key(&port) {
-                changes.push(LimitChange::Removed { port, max: limit.max_established });
+                changes.push(LimitChange { port, from: Some(*limit), to: None });
             }
         }
         for (done, change) in changes.iter().enumerate() {
-            let (port, limit) = match *change {
-                LimitChange::Added { port, max } | LimitChange::Changed { port, to: max, .. } => {
-                    let flags = current.get(&port).map_or(0, |l| l.flags);
-                    (port, PortLimit { max_established: max, flags })
-                }
-                LimitChange::Removed { port, .. } => (port, PortLimit::default()),
-            };
-            if let Err(e) = self.write_limit(port, limit) {
+            if let Err(e) = self.write_limit(change.port, change.to.unwrap_or_default()) {
                 // All or nothing: put back what was already written.
                 for undo in &changes[..done] {
-                    let port = match *undo {
-                        LimitChange::Added { port, .. }
-                        | LimitChange::Changed { port, .. }
-                        | LimitChange::Removed { port, .. } => port,
-                    };
-                    let _ = self.write_limit(port, current.get(&port).copied().unwrap_or_default());
+                    let _ = self.write_limit(undo.port, undo.from.unwrap_or_default());
                 }
                 return Err(e);
             }
@@ -478,18 +731,50 @@ impl Gate {
     }
 
     /// Writes one port's limit: the array the kernel reads first, then the
-    /// readers' index (`max_established == 0` removes it from both).
+    /// readers' index (an all-zero limit removes it from both).
     fn write_limit(&mut self, port: u16, limit: PortLimit) -> Result<(), KernelError> {
         self.limits
             .set(u32::from(port), limit, 0)
             .map_err(KernelError::map(format!("setting the limit of port {port}")))?;
         let key = PortKey::new(port);
-        let indexed = if limit.max_established == 0 {
-            self.listed.remove(&key)
-        } else {
+        let indexed = if limit.enforced() {
             self.listed.insert(key, limit, 0)
+        } else {
+            match self.listed.remove(&key) {
+                Err(MapError::KeyNotFound) => Ok(()),
+                other => other,
+            }
         };
         indexed.map_err(KernelError::map(format!("indexing the limit of port {port}")))
+    }
+
+    fn trusted_prefixes(&self) -> Result<Vec<Prefix>, KernelError> {
+        let mut out = Vec::new();
+        for key in self.trusted.keys() {
+            let key = key.map_err(KernelError::map("reading the trusted prefixes"))?;
+            out.push(prefix_of(key.prefix_len(), key.data()));
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Moves the trie from `old` to `new` (additions first, so no prefix
+    /// that stays trusted is ever missing).
+    fn set_trusted(&mut self, old: &[Prefix], new: &[Prefix]) -> Result<(), KernelError> {
+        for p in new.iter().filter(|p| !old.contains(p)) {
+            let (len, data) = trie_key(p);
+            self.trusted
+                .insert(&Key::new(len, data), 1, 0)
+                .map_err(KernelError::map(format!("adding trusted prefix {p}")))?;
+        }
+        for p in old.iter().filter(|p| !new.contains(p)) {
+            let (len, data) = trie_key(p);
+            match self.trusted.remove(&Key::new(len, data)) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(KernelError::map(format!("removing trusted prefix {p}"))(e)),
+            }
+        }
+        Ok(())
     }
 
     /// Reads every counter and link.
@@ -499,11 +784,20 @@ impl Gate {
         let mut refusals: BTreeMap<u16, Refusals> = BTreeMap::new();
         for item in self.refused.iter() {
             let (key, per_cpu) = item.map_err(KernelError::map("reading the refusals map"))?;
-            let sum = per_cpu.iter().fold(Refusals::default(), |a, r| Refusals {
-                refused: a.refused + r.refused,
-                would_refuse: a.would_refuse + r.would_refuse,
-            });
+            let mut sum = Refusals::default();
+            per_cpu.iter().for_each(|r| sum.add(r));
             refusals.insert(key.port, sum);
+        }
+        let mut counters = GateCounters::default();
+        for c in self.counters.get(&0, 0).map_err(KernelError::map("reading the gate counters"))?.iter() {
+            counters.untracked_sockets += c.untracked_sockets;
+            counters.untracked_sources += c.untracked_sources;
+            counters.walked += c.walked;
+        }
+        let (groups, slots_used) = self.sources();
+        let mut sources_per_port: BTreeMap<u16, u64> = BTreeMap::new();
+        for (key, _) in &groups {
+            *sources_per_port.entry(key.port).or_default() += 1;
         }
         let mut ports: Vec<u16> = Vec::new();
         for key in self.active.keys() {
@@ -518,17 +812,30 @@ impl Gate {
                 .stats
                 .get(&u32::from(port), 0)
                 .map_err(KernelError::map(format!("reading the counters of port {port}")))?;
-            rows.push(row(port, limits.get(&port), &stats, refusals.get(&port)));
+            let mut row = row(port, limits.get(&port), &stats, refusals.get(&port));
+            row.sources = sources_per_port.get(&port).copied().unwrap_or(0);
+            rows.push(row);
         }
-        let links = [LINK_COUNT, LINK_REFUSE]
+        let mut top: Vec<SourceRow> = groups
+            .into_iter()
+            .map(|(key, n)| SourceRow { port: key.port, group: group_name(&key, &settings), established: n })
+            .collect();
+        top.sort_by(|a, b| {
+            b.established.cmp(&a.established).then(a.port.cmp(&b.port)).then(a.group.cmp(&b.group))
+        });
+        top.truncate(TOP_SOURCES);
+        let mut pins: Vec<String> =
+            [LINK_COUNT, LINK_CLOSE, LINK_REFUSE].iter().map(|s| (*s).to_owned()).collect();
+        pins.extend(xdp_pins(&self.pin_dir).into_iter().map(|(i, _)| format!("{LINK_XDP_PREFIX}{i}")));
+        let links = pins
             .into_iter()
             .map(|pin| {
-                let info = PinnedLink::from_pin(self.pin_dir.join(pin))
+                let info = PinnedLink::from_pin(self.pin_dir.join(&pin))
                     .ok()
                     .map(FdLink::from)
                     .and_then(|l| l.info().ok());
                 LinkRow {
-                    pin: pin.to_owned(),
+                    pin,
                     link_id: info.as_ref().map(|i| i.id()),
                     program_id: info.as_ref().map(|i| i.program_id()),
                 }
@@ -538,10 +845,166 @@ impl Gate {
             pin_path: self.pin_dir.clone(),
             layout_version: settings.layout_version,
             netns_cookie: settings.netns_cookie,
-            untracked_sockets: settings.untracked,
+            untracked_sockets: counters.untracked_sockets,
+            untracked_sources: counters.untracked_sources,
+            walked: counters.walked,
+            source_prefix_v4: settings.prefix_v4,
+            source_prefix_v6: settings.prefix_v6,
+            source_slots: u64::from(self.sources.len()),
+            source_slots_used: slots_used,
+            trusted: self.trusted_prefixes()?.iter().map(ToString::to_string).collect(),
+            trusted_reserve: settings.trusted_reserve,
             links,
             ports: rows,
+            top_sources: top,
         })
+    }
+
+    /// Groups with connections now (duplicate slots of one group summed),
+    /// and the number of slots holding them. One map read per slot: about
+    /// 30 ms for the default 65,536 slots.
+    fn sources(&self) -> (Vec<(limiter_common::SourceKey, u64)>, u64) {
+        let mut groups: std::collections::HashMap<limiter_common::SourceKey, u64> =
+            std::collections::HashMap::new();
+        let mut used = 0;
+        for slot in self.sources.iter().filter_map(Result::ok) {
+            if source::state(slot.word) == source::LIVE && source::count(slot.word) > 0 {
+                used += 1;
+                *groups.entry(slot.key).or_default() += u64::from(source::count(slot.word));
+            }
+        }
+        (groups.into_iter().collect(), used)
+    }
+}
+
+/// What [`Gate::start`] did.
+pub struct Started {
+    pub gate: Gate,
+    pub origin: Origin,
+    pub target: Target,
+    pub changes: Vec<LimitChange>,
+    pub xdp: Vec<XdpAttachment>,
+    /// Connections older than the gate counted by the walk (0 when adopted).
+    pub walked: u64,
+}
+
+/// Runs the start-up walk (twice, see `limiter-ebpf/src/walk.rs`) inside
+/// the gated namespace; returns how many connections it counted.
+fn walk(ebpf: &mut aya::Ebpf, btf: &Btf, netns: &fs::File, gate: &Gate) -> Result<u64, KernelError> {
+    let before = gate.walked()?;
+    let program: &mut Iter = ebpf
+        .program_mut(program_names::WALK)
+        .ok_or_else(|| missing(program_names::WALK))?
+        .try_into()
+        .map_err(KernelError::load)?;
+    program.load("tcp", btf).map_err(|e| KernelError::Load(format!("{}: {e}", program_names::WALK)))?;
+    for _pass in 0..2 {
+        let id = program
+            .attach()
+            .map_err(|e| KernelError::Load(format!("attaching {}: {e}", program_names::WALK)))?;
+        let link = program.take_link(id).map_err(KernelError::load)?;
+        let mut file = env::in_netns(netns, || link.into_file())?.map_err(KernelError::load)?;
+        io::copy(&mut file, &mut io::sink())
+            .map_err(|e| KernelError::io("running the socket walk".into(), e))?;
+    }
+    Ok(gate.walked()? - before)
+}
+
+impl Gate {
+    fn walked(&self) -> Result<u64, KernelError> {
+        Ok(self
+            .counters
+            .get(&0, 0)
+            .map_err(KernelError::map("reading the gate counters"))?
+            .iter()
+            .map(|c| c.walked)
+            .sum())
+    }
+}
+
+/// Attaches the XDP program to `interface` in driver mode, or generic mode
+/// when the driver has no XDP support. The outer error is fatal; the inner
+/// one says why neither mode attached.
+fn attach_xdp(
+    program: &mut Xdp,
+    interface: &str,
+    netns: &fs::File,
+    choice: XdpModeChoice,
+) -> Result<Result<(FdLink, XdpAttachment), String>, KernelError> {
+    let mut attempt = |flags| -> Result<FdLink, String> {
+        let id = env::in_netns(netns, || program.attach(interface, flags))
+            .map_err(|e| e.to_string())?
+            .map_err(|e| error_chain(&e))?;
+        let link = program.take_link(id).map_err(|e| e.to_string())?;
+        FdLink::try_from(link).map_err(|e| e.to_string())
+    };
+    let attached = |link, mode, fallback_reason| {
+        Ok(Ok((link, XdpAttachment { interface: interface.into(), mode, fallback_reason })))
+    };
+    match choice {
+        XdpModeChoice::Generic => {
+            return match attempt(XdpMode::Skb) {
+                Ok(link) => attached(link, "generic", None),
+                Err(e) => Ok(Err(format!("generic mode: {e}"))),
+            };
+        }
+        XdpModeChoice::Driver => {
+            return match attempt(XdpMode::Driver) {
+                Ok(link) => attached(link, "driver", None),
+                Err(e) => Ok(Err(format!("driver mode (kernel.xdp.mode = driver): {e}"))),
+            };
+        }
+        XdpModeChoice::Auto => {}
+    }
+    match attempt(XdpMode::Driver) {
+        Ok(link) => Ok(Ok((
+            link,
+            XdpAttachment { interface: interface.into(), mode: "driver", fallback_reason: None },
+        ))),
+        Err(driver) => match attempt(XdpMode::Skb) {
+            Ok(link) => Ok(Ok((
+                link,
+                XdpAttachment { interface: interface.into(), mode: "generic", fallback_reason: Some(driver) },
+            ))),
+            Err(generic) => Ok(Err(format!("driver mode: {driver}; generic mode: {generic}"))),
+        },
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// The trie key of a prefix: IPv4 as IPv4-mapped IPv6.
+fn trie_key(p: &Prefix) -> (u32, [u8; 16]) {
+    match p.addr {
+        std::net::IpAddr::V4(a) => (u32::from(p.len) + 96, a.to_ipv6_mapped().octets()),
+        std::net::IpAddr::V6(a) => (u32::from(p.len), a.octets()),
+    }
+}
+
+fn prefix_of(len: u32, data: [u8; 16]) -> Prefix {
+    let v6 = std::net::Ipv6Addr::from(data);
+    match v6.to_ipv4_mapped() {
+        Some(v4) if len >= 96 => Prefix { addr: v4.into(), len: (len - 96) as u8 },
+        _ => Prefix { addr: v6.into(), len: len as u8 },
+    }
+}
+
+/// A group as a prefix: `192.0.2.0/24`, `2001:db8::/64`.
+fn group_name(key: &limiter_common::SourceKey, settings: &Settings) -> String {
+    if key.family == 4 {
+        format!("{}/{}", std::net::Ipv4Addr::from(key.addr[0]), settings.prefix_v4)
+    } else {
+        let bits = key.addr.iter().fold(0u128, |acc, w| (acc << 32) | u128::from(*w));
+        format!("{}/{}", std::net::Ipv6Addr::from(bits), settings.prefix_v6)
     }
 }
 
@@ -549,13 +1012,31 @@ fn row(port: u16, limit: Option<&PortLimit>, s: &PortStats, r: Option<&Refusals>
     let r = r.copied().unwrap_or_default();
     PortRow {
         port,
-        limit: limit.map(|l| l.max_established),
+        limit: limit.map(|l| l.max_established).filter(|&m| m != 0),
+        per_source_max: limit.map(|l| l.per_source_max).filter(|&m| m != 0),
         dry_run: limit.is_some_and(|l| l.flags & limiter_common::LIMIT_FLAG_DRY_RUN != 0),
         established: s.established,
         high_watermark: s.high_watermark,
         admitted: s.admitted,
-        refused: r.refused,
-        would_refuse: r.would_refuse,
+        refused: r.refused.iter().sum(),
+        refused_by: RefusalRow {
+            port_full: r.by_reason(reason::PORT),
+            source_full: r.by_reason(reason::SOURCE),
+            source_table_full: r.by_reason(reason::TABLE),
+            sk_lookup: r.by_path(refusal_path::SK_LOOKUP),
+            xdp: r.by_path(refusal_path::XDP),
+        },
+        refused_matrix: std::array::from_fn(|p| std::array::from_fn(|q| r.refused[p * reason::COUNT + q])),
+        would_refuse: r.would_refuse.iter().sum(),
+        would_refuse_by: RefusalRow {
+            port_full: r.would_refuse[reason::PORT],
+            source_full: r.would_refuse[reason::SOURCE],
+            source_table_full: r.would_refuse[reason::TABLE],
+            sk_lookup: 0,
+            xdp: 0,
+        },
+        trusted_admitted: r.trusted_admitted,
+        sources: 0,
     }
 }
 
@@ -587,7 +1068,9 @@ pub fn unload(pin_dir: &Path) -> Result<Unloaded, KernelError> {
         return Err(KernelError::NotLoaded(pin_dir.to_path_buf()));
     }
     let mut out = Unloaded::default();
-    for name in OWN_PINS {
+    let xdp: Vec<String> =
+        xdp_pins(pin_dir).into_iter().map(|(i, _)| format!("{LINK_XDP_PREFIX}{i}")).collect();
+    for name in xdp.iter().map(String::as_str).chain(OWN_PINS) {
         let path = pin_dir.join(name);
         match fs::remove_file(&path) {
             Ok(()) => out.removed.push(path),

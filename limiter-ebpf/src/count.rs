@@ -1,0 +1,86 @@
+//! Counting and uncounting one marked socket, shared by the handshake
+//! callback, the start-up walk and the close tracepoint. Both directions
+//! flip `SockMark::counted` by compare-and-swap, so whichever path gets
+//! there first does the work and a socket is counted and uncounted exactly
+//! once.
+
+use core::ptr;
+
+use aya_ebpf::bindings::BPF_NOEXIST;
+use limiter_common::{PortKey, Settings, SockMark, SourceKey};
+
+use crate::{
+    atomic,
+    maps::{LIMITER_ACTIVE, LIMITER_LIMITS, LIMITER_STATS, counters},
+    sources,
+};
+
+/// Counts the socket behind `mark` on `port` (and its client group if the
+/// port has a per-source cap) unless it is counted already. A socket already
+/// counted but without a group slot gets one if the port has a cap now.
+/// `handshake`: counted as admitted (not for connections older than the gate).
+#[inline(always)]
+pub fn count(mark: *mut SockMark, port: u16, group: &SourceKey, settings: &Settings, handshake: bool) {
+    let Some(stats) = LIMITER_STATS.get_ptr_mut(u32::from(port)) else {
+        return;
+    };
+    let capped = LIMITER_LIMITS.get(u32::from(port)).is_some_and(|l| l.per_source_max != 0);
+    // SAFETY: `mark` is this socket's storage, valid while the socket lives;
+    // the callers hold the socket lock, so its close cannot run meanwhile.
+    unsafe {
+        if ptr::addr_of!((*mark).counted).read_volatile() == 0 {
+            (*mark).port = port;
+            if !atomic::cas32(ptr::addr_of_mut!((*mark).counted), 0, 1) {
+                return;
+            }
+            // SAFETY: array values live as long as the map; each field is
+            // 8-byte aligned.
+            let established = atomic::add(ptr::addr_of_mut!((*stats).established), 1) + 1;
+            atomic::raise(ptr::addr_of_mut!((*stats).high_watermark), established);
+            if handshake {
+                if atomic::add(ptr::addr_of_mut!((*stats).admitted), 1) == 0 {
+                    // Once per port ever: tell readers this port has counters.
+                    let _ = LIMITER_ACTIVE.insert(PortKey::new(port), 1, BPF_NOEXIST.into());
+                }
+            } else {
+                let _ = LIMITER_ACTIVE.insert(PortKey::new(port), 1, BPF_NOEXIST.into());
+                if let Some(c) = counters() {
+                    (*c).walked += 1;
+                }
+            }
+        } else if (*mark).port != port {
+            return;
+        }
+        if !capped || ptr::addr_of!((*mark).slot).read_volatile() != 0 {
+            return;
+        }
+        match sources::acquire(group, settings.hash_seed, settings.source_mask) {
+            Some(idx) => ptr::addr_of_mut!((*mark).slot).write_volatile(idx + 1),
+            None => {
+                if let Some(c) = counters() {
+                    (*c).untracked_sources += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Uncounts the socket behind `mark` if it is counted.
+#[inline(always)]
+pub fn uncount(mark: *mut SockMark) {
+    // SAFETY: `mark` is this socket's storage, valid while the socket lives.
+    unsafe {
+        if !atomic::cas32(ptr::addr_of_mut!((*mark).counted), 1, 0) {
+            return;
+        }
+        let port = (*mark).port;
+        let slot = ptr::addr_of!((*mark).slot).read_volatile();
+        if slot != 0 {
+            ptr::addr_of_mut!((*mark).slot).write_volatile(0);
+            sources::release(slot - 1);
+        }
+        if let Some(stats) = LIMITER_STATS.get_ptr_mut(u32::from(port)) {
+            atomic::sub(ptr::addr_of_mut!((*stats).established), 1);
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! The admission decision for a connection attempt, shared by the refusal
+//! paths (`sk_lookup`, XDP) so both enforce the same limits and count into
+//! the same counters.
+//!
+//! Order: the port cap, then the client group's cap (and, for a group the
+//! source table has no slot for, the full-table policy: refuse). A trusted
+//! client passes a full port while the port is under its limit plus
+//! `trusted_reserve`, and passes per-source caps. Dry-run ports count what
+//! they would refuse and refuse nothing.
+
+use aya_ebpf::{bindings::BPF_NOEXIST, btf_maps::lpm_trie::Key};
+use limiter_common::{LIMIT_FLAG_DRY_RUN, PortKey, Refusals, SourceKey, reason, source};
+
+use crate::{
+    maps::{LIMITER_CONFIG, LIMITER_LIMITS, LIMITER_REFUSED, LIMITER_STATS, LIMITER_TRUSTED},
+    sources,
+};
+
+/// The client of a connection attempt; addresses as they lie in the packet
+/// or socket (network byte order in memory).
+#[derive(Clone, Copy)]
+pub enum Client {
+    V4(u32),
+    V6([u32; 4]),
+}
+
+impl Client {
+    #[inline(always)]
+    fn group(&self, port: u16, prefix_v4: u32, prefix_v6: u32) -> SourceKey {
+        match *self {
+            Self::V4(a) => source::key_v4(a, port, prefix_v4),
+            Self::V6(a) => source::key_v6(a, port, prefix_v4, prefix_v6),
+        }
+    }
+
+    #[inline(always)]
+    fn trusted(&self) -> bool {
+        let data: [u8; 16] = match *self {
+            Self::V4(a) => {
+                let b = a.to_ne_bytes();
+                [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, b[0], b[1], b[2], b[3]]
+            }
+            Self::V6(w) => {
+                let (a, b, c, d) =
+                    (w[0].to_ne_bytes(), w[1].to_ne_bytes(), w[2].to_ne_bytes(), w[3].to_ne_bytes());
+                [
+                    a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], d[0], d[1], d[2],
+                    d[3],
+                ]
+            }
+        };
+        LIMITER_TRUSTED.get(&Key::new(128, data)).is_some()
+    }
+}
+
+const NONE: usize = usize::MAX;
+
+/// Decides an attempt to open a connection to local `port` (host order)
+/// from `client`, counting a refusal (or would-be refusal) under `path`.
+/// Returns `true` to refuse.
+#[inline(always)]
+pub fn refuse(port: u16, client: &Client, path: usize) -> bool {
+    let Some(limit) = LIMITER_LIMITS.get(u32::from(port)) else {
+        return false;
+    };
+    if !limit.enforced() {
+        // Not enforced: the common case for most ports, one array load.
+        return false;
+    }
+    let (Some(stats), Some(settings)) = (LIMITER_STATS.get_ptr(u32::from(port)), LIMITER_CONFIG.get(0))
+    else {
+        return false;
+    };
+    // Written by other CPUs with atomic adds; an aligned 8-byte load cannot
+    // tear.
+    // SAFETY: array values live as long as the map.
+    let established = unsafe { core::ptr::addr_of!((*stats).established).read_volatile() };
+    let max = u64::from(limit.max_established);
+    let mut why = NONE;
+    if max != 0 && established >= max {
+        why = reason::PORT;
+    } else if limit.per_source_max != 0 {
+        let group = client.group(port, settings.prefix_v4, settings.prefix_v6);
+        let usage = sources::usage(&group, settings.hash_seed, settings.source_mask);
+        if usage.count >= limit.per_source_max {
+            why = reason::SOURCE;
+        } else if usage.count == 0 && !usage.room {
+            why = reason::TABLE;
+        }
+    }
+    if why == NONE {
+        return false;
+    }
+    let key = PortKey::new(port);
+    let dry_run = limit.flags & LIMIT_FLAG_DRY_RUN != 0;
+    // What XDP lets through meets sk_lookup in the stack, which decides
+    // again: only refusals are counted at XDP, so a dry-run or trusted
+    // attempt is counted once.
+    if path == limiter_common::path::XDP && dry_run {
+        return false;
+    }
+    if (why != reason::PORT || established < max + u64::from(settings.trusted_reserve)) && client.trusted() {
+        if path == limiter_common::path::XDP {
+            return false;
+        }
+        if let Some(r) = refusals_for(key) {
+            // SAFETY: this CPU's own per-CPU value; nothing else writes it.
+            unsafe { (*r).trusted_admitted += 1 };
+        }
+        return false;
+    }
+    if let Some(r) = refusals_for(key) {
+        // This CPU's own counter: a plain add, no other CPU writes it and
+        // the program cannot migrate while it runs.
+        // SAFETY: a live per-CPU map value; the indexes are below the
+        // array lengths (why < reason::COUNT, path < path::COUNT).
+        unsafe {
+            if dry_run {
+                if let Some(c) = (*r).would_refuse.get_mut(why) {
+                    *c += 1;
+                }
+            } else if let Some(c) = (*r).refused.get_mut(path * reason::COUNT + why) {
+                *c += 1;
+            }
+        }
+    }
+    !dry_run
+}
+
+fn refusals_for(key: PortKey) -> Option<*mut Refusals> {
+    if let Some(r) = LIMITER_REFUSED.get_ptr_mut(key) {
+        return Some(r);
+    }
+    // First refusal on this port (another CPU may insert at the same time).
+    let _ = LIMITER_REFUSED.insert(key, Refusals::default(), BPF_NOEXIST.into());
+    LIMITER_REFUSED.get_ptr_mut(key)
+}
