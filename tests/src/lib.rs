@@ -26,7 +26,10 @@ use std::{
 };
 
 pub mod bench;
+pub mod bpf;
 pub mod client;
+pub mod packet;
+pub mod peer;
 pub mod upstream;
 
 use anyhow::{Context as _, Result, bail, ensure};
@@ -172,14 +175,24 @@ impl Sandbox {
         self.listen_uncounted_with(addr, 128)
     }
 
+    /// A dual-stack listener on `[::]:port` (IPv4 clients arrive as
+    /// IPv4-mapped IPv6), counted.
+    pub fn listen_dual_stack(&self, port: u16, backlog: i32) -> TcpListener {
+        self.in_cgroup(|| self.listen_with(&format!("[::]:{port}"), backlog, false))
+    }
+
     fn listen_uncounted_with(&self, addr: &str, backlog: i32) -> TcpListener {
+        self.listen_with(addr, backlog, true)
+    }
+
+    fn listen_with(&self, addr: &str, backlog: i32, v6_only: bool) -> TcpListener {
         let addr: SocketAddr = addr.parse().expect("address");
         self.in_netns(move || {
             let domain = socket2::Domain::for_address(addr);
             let s = socket2::Socket::new(domain, socket2::Type::STREAM, None).expect("socket");
             s.set_reuse_address(true).expect("SO_REUSEADDR");
             if addr.is_ipv6() {
-                s.set_only_v6(true).expect("IPV6_V6ONLY");
+                s.set_only_v6(v6_only).expect("IPV6_V6ONLY");
             }
             s.bind(&addr.into()).expect("bind");
             s.listen(backlog).expect("listen");
@@ -387,6 +400,33 @@ fn http_call(addr: SocketAddr, method: &str, path: &str) -> Result<String> {
     let (head, body) = raw.split_once("\r\n\r\n").context("no header end")?;
     ensure!(head.split_whitespace().nth(1) == Some("200"), "status: {head}");
     Ok(body.to_owned())
+}
+
+/// The program id behind the pinned link `pin` in a dump.
+pub fn link_program(dump: &Value, pin: &str) -> u32 {
+    dump["kernel"]["links"]
+        .as_array()
+        .and_then(|l| l.iter().find(|l| l["pin"] == pin))
+        .and_then(|l| l["program_id"].as_u64())
+        .unwrap_or_else(|| panic!("no attached link {pin} in {dump}")) as u32
+}
+
+/// How many times program `id` ran (needs [`bpf::enable_stats`] held).
+pub fn run_count(id: u32) -> u64 {
+    let out = run("bpftool", &["prog", "show", "id", &id.to_string(), "--json"]).expect("bpftool prog show");
+    let v: Value = serde_json::from_str(&out).expect("bpftool json");
+    v["run_cnt"].as_u64().unwrap_or(0)
+}
+
+/// Raises this process's open-file limit to its hard limit.
+pub fn raise_fd_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: plain libc calls on a local struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        lim.rlim_cur = lim.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
 }
 
 /// The kernel part of `limiter dump --json --pin-path DIR`.

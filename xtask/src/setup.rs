@@ -26,7 +26,7 @@ pub const NIGHTLY: &str = "nightly";
 pub const BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev"];
 /// Debian packages the test suite drives (network namespaces, an
 /// independent view of what is attached).
-pub const TEST_PACKAGES: &[&str] = &["iproute2", "bpftool", "util-linux"];
+pub const TEST_PACKAGES: &[&str] = &["iproute2", "bpftool", "util-linux", "ethtool"];
 /// The peers the benchmarks run in the same run.
 pub const BENCH_PACKAGES: &[&str] = &["iptables", "nginx", "wrk"];
 

@@ -1,0 +1,64 @@
+//! The few `bpf(2)` commands the tests issue themselves, independent of the
+//! daemon and of aya: run-time statistics, a program fd by id, and
+//! `BPF_PROG_TEST_RUN`.
+
+use std::{
+    io,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+};
+
+const BPF_PROG_TEST_RUN: i64 = 10;
+const BPF_PROG_GET_FD_BY_ID: i64 = 13;
+const BPF_ENABLE_STATS: i64 = 32;
+
+fn bpf(cmd: i64, attr: &mut [u64; 16]) -> io::Result<i64> {
+    // SAFETY: `attr` is a zero-initialised, 128-byte `union bpf_attr` whose
+    // pointers (if any) point at live buffers of the stated sizes.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), size_of::<[u64; 16]>()) };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
+}
+
+/// Turns on run-time statistics (`run_cnt`, `run_time_ns`) while the fd
+/// lives.
+pub fn enable_stats() -> io::Result<OwnedFd> {
+    let mut attr = [0u64; 16];
+    attr[0] = 0; // BPF_STATS_RUN_TIME
+    let fd = bpf(BPF_ENABLE_STATS, &mut attr)?;
+    // SAFETY: a new fd the kernel just returned.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// An fd of the loaded program `id`.
+pub fn prog_fd(id: u32) -> io::Result<OwnedFd> {
+    let mut attr = [0u64; 16];
+    attr[0] = u64::from(id);
+    let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
+    // SAFETY: a new fd the kernel just returned.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// What one `BPF_PROG_TEST_RUN` returned.
+#[derive(Debug)]
+pub struct TestRun {
+    pub retval: u32,
+    pub data: Vec<u8>,
+    /// Average nanoseconds per run, as the kernel measured it.
+    pub duration_ns: u32,
+}
+
+/// Runs the program on `data` `repeat` times.
+pub fn test_run(prog: &OwnedFd, data: &[u8], repeat: u32) -> io::Result<TestRun> {
+    let mut out = vec![0u8; data.len() + 256];
+    let mut attr = [0u64; 16];
+    attr[0] = prog.as_raw_fd() as u64; // prog_fd, retval = 0
+    attr[1] = data.len() as u64 | ((out.len() as u64) << 32); // data_size_in, data_size_out
+    attr[2] = data.as_ptr() as u64;
+    attr[3] = out.as_mut_ptr() as u64;
+    attr[4] = u64::from(repeat);
+    bpf(BPF_PROG_TEST_RUN, &mut attr)?;
+    let retval = (attr[0] >> 32) as u32;
+    let size_out = (attr[1] >> 32) as usize;
+    let duration_ns = (attr[4] >> 32) as u32;
+    out.truncate(size_out);
+    Ok(TestRun { retval, data: out, duration_ns })
+}
