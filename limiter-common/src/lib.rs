@@ -60,8 +60,6 @@ pub mod map_names {
 pub mod program_names {
     /// The `sock_ops` program that counts established connections.
     pub const COUNT: &str = "limiter_count";
-    /// The `tp_btf/inet_sock_set_state` program that uncounts closed ones.
-    pub const CLOSE: &str = "limiter_close";
     /// The `sk_lookup` program that refuses connections to a full port.
     pub const REFUSE: &str = "limiter_refuse";
     /// The XDP program that answers a SYN to a full port with a RST.
@@ -220,8 +218,8 @@ pub struct Settings {
     pub prefix_v6: u32,
     /// Connections from trusted prefixes admitted past a full port.
     pub trusted_reserve: u32,
-    /// Explicit padding; always zero.
-    pub _pad: u32,
+    /// Prefixes in the trusted trie; 0 spares the refusal path the lookup.
+    pub trusted_count: u32,
 }
 
 /// Gate-wide counters, per CPU (index 0 of a per-CPU array).
@@ -296,8 +294,8 @@ pub struct TrustedKey {
     pub addr: [u8; 16],
 }
 
-/// Byte offsets of `struct sock_common` fields in the running kernel, read
-/// from its BTF by the daemon and given to the start-up walk.
+/// Byte offsets of kernel struct fields in the running kernel, read from
+/// its BTF by the daemon and given to the start-up walk.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct SockOffsets {
@@ -311,8 +309,16 @@ pub struct SockOffsets {
     pub family: u32,
     /// `skc_state` (`u8`).
     pub state: u32,
-    /// Explicit padding; always zero.
-    pub _pad: u32,
+    /// `sk_cgrp_data.cgroup` in `struct sock` (`struct cgroup *`).
+    pub sk_cgroup: u32,
+    /// `kn` in `struct cgroup` (`struct kernfs_node *`).
+    pub cgroup_kn: u32,
+    /// `id` in `struct kernfs_node` (`u64`: the cgroup directory's inode).
+    pub kn_id: u32,
+    /// `self` in `struct cgroup` (its `struct cgroup_subsys_state`).
+    pub cgroup_self: u32,
+    /// `parent` in `struct cgroup_subsys_state`.
+    pub css_parent: u32,
 }
 
 /// The source table: open addressing over an array, so no entry is ever
@@ -457,7 +463,7 @@ const _: () = {
     assert!(size_of::<SourceKey>() == 20);
     assert!(size_of::<SourceSlot>() == 32);
     assert!(size_of::<TrustedKey>() == 20);
-    assert!(size_of::<SockOffsets>() == 24);
+    assert!(size_of::<SockOffsets>() == 40);
     assert!(align_of::<PortStats>() == 8);
     assert!(align_of::<SourceSlot>() == 8);
 };

@@ -1,5 +1,5 @@
 //! Counting and uncounting one marked socket, shared by the handshake
-//! callback, the start-up walk and the close tracepoint. Both directions
+//! callback, the start-up walk and the close callback. Both directions
 //! flip `SockMark::counted` by compare-and-swap, so whichever path gets
 //! there first does the work and a socket is counted and uncounted exactly
 //! once.
@@ -20,7 +20,13 @@ use crate::{
 /// counted but without a group slot gets one if the port has a cap now.
 /// `handshake`: counted as admitted (not for connections older than the gate).
 #[inline(always)]
-pub fn count(mark: *mut SockMark, port: u16, group: &SourceKey, settings: &Settings, handshake: bool) {
+pub fn count(
+    mark: *mut SockMark,
+    port: u16,
+    group: impl FnOnce() -> SourceKey,
+    settings: &Settings,
+    handshake: bool,
+) {
     let Some(stats) = LIMITER_STATS.get_ptr_mut(u32::from(port)) else {
         return;
     };
@@ -54,7 +60,7 @@ pub fn count(mark: *mut SockMark, port: u16, group: &SourceKey, settings: &Setti
         if !capped || ptr::addr_of!((*mark).slot).read_volatile() != 0 {
             return;
         }
-        match sources::acquire(group, settings.hash_seed, settings.source_mask) {
+        match sources::acquire(&group(), settings.hash_seed, settings.source_mask) {
             Some(idx) => ptr::addr_of_mut!((*mark).slot).write_volatile(idx + 1),
             None => {
                 if let Some(c) = counters() {

@@ -99,7 +99,10 @@ pub fn refuse(port: u16, client: &Client, path: usize) -> bool {
     if path == limiter_common::path::XDP && dry_run {
         return false;
     }
-    if (why != reason::PORT || established < max + u64::from(settings.trusted_reserve)) && client.trusted() {
+    if settings.trusted_count != 0
+        && (why != reason::PORT || established < max + u64::from(settings.trusted_reserve))
+        && client.trusted()
+    {
         if path == limiter_common::path::XDP {
             return false;
         }

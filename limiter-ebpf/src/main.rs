@@ -3,7 +3,6 @@
 //! - [`sock_ops`]: counts established server-side TCP connections per local
 //!   port and client group (attached to a cgroup v2; kernel ≥ 5.15 for
 //!   `bpf_get_netns_cookie` in sock_ops);
-//! - [`close`]: uncounts them when they close (`tp_btf/inet_sock_set_state`);
 //! - [`walk`]: counts, once at start-up, connections older than the gate
 //!   (`iter/tcp`);
 //! - [`sk_lookup`]: refuses a connection attempt the gate does not admit,
@@ -20,7 +19,6 @@
 #![expect(internal_features, reason = "the bpf target has no stable 64-bit atomics")]
 
 mod atomic;
-mod close;
 mod count;
 mod gate;
 mod maps;

@@ -1,8 +1,16 @@
 //! Counting: `BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB` fires once per accepted
-//! handshake; there the socket is marked (socket-local storage), its port
-//! counted and, if the port has a per-source cap, its client group. The
-//! close is seen by [`crate::close`] for every marked socket, whichever way
-//! the connection ends.
+//! handshake; there the socket asks for state callbacks, is marked
+//! (socket-local storage), and its port is counted and, if the port has a
+//! per-source cap, its client group. Its `BPF_TCP_CLOSE` transition
+//! (reached exactly once, whichever way the connection ends) uncounts what
+//! the mark says. The start-up walk sets the same callback flag on the
+//! connections it counts, so one close path serves both.
+//!
+//! Why not a tracepoint for the close: a tracing program does not run
+//! while it is already running on the same CPU, so a socket reset in a
+//! softirq that interrupted the program's run for another socket is missed
+//! (the kernel counts it in `recursion_misses`); a flood of resets showed
+//! counts stuck above 0. sock_ops callbacks have no such guard.
 //!
 //! Minimum kernel: 5.15 (`bpf_get_netns_cookie` in sock_ops; sk_storage in
 //! sock_ops since 5.10).
@@ -11,7 +19,10 @@ use core::{ffi::c_void, ptr};
 
 use aya_ebpf::{
     EbpfContext as _,
-    bindings::{BPF_SK_STORAGE_GET_F_CREATE, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB},
+    bindings::{
+        BPF_SK_STORAGE_GET_F_CREATE, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB,
+        BPF_SOCK_OPS_STATE_CB_FLAG, BPF_TCP_CLOSE,
+    },
     helpers::generated::{bpf_get_netns_cookie, bpf_sk_storage_get},
     macros::sock_ops,
     programs::SockOpsContext,
@@ -28,11 +39,28 @@ const AF_INET6: u32 = 10;
 
 #[sock_ops]
 pub fn limiter_count(ctx: SockOpsContext) -> u32 {
-    if ctx.op() == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB {
-        on_established(&ctx);
+    match ctx.op() {
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => on_established(&ctx),
+        // args[1] is the new state.
+        BPF_SOCK_OPS_STATE_CB if ctx.arg(1) == BPF_TCP_CLOSE => on_close(&ctx),
+        _ => {}
     }
-    // sock_ops programs return 1; the value is not a verdict for this op.
+    // sock_ops programs return 1; the value is not a verdict for these ops.
     1
+}
+
+fn on_close(ctx: &SockOpsContext) {
+    // SAFETY: reading the `sk` field of the context the kernel passed.
+    let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
+    if sk.is_null() {
+        return;
+    }
+    let map = ptr::from_ref(&LIMITER_SOCKS).cast_mut().cast::<c_void>();
+    // SAFETY: `sk` is the non-null full socket of this callback.
+    let mark = unsafe { bpf_sk_storage_get(map, sk.cast(), ptr::null_mut(), 0) }.cast::<SockMark>();
+    if !mark.is_null() {
+        count::uncount(mark);
+    }
 }
 
 fn on_established(ctx: &SockOpsContext) {
@@ -49,15 +77,25 @@ fn on_established(ctx: &SockOpsContext) {
     }
     // local_port is host order in sock_ops (DESIGN.md); ports fit in 16 bits.
     let port = ctx.local_port() as u16;
-    // remote addresses are network order in memory.
-    let group = if family == AF_INET {
-        source::key_v4(ctx.remote_ip4(), port, settings.prefix_v4)
-    } else {
-        source::key_v6(ctx.remote_ip6(), port, settings.prefix_v4, settings.prefix_v6)
+    // remote addresses are network order in memory; read only for a port
+    // with a per-source cap.
+    let group = || {
+        if family == AF_INET {
+            source::key_v4(ctx.remote_ip4(), port, settings.prefix_v4)
+        } else {
+            source::key_v6(ctx.remote_ip6(), port, settings.prefix_v4, settings.prefix_v6)
+        }
     };
     // SAFETY: reading the `sk` field of the context the kernel passed.
     let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
     if sk.is_null() {
+        return;
+    }
+    // Ask for the state callbacks first: if that fails nothing is counted,
+    // so nothing waits for a close that would not be seen.
+    let flags = ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG;
+    if ctx.set_cb_flags(flags as i32).is_err() {
+        untracked();
         return;
     }
     let mut init = SockMark::default();
@@ -73,11 +111,16 @@ fn on_established(ctx: &SockOpsContext) {
     }
     .cast::<SockMark>();
     if mark.is_null() {
-        if let Some(c) = counters() {
-            // SAFETY: this CPU's own per-CPU value.
-            unsafe { (*c).untracked_sockets += 1 };
-        }
+        untracked();
         return;
     }
-    count::count(mark, port, &group, settings, true);
+    count::count(mark, port, group, settings, true);
+}
+
+/// Counts a socket the gate could not track.
+pub fn untracked() {
+    if let Some(c) = counters() {
+        // SAFETY: this CPU's own per-CPU value.
+        unsafe { (*c).untracked_sockets += 1 };
+    }
 }

@@ -2,8 +2,11 @@
 //! attaching, over every TCP socket of the gated network namespace (the
 //! iterator's namespace is the one it is opened from). It counts the
 //! server-side connections that were established before the gate attached
-//! and so never passed through sock_ops; [`crate::close`] uncounts them
-//! when they close.
+//! and so never passed through sock_ops, and sets their sock_ops
+//! state-callback flag (`bpf_setsockopt(TCP_BPF_SOCK_OPS_CB_FLAGS)`, kernel
+//! 6.10), so that `limiter_count` sees their close and uncounts them like
+//! any other. Where the flag cannot be set, the connection is not counted
+//! (`untracked_sockets`).
 //!
 //! The iterator calls this program with the socket locked, so neither the
 //! socket's handshake callback nor its close can run meanwhile: a socket is
@@ -18,13 +21,17 @@
 //! [`LIMITER_OFFSETS`] (set by the daemon at load time), so no kernel headers
 //! are compiled in.
 //!
-//! Minimum kernel: 5.19 (socket locked in the TCP iterator).
+//! Minimum kernel: 5.19 (socket locked in the TCP iterator); 6.10 to count
+//! anything (`TCP_BPF_SOCK_OPS_CB_FLAGS`).
 
 use core::{ffi::c_void, ptr};
 
 use aya_ebpf::{
     bindings::BPF_SK_STORAGE_GET_F_CREATE,
-    helpers::generated::{bpf_probe_read_kernel, bpf_sk_storage_get, bpf_skc_to_tcp_sock},
+    bindings::BPF_SOCK_OPS_STATE_CB_FLAG,
+    helpers::generated::{
+        bpf_getsockopt, bpf_probe_read_kernel, bpf_setsockopt, bpf_sk_storage_get, bpf_skc_to_tcp_sock,
+    },
 };
 use limiter_common::{SockMark, SockOffsets, source};
 
@@ -35,8 +42,18 @@ use crate::{
 
 /// Set by the daemon at load time (`EbpfLoader::set_global`).
 #[unsafe(no_mangle)]
-static LIMITER_OFFSETS: SockOffsets =
-    SockOffsets { daddr: 0, v6_daddr: 0, num: 0, family: 0, state: 0, _pad: 0 };
+static LIMITER_OFFSETS: SockOffsets = SockOffsets {
+    daddr: 0,
+    v6_daddr: 0,
+    num: 0,
+    family: 0,
+    state: 0,
+    sk_cgroup: 0,
+    cgroup_kn: 0,
+    kn_id: 0,
+    cgroup_self: 0,
+    css_parent: 0,
+};
 
 /// `struct bpf_iter__tcp`.
 #[repr(C)]
@@ -47,6 +64,9 @@ pub struct IterTcp {
 }
 
 const AF_INET: u16 = 2;
+const SOL_TCP: i32 = 6;
+/// `TCP_BPF_SOCK_OPS_CB_FLAGS` (include/uapi/linux/bpf.h, kernel 6.10).
+const TCP_BPF_SOCK_OPS_CB_FLAGS: i32 = 1008;
 const TCP_ESTABLISHED: u8 = 1;
 const TCP_FIN_WAIT1: u8 = 4;
 const TCP_FIN_WAIT2: u8 = 5;
@@ -67,6 +87,25 @@ fn read<T: Default>(base: *const u8, offset: u32) -> T {
         );
     }
     out
+}
+
+/// Whether the socket's cgroup is `id` or below it (at most 16 levels up).
+fn in_cgroup(sk: *const u8, off: &SockOffsets, id: u64) -> bool {
+    let mut cgroup: u64 = read(sk, off.sk_cgroup);
+    for _ in 0..16 {
+        if cgroup == 0 {
+            return false;
+        }
+        let kn: u64 = read(cgroup as *const u8, off.cgroup_kn);
+        if kn != 0 && read::<u64>(kn as *const u8, off.kn_id) == id {
+            return true;
+        }
+        let parent: u64 = read(cgroup as *const u8, off.cgroup_self + off.css_parent);
+        // `self` is the cgroup's own css: the parent css sits at the same
+        // offset inside the parent cgroup.
+        cgroup = if parent == 0 { 0 } else { parent - u64::from(off.cgroup_self) };
+    }
+    false
 }
 
 #[unsafe(no_mangle)]
@@ -102,11 +141,18 @@ pub extern "C" fn limiter_walk(ctx: *mut IterTcp) -> i32 {
     let Some(settings) = LIMITER_CONFIG.get(0) else {
         return 0;
     };
+    // Only sockets whose close limiter_count will see: those of the gated
+    // cgroup or a cgroup below it.
+    if !in_cgroup(base, &off, settings.cgroup_id) {
+        return 0;
+    }
     let family: u16 = read(base, off.family);
-    let group = if family == AF_INET {
-        source::key_v4(read(base, off.daddr), port, settings.prefix_v4)
-    } else {
-        source::key_v6(read(base, off.v6_daddr), port, settings.prefix_v4, settings.prefix_v6)
+    let group = || {
+        if family == AF_INET {
+            source::key_v4(read(base, off.daddr), port, settings.prefix_v4)
+        } else {
+            source::key_v6(read(base, off.v6_daddr), port, settings.prefix_v4, settings.prefix_v6)
+        }
     };
     // SAFETY: `skc` is the iterator's socket; NULL unless a full TCP socket.
     let tcp = unsafe { bpf_skc_to_tcp_sock(skc) };
@@ -125,8 +171,41 @@ pub extern "C" fn limiter_walk(ctx: *mut IterTcp) -> i32 {
         )
     }
     .cast::<SockMark>();
-    if !mark.is_null() {
-        count::count(mark, port, &group, settings, false);
+    if mark.is_null() {
+        crate::sock_ops::untracked();
+        return 0;
     }
+    // SAFETY: this socket's storage; the iterator holds the socket locked.
+    if unsafe { ptr::addr_of!((*mark).counted).read_volatile() } == 0 {
+        // Its close must reach limiter_count before it is counted.
+        let mut flags: i32 = 0;
+        let size = size_of::<i32>() as i32;
+        // SAFETY: a locked full TCP socket; `flags` is ours.
+        unsafe {
+            if bpf_getsockopt(
+                tcp.cast(),
+                SOL_TCP,
+                TCP_BPF_SOCK_OPS_CB_FLAGS,
+                ptr::from_mut(&mut flags).cast(),
+                size,
+            ) != 0
+            {
+                flags = 0;
+            }
+            flags |= BPF_SOCK_OPS_STATE_CB_FLAG as i32;
+            if bpf_setsockopt(
+                tcp.cast(),
+                SOL_TCP,
+                TCP_BPF_SOCK_OPS_CB_FLAGS,
+                ptr::from_mut(&mut flags).cast(),
+                size,
+            ) != 0
+            {
+                crate::sock_ops::untracked();
+                return 0;
+            }
+        }
+    }
+    count::count(mark, port, group, settings, false);
     0
 }

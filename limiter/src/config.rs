@@ -544,6 +544,8 @@ impl Config {
             ("kernel.xdp.interfaces", self.kernel.xdp_interfaces.join(", ")),
             ("kernel.xdp.mode", format!("{:?}", self.kernel.xdp_mode)),
             ("kernel.sourceTableSize", self.kernel.source_table_size.to_string()),
+            ("kernel.sourcePrefixV4", self.kernel.source_prefix_v4.to_string()),
+            ("kernel.sourcePrefixV6", self.kernel.source_prefix_v6.to_string()),
             ("admin.listen", self.admin.listen.to_string()),
             ("http.listen", self.http.listen.to_string()),
             ("http.workers", self.http.workers.to_string()),

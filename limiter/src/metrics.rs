@@ -147,12 +147,12 @@ pub fn kernel(page: &mut Page, snap: &Snapshot) {
             }
         }
     }
-    let fixed = ["link_sock_ops", "link_close", "link_sk_lookup"];
+    let fixed = ["link_sock_ops", "link_sk_lookup"];
     let attached = snap.links.iter().filter(|l| fixed.contains(&l.pin.as_str())).all(|l| l.link_id.is_some());
     page.family(
         "limiter_kernel_gate_attached",
         "gauge",
-        "1 while the counting, uncounting and refusing programs are pinned and attached; 0 after `limiter unload`.",
+        "1 while the counting and refusing programs are pinned and attached; 0 after `limiter unload`.",
     )
     .sample("limiter_kernel_gate_attached", &[], u8::from(attached));
     page.family(

@@ -132,6 +132,11 @@ impl Peer {
         .map(drop)
     }
 
+    /// A new handle on the client namespace, for threads that enter it.
+    pub fn netns_file(&self) -> File {
+        self.netns.try_clone().expect("dup netns fd")
+    }
+
     /// Runs `f` on a thread inside the client namespace.
     pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
         let netns = self.netns.try_clone().expect("dup netns fd");

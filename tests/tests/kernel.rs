@@ -507,3 +507,51 @@ fn dump_and_metrics_agree_with_what_was_opened() {
     wait_established(&sb.pin_path, P, 0);
     wait_established(&sb.pin_path, other, 0);
 }
+
+#[test]
+fn count_returns_to_zero_after_a_reset_flood_that_races_the_listeners_close() {
+    require_kernel!();
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    };
+    let sb = Sandbox::new().unwrap();
+    let _daemon = Daemon::start(&sb.config(&format!("{P}:1000000"), ""), &[]).unwrap();
+    let mut total = 0;
+    for round in 0..3 {
+        let listener = sb.listen(&addr(P), 4096);
+        listener.set_nonblocking(true).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let connected = Arc::new(AtomicU64::new(0));
+        let clients: Vec<_> = (0..2)
+            .map(|_| {
+                let (stop, connected, netns) = (stop.clone(), connected.clone(), sb.netns_file());
+                std::thread::spawn(move || {
+                    nix::sched::setns(std::os::fd::AsFd::as_fd(&netns), nix::sched::CloneFlags::CLONE_NEWNET)
+                        .unwrap();
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Ok(s) = TcpStream::connect(addr(P)) {
+                            reset_on_close(&s);
+                            connected.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_millis(1500);
+        while Instant::now() < deadline {
+            if let Ok((s, _)) = listener.accept() {
+                drop(s);
+            }
+        }
+        // The listener closes while connects are still arriving.
+        drop(listener);
+        std::thread::sleep(Duration::from_millis(200));
+        stop.store(true, Ordering::Relaxed);
+        clients.into_iter().for_each(|c| c.join().unwrap());
+        total += connected.load(Ordering::Relaxed);
+        let row = wait_established(&sb.pin_path, P, 0);
+        assert!(row.admitted > 0, "round {round}: nothing was counted");
+    }
+    eprintln!("{total} connections, count back to 0 after each round");
+}

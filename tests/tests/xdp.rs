@@ -524,6 +524,11 @@ fn connections_older_than_the_gate_are_counted_and_uncounted() {
     drop(half);
     // An unaccepted one too: established in the accept queue.
     let queued = sb.connect(&format!("127.0.0.1:{p}")).unwrap();
+    // Connections of a listener outside the gated cgroup are not the gate's
+    // to count (sock_ops never sees them), before or after.
+    let q = free_port();
+    let outside = sb.listen_uncounted(&format!("127.0.0.1:{q}"));
+    let outside_pair = (sb.connect(&format!("127.0.0.1:{q}")).unwrap(), accept_n(&outside, 1));
 
     let config = sb.config(&format!("{p}:8"), "");
     let mut daemon = Daemon::start(&config, &[]).unwrap();
@@ -531,6 +536,8 @@ fn connections_older_than_the_gate_are_counted_and_uncounted() {
     let view = wait_established(&sb.pin_path, p, 7);
     assert_eq!(view.admitted, 0, "walked connections are not handshakes the gate saw");
     assert_eq!(dump(&sb.pin_path)["kernel"]["walked"], 7);
+    assert_eq!(port(&dump(&sb.pin_path), q).established, 0, "outside the cgroup");
+    drop(outside_pair);
     // They count against the limit: one more fits, the next is refused.
     let extra = sb.connect(&format!("127.0.0.1:{p}")).unwrap();
     wait_established(&sb.pin_path, p, 8);
@@ -556,4 +563,61 @@ fn connections_older_than_the_gate_are_counted_and_uncounted() {
     drop((l, l6));
     wait_established(&sb.pin_path, p, 0);
     drop(daemon);
+}
+
+#[test]
+fn trusted_prefixes_reload_live_and_a_reshaped_gate_is_refused_at_restart() {
+    require_kernel!();
+    let p = free_port();
+    let (sb, peer, config) = setup(&format!("{p}:1"), "kernel.trustedReserve = 1\n");
+    let mut daemon = start(&sb, &peer, &config);
+    let l = sb.listen(&format!("0.0.0.0:{p}"), 128);
+    let _held = (peer.connect(sa(peer.server_v4, p), None).unwrap(), accept(&l));
+    wait_established(&sb.pin_path, p, 1);
+    assert_eq!(peer.connect(sa(peer.server_v4, p), None).unwrap_err().kind(), ErrorKind::ConnectionRefused);
+
+    // Trust the client by a reload: its next connection uses the reserve.
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}kernel.trusted = 10.77.{}.0/24\n", peer.n)).unwrap();
+    let outcome = daemon.reload();
+    assert!(outcome.contains("applied"), "{outcome}");
+    let _trusted = (peer.connect(sa(peer.server_v4, p), None).unwrap(), accept(&l));
+    wait_established(&sb.pin_path, p, 2);
+    assert_eq!(dump(&sb.pin_path)["kernel"]["trusted"][0], format!("10.77.{}.0/24", peer.n));
+
+    // A bad reload changes nothing; one touching a restart-only key names it.
+    std::fs::write(&config, format!("{text}kernel.trusted = 10.77.{}.1/24\n", peer.n)).unwrap();
+    assert!(daemon.reload().contains("host bits"));
+    std::fs::write(
+        &config,
+        format!("{text}kernel.trusted = 10.77.{}.0/24\nkernel.sourcePrefixV4 = 24\n", peer.n),
+    )
+    .unwrap();
+    assert!(daemon.reload().contains("kernel.sourcePrefixV4"));
+    assert_eq!(dump(&sb.pin_path)["kernel"]["source_prefix_v4"], 32);
+
+    // The pinned gate's shape is fixed: a restart asking for another one is
+    // refused with the key and what to run, and the gate keeps enforcing.
+    daemon.signal(nix::sys::signal::Signal::SIGTERM);
+    daemon.wait();
+    let out = limiter(&["run", "--config", config.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("kernel.sourcePrefixV4 = 32") && err.contains("limiter unload"),
+        "{err}"
+    );
+    std::fs::write(
+        &config,
+        format!("{}kernel.trusted = 10.77.{}.0/24\n", text.replace(&peer.server_if, "lo"), peer.n),
+    )
+    .unwrap();
+    let out = limiter(&["run", "--config", config.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("kernel.xdp.interfaces"), "{err}");
+    let typo = text.replace(&peer.server_if, "nosuchif0");
+    std::fs::write(&config, typo).unwrap();
+    let out = limiter(&["run", "--config", config.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("kernel.xdp.interfaces: no interface nosuchif0"), "{err}");
+    assert_eq!(peer.connect(sa(peer.server_v4, p), None).unwrap_err().kind(), ErrorKind::ConnectionRefused);
 }

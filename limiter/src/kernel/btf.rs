@@ -174,17 +174,23 @@ pub fn sock_offsets() -> Result<SockOffsets, String> {
 }
 
 fn offsets_from(btf: &Btf) -> Result<SockOffsets, String> {
-    let members = btf.member_offsets("sock_common")?;
-    let get = |field: &str| {
-        members.get(field).copied().ok_or_else(|| format!("struct sock_common has no {field} in this kernel"))
+    let field = |strukt: &str, name: &str| -> Result<u32, String> {
+        btf.member_offsets(strukt)?
+            .get(name)
+            .copied()
+            .ok_or_else(|| format!("struct {strukt} has no {name} in this kernel"))
     };
     Ok(SockOffsets {
-        daddr: get("skc_daddr")?,
-        v6_daddr: get("skc_v6_daddr")?,
-        num: get("skc_num")?,
-        family: get("skc_family")?,
-        state: get("skc_state")?,
-        _pad: 0,
+        daddr: field("sock_common", "skc_daddr")?,
+        v6_daddr: field("sock_common", "skc_v6_daddr")?,
+        num: field("sock_common", "skc_num")?,
+        family: field("sock_common", "skc_family")?,
+        state: field("sock_common", "skc_state")?,
+        sk_cgroup: field("sock", "sk_cgrp_data")? + field("sock_cgroup_data", "cgroup")?,
+        cgroup_kn: field("cgroup", "kn")?,
+        kn_id: field("kernfs_node", "id")?,
+        cgroup_self: field("cgroup", "self")?,
+        css_parent: field("cgroup_subsys_state", "parent")?,
     })
 }
 
@@ -203,6 +209,8 @@ mod tests {
         let off = offsets_from(&Btf::parse(&data).unwrap()).unwrap();
         assert_eq!((off.daddr, off.num, off.family, off.state), (0, 14, 16, 18));
         assert!(off.v6_daddr >= 24 && off.v6_daddr.is_multiple_of(4), "{off:?}");
+        assert!(off.sk_cgroup > off.v6_daddr && off.sk_cgroup.is_multiple_of(8), "{off:?}");
+        assert!(off.kn_id.is_multiple_of(8) && off.cgroup_kn.is_multiple_of(8), "{off:?}");
     }
 
     #[test]

@@ -17,7 +17,6 @@
 //! | `LIMITER_COUNTS` | per-CPU array, index 0: [`GateCounters`] |
 //! | `LIMITER_WALK` | array, index port → `u32`: scratch of the start-up walk |
 //! | `link_sock_ops` | bpf link: `limiter_count` on the cgroup |
-//! | `link_close` | bpf link: `limiter_close` on `tp_btf/inet_sock_set_state` |
 //! | `link_sk_lookup` | bpf link: `limiter_refuse` on the network namespace |
 //! | `link_xdp_<interface>` | bpf link: `limiter_xdp` on one interface |
 //!
@@ -41,10 +40,7 @@ use aya::{
         Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap,
         lpm_trie::{Key, LpmTrie},
     },
-    programs::{
-        BtfTracePoint, CgroupAttachMode, Iter, SkLookup, SockOps, Xdp, XdpMode, links::FdLink,
-        links::PinnedLink,
-    },
+    programs::{CgroupAttachMode, Iter, SkLookup, SockOps, Xdp, XdpMode, links::FdLink, links::PinnedLink},
 };
 use limiter_common::{
     GateCounters, LAYOUT_VERSION, PortKey, PortLimit, PortStats, Refusals, Settings, SourceSlot, map_names,
@@ -59,17 +55,14 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 
 /// Pin name of the sock_ops (counting) link.
 pub const LINK_COUNT: &str = "link_sock_ops";
-/// Pin name of the close tracepoint's link.
-pub const LINK_CLOSE: &str = "link_close";
 /// Pin name of the sk_lookup (refusing) link.
 pub const LINK_REFUSE: &str = "link_sk_lookup";
 /// Pin names of XDP links: this prefix and the interface name.
 pub const LINK_XDP_PREFIX: &str = "link_xdp_";
 /// Every fixed pin the daemon owns; `unload` removes exactly these and the
 /// `link_xdp_*` pins.
-pub const OWN_PINS: [&str; 14] = [
+pub const OWN_PINS: [&str; 13] = [
     LINK_REFUSE,
-    LINK_CLOSE,
     LINK_COUNT,
     map_names::SOURCES,
     map_names::TRUSTED,
@@ -360,7 +353,7 @@ fn pin_state(pin_dir: &Path) -> PinState {
     let present = own_pins(pin_dir);
     if present.is_empty() {
         PinState::Empty
-    } else if [LINK_COUNT, LINK_CLOSE, LINK_REFUSE].iter().all(|l| pin_dir.join(l).exists()) {
+    } else if [LINK_COUNT, LINK_REFUSE].iter().all(|l| pin_dir.join(l).exists()) {
         PinState::Complete
     } else {
         PinState::Partial(present)
@@ -517,23 +510,8 @@ impl Gate {
         let mut gate = Self::open(&pin_dir)?;
         let changes = gate.apply(config)?;
 
-        // Uncounting before counting, so no counted socket closes unseen;
-        // counting before refusing, so the refusal never reads a count
+        // Counting before refusing, so the refusal never reads a count
         // nobody keeps.
-        let close: &mut BtfTracePoint = ebpf
-            .program_mut(program_names::CLOSE)
-            .ok_or_else(|| missing(program_names::CLOSE))?
-            .try_into()
-            .map_err(KernelError::load)?;
-        close
-            .load("inet_sock_set_state", &kernel_btf)
-            .map_err(|e| KernelError::Load(format!("{}: {e}", program_names::CLOSE)))?;
-        let id = close.attach().map_err(|e| {
-            KernelError::Load(format!("attaching {} to inet_sock_set_state: {e}", program_names::CLOSE))
-        })?;
-        let link: FdLink = close.take_link(id).map_err(KernelError::load)?.into();
-        pin_link(link, &pin_dir.join(LINK_CLOSE), &mut rollback)?;
-
         let count: &mut SockOps = ebpf
             .program_mut(program_names::COUNT)
             .ok_or_else(|| missing(program_names::COUNT))?
@@ -684,7 +662,11 @@ impl Gate {
         let old_trusted = self.trusted_prefixes()?;
         let changes = self.set_limits(&config.port_limits())?;
         let result = self.set_trusted(&old_trusted, &config.trusted).and_then(|()| {
-            let settings = Settings { trusted_reserve: config.trusted_reserve, ..old_settings };
+            let settings = Settings {
+                trusted_reserve: config.trusted_reserve,
+                trusted_count: config.trusted.len() as u32,
+                ..old_settings
+            };
             self.settings.set(0, settings, 0).map_err(KernelError::map("writing the settings map"))
         });
         if let Err(e) = result {
@@ -824,8 +806,7 @@ impl Gate {
             b.established.cmp(&a.established).then(a.port.cmp(&b.port)).then(a.group.cmp(&b.group))
         });
         top.truncate(TOP_SOURCES);
-        let mut pins: Vec<String> =
-            [LINK_COUNT, LINK_CLOSE, LINK_REFUSE].iter().map(|s| (*s).to_owned()).collect();
+        let mut pins: Vec<String> = [LINK_COUNT, LINK_REFUSE].iter().map(|s| (*s).to_owned()).collect();
         pins.extend(xdp_pins(&self.pin_dir).into_iter().map(|(i, _)| format!("{LINK_XDP_PREFIX}{i}")));
         let links = pins
             .into_iter()
