@@ -1,8 +1,11 @@
 //! The admin listener (`admin.listen`, loopback by default): `GET /metrics`
 //! (Prometheus text), `GET /status` (JSON, what `limiter dump` adds when
-//! the daemon runs), `GET /healthz`, and the breaker override:
-//! `GET /breaker`, `POST /breaker/open`, `POST /breaker/close`,
-//! `POST /breaker/auto`.
+//! the daemon runs), `GET /healthz` (503 while draining), `POST /reload`,
+//! and the breaker override: `GET /breaker`, `POST /breaker/open`,
+//! `POST /breaker/close`, `POST /breaker/auto`.
+//!
+//! With `admin.tokenFile`, every path but `/healthz` (which probes must
+//! reach and which tells nothing) requires `Authorization: Bearer TOKEN`.
 
 use std::{convert::Infallible, sync::Arc};
 
@@ -36,7 +39,28 @@ pub async fn serve(listener: TcpListener, state: Arc<State>, mut shutdown: watch
     }
 }
 
+/// Whether `req` carries the configured token (compared in constant time).
+fn authorized(req: &Request<Incoming>, state: &State) -> bool {
+    let Some(token) = state.admin_token() else { return true };
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let (a, b) = (given.as_bytes(), token.0.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 async fn handle(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Body>, Infallible> {
+    if req.uri().path() != "/healthz" && !authorized(&req, &state) {
+        let mut response =
+            reply(StatusCode::UNAUTHORIZED, "text/plain", "a bearer token is required\n".into());
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer realm=\"limiter\""));
+        return Ok(response);
+    }
     let response = match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => match state.metrics() {
             Ok(text) => reply(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", text),
@@ -46,7 +70,29 @@ async fn handle(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bo
             Ok(json) => reply(StatusCode::OK, "application/json", json.to_string()),
             Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("{e}\n")),
         },
-        (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n".into()),
+        (&Method::GET, "/healthz") => {
+            if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
+                reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n".into())
+            } else {
+                reply(StatusCode::OK, "text/plain", "ok\n".into())
+            }
+        }
+        (&Method::POST, "/reload") => {
+            let state = state.clone();
+            match tokio::task::spawn_blocking(move || state.reload()).await {
+                Ok(Ok(changes)) => reply(
+                    StatusCode::OK,
+                    "application/json",
+                    serde_json::json!({ "applied": true, "changes": changes }).to_string(),
+                ),
+                Ok(Err(why)) => reply(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "application/json",
+                    serde_json::json!({ "applied": false, "error": why }).to_string(),
+                ),
+                Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("reload: {e}\n")),
+            }
+        }
         (&Method::GET, "/breaker") => {
             reply(StatusCode::OK, "application/json", state.breaker(None).to_string())
         }
@@ -62,7 +108,7 @@ async fn handle(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bo
         (_, "/metrics" | "/status" | "/healthz" | "/breaker") => {
             reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n".into())
         }
-        (_, "/breaker/open" | "/breaker/close" | "/breaker/auto") => {
+        (_, "/breaker/open" | "/breaker/close" | "/breaker/auto" | "/reload") => {
             reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "POST only\n".into())
         }
         _ => reply(

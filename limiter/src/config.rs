@@ -54,6 +54,10 @@ pub mod defaults {
     pub const LINGER_MS: u64 = 2_000;
     /// `http.retryAfterMs`.
     pub const RETRY_AFTER_MS: u64 = 1_000;
+    /// `http.drainTimeoutMs`: how long SIGTERM lets requests in flight finish.
+    pub const DRAIN_TIMEOUT_MS: u64 = 30_000;
+    /// `admin.logLevel`.
+    pub const LOG_LEVEL: &str = "info";
     /// `breaker.threshold`.
     pub const BREAKER_THRESHOLD: f64 = 0.5;
     /// `breaker.minRequests`.
@@ -84,6 +88,9 @@ pub struct Config {
     pub admin: AdminConfig,
     /// Keys the file had that belong to the business runtime.
     pub ignored: Vec<String>,
+    /// The daemon's keys as the file wrote them (reloads report what
+    /// changed from these).
+    pub written: BTreeMap<String, String>,
 }
 
 /// `kernel.*`: the eBPF gate.
@@ -131,6 +138,16 @@ pub enum XdpModeChoice {
     Driver,
     /// Generic (skb) mode.
     Generic,
+}
+
+/// A value that never appears in logs or debug output.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 /// `kernel.port.<port>.*`.
@@ -208,6 +225,9 @@ pub struct HttpConfig {
     pub retry_after_ms: u64,
     /// Proxy worker threads, each with its own event loop (`http.workers`).
     pub workers: usize,
+    /// On SIGTERM, how long requests in flight may take to finish
+    /// (`http.drainTimeoutMs`).
+    pub drain_timeout_ms: u64,
 }
 
 impl HttpConfig {
@@ -236,6 +256,14 @@ pub struct BreakerConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AdminConfig {
     pub listen: SocketAddr,
+    /// A file holding the bearer token the admin listener requires
+    /// (`admin.tokenFile`); `None`: no token.
+    pub token_file: Option<PathBuf>,
+    /// The token read from `token_file` when the configuration was loaded.
+    pub token: Option<Secret>,
+    /// Log filter (`admin.logLevel`): `error`, `warn`, `info`, `debug`,
+    /// `trace`, or a tracing filter such as `info,limiter::proxy=debug`.
+    pub log_level: String,
 }
 
 impl Default for Config {
@@ -272,6 +300,7 @@ impl Default for Config {
                 linger_ms: defaults::LINGER_MS,
                 retry_after_ms: defaults::RETRY_AFTER_MS,
                 workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
+                drain_timeout_ms: defaults::DRAIN_TIMEOUT_MS,
             },
             breaker: BreakerConfig {
                 threshold: defaults::BREAKER_THRESHOLD,
@@ -284,8 +313,14 @@ impl Default for Config {
                 failure_statuses: vec![(500, 599)],
                 bypass_debug: true,
             },
-            admin: AdminConfig { listen: defaults::ADMIN_LISTEN.parse().expect("valid default") },
+            admin: AdminConfig {
+                listen: defaults::ADMIN_LISTEN.parse().expect("valid default"),
+                token_file: None,
+                token: None,
+                log_level: defaults::LOG_LEVEL.to_owned(),
+            },
             ignored: Vec::new(),
+            written: BTreeMap::new(),
         }
     }
 }
@@ -326,7 +361,7 @@ enum Owner {
 }
 
 fn owner(key: &str) -> Owner {
-    const OWNED_HTTP: [&str; 14] = [
+    const OWNED_HTTP: [&str; 15] = [
         "http.maxThreads",
         "http.maxSessionConnections",
         "http.maxWebConnections",
@@ -341,6 +376,7 @@ fn owner(key: &str) -> Owner {
         "http.lingerMs",
         "http.retryAfterMs",
         "http.workers",
+        "http.drainTimeoutMs",
     ];
     let namespace = key.split('.').next().unwrap_or("");
     if matches!(namespace, "kernel" | "breaker" | "admin") || OWNED_HTTP.contains(&key) {
@@ -409,7 +445,8 @@ impl Config {
             match owner(&key) {
                 Owner::Runtime => config.ignored.push(key),
                 Owner::Daemon => {
-                    config.set(&key, value).map_err(|message| err(Some(&key), Some(value), message))?
+                    config.set(&key, value).map_err(|message| err(Some(&key), Some(value), message))?;
+                    config.written.insert(key, value.to_owned());
                 }
             }
         }
@@ -460,6 +497,7 @@ impl Config {
             "http.lingerMs" => self.http.linger_ms = ms(value, 0)?,
             "http.retryAfterMs" => self.http.retry_after_ms = ms(value, 0)?,
             "http.workers" => self.http.workers = int_at_least(value, 1)? as usize,
+            "http.drainTimeoutMs" => self.http.drain_timeout_ms = ms(value, 0)?,
             "breaker.threshold" => self.breaker.threshold = ratio(value)?,
             "breaker.minRequests" => self.breaker.min_requests = int_at_least(value, 1)?,
             "breaker.sleepWindowMs" => self.breaker.sleep_window_ms = ms(value, 1)?,
@@ -470,6 +508,12 @@ impl Config {
             "breaker.failureStatuses" => self.breaker.failure_statuses = statuses(value)?,
             "breaker.bypassDebug" => self.breaker.bypass_debug = boolean(value)?,
             "admin.listen" => self.admin.listen = socket_addr(value)?,
+            "admin.tokenFile" => {
+                let path = absolute_path(value)?;
+                self.admin.token = Some(Secret(read_token(&path)?));
+                self.admin.token_file = Some(path);
+            }
+            "admin.logLevel" => self.admin.log_level = log_level(value)?,
             _ => {
                 let namespace = key.split('.').next().unwrap_or(key);
                 return Err(format!(
@@ -532,6 +576,26 @@ impl Config {
             return Err(("breaker.windowMs".into(), "more than 3600 buckets; use larger buckets".into()));
         }
         Ok(())
+    }
+
+    /// What changed from `self` to `new`, key by key as the files wrote
+    /// them (`key: old -> new`; a key left out means its default). A token
+    /// file whose contents changed is named, its contents never shown.
+    pub fn changes_to(&self, new: &Config) -> Vec<String> {
+        let mut out = Vec::new();
+        let keys: std::collections::BTreeSet<&String> =
+            self.written.keys().chain(new.written.keys()).collect();
+        for key in keys {
+            let (a, b) = (self.written.get(key), new.written.get(key));
+            if a != b {
+                let show = |v: Option<&String>| v.map_or_else(|| "(default)".to_owned(), Clone::clone);
+                out.push(format!("{key}: {} -> {}", show(a), show(b)));
+            }
+        }
+        if self.admin.token_file == new.admin.token_file && self.admin.token != new.admin.token {
+            out.push("admin.tokenFile: (contents changed)".into());
+        }
+        out
     }
 
     /// Keys whose change needs a restart, with their values here.
@@ -617,6 +681,27 @@ fn upstream(value: &str) -> Result<String, String> {
         return Err("expected host:port (or http://host:port)".into());
     }
     Ok(rest.to_owned())
+}
+
+/// The first line of a token file: at least 16 characters, no spaces.
+fn read_token(path: &Path) -> Result<String, String> {
+    let text = fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let token = text.lines().next().unwrap_or("").trim();
+    if token.len() < 16 || token.contains(char::is_whitespace) {
+        return Err(format!(
+            "{}: the token must be one line of at least 16 characters without spaces",
+            path.display()
+        ));
+    }
+    Ok(token.to_owned())
+}
+
+/// A tracing filter directive, checked the way the logger will parse it.
+fn log_level(value: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::builder()
+        .parse(value)
+        .map(|_| value.to_owned())
+        .map_err(|e| format!("not a log filter ({e}); try error, warn, info, debug or trace"))
 }
 
 fn int_in(value: &str, min: u32, max: u32) -> Result<u32, String> {

@@ -58,6 +58,10 @@ struct GateState {
 
 /// What the admin listener and the signal handlers share.
 pub struct State {
+    config_path: PathBuf,
+    /// Set on SIGTERM: `/healthz` answers 503 so that load balancers and
+    /// readiness probes stop sending work while requests drain.
+    pub draining: std::sync::atomic::AtomicBool,
     gate: Option<GateState>,
     http: Arc<Http>,
     config: Mutex<Config>,
@@ -122,26 +126,34 @@ impl State {
         serde_json::to_value(self.http.breaker.snapshot()).unwrap_or_default()
     }
 
-    /// Re-reads the file and applies it whole, or nothing.
-    fn reload(&self, path: &Path) {
-        match self.try_reload(path) {
-            Ok(changes) if changes.is_empty() => {
-                self.reloads_ok.fetch_add(1, Ordering::Relaxed);
-                tracing::info!("reload: configuration applied; no kernel limit changed");
-            }
+    /// The bearer token the admin listener requires, if any.
+    pub fn admin_token(&self) -> Option<crate::config::Secret> {
+        self.config.lock().expect("config lock").admin.token.clone()
+    }
+
+    /// Re-reads the configuration file and applies it whole, or nothing
+    /// (SIGHUP and `POST /reload`). Returns what changed, or why nothing
+    /// did.
+    pub fn reload(&self) -> Result<Vec<String>, String> {
+        match self.try_reload(&self.config_path) {
             Ok(changes) => {
                 self.reloads_ok.fetch_add(1, Ordering::Relaxed);
-                let text: Vec<String> = changes.iter().map(ToString::to_string).collect();
-                tracing::info!(changes = %text.join(" "), "reload: configuration applied");
+                if changes.is_empty() {
+                    tracing::info!("reload: configuration applied; nothing changed");
+                } else {
+                    tracing::info!(changes = %changes.join("; "), "reload: configuration applied");
+                }
+                Ok(changes)
             }
             Err(why) => {
                 self.reloads_failed.fetch_add(1, Ordering::Relaxed);
                 tracing::error!("reload rejected, nothing changed: {why}");
+                Err(why)
             }
         }
     }
 
-    fn try_reload(&self, path: &Path) -> Result<Vec<kernel::LimitChange>, String> {
+    fn try_reload(&self, path: &Path) -> Result<Vec<String>, String> {
         let new = Config::load(path).map_err(|e| e.to_string())?;
         let mut config = self.config.lock().expect("config lock");
         let changed: Vec<&str> = config
@@ -158,13 +170,17 @@ impl State {
             return Err("http.upstream changed, which needs a restart".into());
         }
         self.http.can_reload(&new).map_err(|key| format!("{key} changed, which needs a restart"))?;
+        let mut changes = config.changes_to(&new);
         // The kernel part can fail (a map write); it goes first so that a
         // failure leaves the HTTP side untouched too.
-        let changes = match &self.gate {
-            Some(g) => g.gate.lock().expect("gate lock").apply(&new.kernel).map_err(|e| e.to_string())?,
-            None => Vec::new(),
-        };
+        if let Some(g) = &self.gate {
+            let limits = g.gate.lock().expect("gate lock").apply(&new.kernel).map_err(|e| e.to_string())?;
+            changes.extend(limits.iter().map(|c| format!("kernel limits {c}")));
+        }
         self.http.reload(&new);
+        if let Err(e) = crate::logging::set_level(&new.admin.log_level) {
+            tracing::warn!("admin.logLevel: {e}");
+        }
         *config = new;
         Ok(changes)
     }
@@ -218,7 +234,10 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
     );
 
     let pin_path = config.kernel.pin_path.clone();
+    let drain = std::time::Duration::from_millis(config.http.drain_timeout_ms);
     let state = Arc::new(State {
+        config_path: options.config_path.clone(),
+        draining: std::sync::atomic::AtomicBool::new(false),
         gate,
         http: http.clone(),
         config: Mutex::new(config),
@@ -227,23 +246,37 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
         reloads_failed: AtomicU64::new(0),
     });
     let (stop_tx, stop_rx) = watch::channel(false);
-    let admin_task = tokio::spawn(crate::admin::serve(admin, state.clone(), stop_rx.clone()));
-    let workers = proxy::run_workers(http_listeners, http, stop_rx);
+    let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
+    let admin_task = tokio::spawn(crate::admin::serve(admin, state.clone(), admin_stop_rx));
+    let workers = proxy::run_workers(http_listeners, http.clone(), stop_rx);
 
     loop {
         tokio::select! {
             _ = hup.recv() => {
                 let state = state.clone();
-                let path = options.config_path.clone();
-                let _ = tokio::task::spawn_blocking(move || state.reload(&path)).await;
+                let _ = tokio::task::spawn_blocking(move || state.reload()).await;
             }
             _ = term.recv() => { tracing::info!("SIGTERM: stopping"); break; }
             _ = int.recv() => { tracing::info!("SIGINT: stopping"); break; }
         }
     }
+    // Drain: stop accepting, let requests in flight finish (up to
+    // http.drainTimeoutMs), keep the admin listener up meanwhile so
+    // /healthz can say so; the kernel gate stays pinned and enforcing.
+    state.draining.store(true, Ordering::Relaxed);
+    let in_flight = http.counters.connections_open.load(Ordering::Relaxed);
+    tracing::info!(
+        open_connections = in_flight,
+        timeout_ms = drain.as_millis() as u64,
+        "draining: no new HTTP connections; requests in flight may finish"
+    );
     let _ = stop_tx.send(true);
-    let _ = admin_task.await;
+    let started = std::time::Instant::now();
     let _ = tokio::task::spawn_blocking(move || workers.into_iter().for_each(|w| drop(w.join()))).await;
+    let left = http.counters.connections_open.load(Ordering::Relaxed);
+    tracing::info!(took_ms = started.elapsed().as_millis() as u64, connections_cut = left, "drained");
+    let _ = admin_stop_tx.send(true);
+    let _ = admin_task.await;
     let had_gate = state.gate.is_some();
     drop(state);
     if had_gate && options.unload_on_exit {

@@ -19,20 +19,22 @@ pub enum DaemonView {
     NotRunning { admin: SocketAddr },
 }
 
-/// Asks the admin listener for `/status`, briefly.
-pub fn daemon_view(admin: SocketAddr) -> DaemonView {
-    fetch(admin, "/status")
+/// Asks the admin listener for `/status`, briefly (with the admin token
+/// when the configuration sets one).
+pub fn daemon_view(admin: SocketAddr, token: Option<&str>) -> DaemonView {
+    fetch(admin, "/status", token)
         .and_then(|body| serde_json::from_str(&body).ok())
         .map_or(DaemonView::NotRunning { admin }, DaemonView::Running)
 }
 
 /// A minimal HTTP/1.0 GET: enough for the daemon's own admin listener.
-pub fn fetch(addr: SocketAddr, path: &str) -> Option<String> {
+pub fn fetch(addr: SocketAddr, path: &str, token: Option<&str>) -> Option<String> {
     let timeout = Duration::from_millis(500);
     let mut stream = TcpStream::connect_timeout(&addr, timeout).ok()?;
     stream.set_read_timeout(Some(timeout)).ok()?;
     stream.set_write_timeout(Some(timeout)).ok()?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}\r\n").ok()?;
     let mut raw = String::new();
     stream.read_to_string(&mut raw).ok()?;
     let (head, body) = raw.split_once("\r\n\r\n")?;

@@ -25,5 +25,6 @@ pub mod daemon;
 pub mod dump;
 pub mod histogram;
 pub mod kernel;
+pub mod logging;
 pub mod metrics;
 pub mod proxy;

@@ -63,15 +63,17 @@ struct PinTarget {
 }
 
 impl PinTarget {
-    fn resolve(&self) -> Result<(PathBuf, SocketAddr), String> {
+    /// The pin directory, the admin address and the admin token.
+    fn resolve(&self) -> Result<(PathBuf, SocketAddr, Option<String>), String> {
         match (&self.config, &self.pin_path) {
             (Some(file), _) => {
                 let c = Config::load(file).map_err(|e| e.to_string())?;
-                Ok((c.kernel.pin_path, c.admin.listen))
+                Ok((c.kernel.pin_path, c.admin.listen, c.admin.token.map(|t| t.0)))
             }
             (None, path) => Ok((
                 path.clone().unwrap_or_else(|| PathBuf::from(defaults::PIN_PATH)),
                 defaults::ADMIN_LISTEN.parse().expect("valid default"),
+                None,
             )),
         }
     }
@@ -81,7 +83,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run { config, unload_on_exit, log_json } => {
-            init_logging(log_json);
+            // The level comes from the file; a bad file is reported by `run`.
+            let level = Config::load(&config).map_or_else(|_| "info".to_owned(), |c| c.admin.log_level);
+            limiter::logging::init(log_json, &level);
             let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => return fail(format!("starting the runtime: {e}")),
@@ -99,11 +103,11 @@ fn main() -> ExitCode {
             }
         },
         Command::Dump { json, target } => {
-            let (pin_path, admin) = match target.resolve() {
+            let (pin_path, admin, token) = match target.resolve() {
                 Ok(t) => t,
                 Err(e) => return fail(e),
             };
-            let daemon = dump::daemon_view(admin);
+            let daemon = dump::daemon_view(admin, token.as_deref());
             let snap = match dump::snapshot(&pin_path) {
                 Ok(s) => Some(s),
                 // A daemon running without the gate still has pools to show.
@@ -120,7 +124,7 @@ fn main() -> ExitCode {
             out(&text)
         }
         Command::Unload { target } => {
-            let (pin_path, _) = match target.resolve() {
+            let (pin_path, _, _) = match target.resolve() {
                 Ok(t) => t,
                 Err(e) => return fail(e),
             };
@@ -207,20 +211,6 @@ fn describe(c: &Config) -> String {
         c.admin.listen,
         c.ignored.len(),
     )
-}
-
-fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("LIMITER_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
 }
 
 /// Prints to stdout; a closed pipe (`limiter dump | head`) is not an error.

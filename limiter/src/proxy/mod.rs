@@ -12,6 +12,7 @@ pub mod body;
 pub mod framing;
 pub mod headers;
 pub mod io;
+pub mod refusal_log;
 pub mod sample;
 pub mod upstream;
 
@@ -62,6 +63,8 @@ pub struct Settings {
     pub failure_statuses: Vec<(u16, u16)>,
     /// `/debug/` requests pass an open breaker.
     pub bypass_debug: bool,
+    /// On shutdown, how long requests in flight may take to finish.
+    pub drain_timeout: Duration,
 }
 
 impl Settings {
@@ -70,6 +73,7 @@ impl Settings {
         Self {
             failure_statuses: config.breaker.failure_statuses.clone(),
             bypass_debug: config.breaker.bypass_debug,
+            drain_timeout: Duration::from_millis(config.http.drain_timeout_ms),
             retry_after_secs: http.retry_after_ms.div_ceil(1000),
             header_read_timeout: Duration::from_millis(http.header_read_timeout_ms),
             idle_timeout: Duration::from_millis(http.idle_timeout_ms),
@@ -83,6 +87,8 @@ impl Settings {
 /// Counters of the proxy itself (admission keeps its own).
 #[derive(Debug, Default)]
 pub struct Counters {
+    /// Rate-limited log lines for 503 refusals.
+    pub refusal_log: refusal_log::RefusalLog,
     /// Responses sent by status class, 1xx..5xx.
     pub responses: [AtomicU64; 5],
     pub upstream_latency: Histogram,
@@ -399,14 +405,18 @@ pub fn run_workers(
         .collect()
 }
 
-/// Accepts client connections until `shutdown` turns true.
+/// Accepts client connections until `shutdown` turns true, then drains:
+/// the listener closes, each connection finishes the request it is serving
+/// and closes (idle keep-alive connections close at once), and whatever is
+/// still open after `http.drainTimeoutMs` is cut.
 pub async fn serve(listener: TcpListener, http: Arc<Http>, mut shutdown: watch::Receiver<bool>) {
     let client = http.client();
+    let mut tasks = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    tokio::spawn(connection(stream, peer, http.clone(), client.clone()));
+                    tasks.spawn(connection(stream, peer, http.clone(), client.clone(), shutdown.clone()));
                 }
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
@@ -414,7 +424,29 @@ pub async fn serve(listener: TcpListener, http: Arc<Http>, mut shutdown: watch::
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
-            _ = shutdown.changed() => return,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            _ = shutdown.changed() => break,
+        }
+    }
+    drop(listener);
+    let drain = http.settings().drain_timeout;
+    let drained = tokio::time::timeout(drain, async { while tasks.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::warn!(
+            connections = tasks.len(),
+            timeout_ms = drain.as_millis() as u64,
+            "drain timeout: cutting the connections still open"
+        );
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Resolves once `shutdown` is true.
+async fn stopping(mut shutdown: watch::Receiver<bool>) {
+    while !*shutdown.borrow_and_update() {
+        if shutdown.changed().await.is_err() {
+            std::future::pending::<()>().await;
         }
     }
 }
@@ -424,6 +456,7 @@ async fn connection(
     peer: SocketAddr,
     http: Arc<Http>,
     client: UpstreamClient,
+    shutdown: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
     let settings = http.settings();
@@ -440,7 +473,17 @@ async fn connection(
         .header_read_timeout(settings.header_read_timeout)
         .max_buf_size(settings.max_header_bytes.max(8192))
         .keep_alive(true);
-    let result = builder.serve_connection(TokioIo::new(io), service).with_upgrades().await;
+    let conn = builder.serve_connection(TokioIo::new(io), service).with_upgrades();
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        result = conn.as_mut() => result,
+        () = stopping(shutdown) => {
+            // Finish the request in flight (its response goes out without
+            // keep-alive), then close; an idle connection closes now.
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
     if let Err(e) = result {
         let c = &http.counters;
         if e.is_timeout() {
@@ -601,6 +644,7 @@ impl Http {
             Reason::Session => "503 Service Unavailable: this session has too many requests in flight\n",
             Reason::Breaker => "503 Service Unavailable: the upstream is failing; retry later\n",
         };
+        self.counters.refusal_log.note(reason.as_str());
         let mut response = self.own(StatusCode::SERVICE_UNAVAILABLE, text, true);
         let retry = self.settings().retry_after_secs;
         let h = response.headers_mut();
