@@ -186,29 +186,55 @@ impl State {
     }
 }
 
-/// Runs the daemon until SIGTERM or SIGINT.
-pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
+/// What [`prepare`] set up with the privileges the daemon starts with.
+pub struct Prepared {
+    config: Config,
+    admin: std::net::TcpListener,
+    http_listeners: Vec<std::net::TcpListener>,
+    gate: Option<GateState>,
+}
+
+impl Prepared {
+    /// The kernel gate's pin directory, when the gate runs.
+    pub fn pin_path(&self) -> Option<&Path> {
+        self.gate.as_ref().map(|_| self.config.kernel.pin_path.as_path())
+    }
+}
+
+/// The privileged part of start-up, run before any other thread exists (so
+/// that dropping privileges afterwards covers every thread): read the
+/// configuration, bind the listeners, load or adopt the kernel gate.
+pub fn prepare(options: &RunOptions) -> Result<Prepared, DaemonError> {
     let config = Config::load(&options.config_path)?;
     for key in &config.ignored {
         tracing::debug!(key, "ignored: belongs to the business runtime");
     }
-    // Signals first: a SIGHUP during start-up must not kill the daemon.
-    let mut hup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
-    let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
-
-    let admin = TcpListener::bind(config.admin.listen).await.map_err(|source| DaemonError::Listen {
-        key: "admin.listen",
-        addr: config.admin.listen,
-        source,
-    })?;
+    let admin = std::net::TcpListener::bind(config.admin.listen)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|source| DaemonError::Listen { key: "admin.listen", addr: config.admin.listen, source })?;
     let http_listeners = proxy::bind(config.http.listen, config.http.workers)
         .map_err(|source| DaemonError::Listen { key: "http.listen", addr: config.http.listen, source })?;
-
     let gate = if config.kernel.enabled { Some(start_gate(&config)?) } else { None };
     if gate.is_none() {
         tracing::info!("kernel.enabled = false: HTTP proxy only, no kernel gate");
     }
+    Ok(Prepared { config, admin, http_listeners, gate })
+}
+
+/// Runs the daemon until SIGTERM or SIGINT (then drains).
+pub async fn run(options: RunOptions, prepared: Prepared) -> Result<(), DaemonError> {
+    let Prepared { config, admin, http_listeners, gate } = prepared;
+    let mut hup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
+    let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
+    // `main` blocked these until the handlers above were installed, so a
+    // SIGHUP during start-up waits instead of killing the daemon.
+    crate::privileges::unblock_signals();
+    let admin = TcpListener::from_std(admin).map_err(|source| DaemonError::Listen {
+        key: "admin.listen",
+        addr: config.admin.listen,
+        source,
+    })?;
 
     let upstream = match &config.http.upstream {
         Some(u) => u.clone(),

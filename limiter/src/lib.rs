@@ -27,4 +27,5 @@ pub mod histogram;
 pub mod kernel;
 pub mod logging;
 pub mod metrics;
+pub mod privileges;
 pub mod proxy;

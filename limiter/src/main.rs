@@ -34,6 +34,10 @@ enum Command {
         /// Log as JSON lines instead of human-readable text.
         #[arg(long)]
         log_json: bool,
+        /// After loading the gate and binding the listeners, run as this
+        /// user (the daemon keeps CAP_BPF only, in any case).
+        #[arg(long, value_name = "USER")]
+        user: Option<String>,
     },
     /// Validate a configuration file and print what it means.
     CheckConfig { file: PathBuf },
@@ -82,15 +86,24 @@ impl PinTarget {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run { config, unload_on_exit, log_json } => {
-            // The level comes from the file; a bad file is reported by `run`.
+        Command::Run { config, unload_on_exit, log_json, user } => {
+            // The level comes from the file; a bad file is reported below.
             let level = Config::load(&config).map_or_else(|_| "info".to_owned(), |c| c.admin.log_level);
             limiter::logging::init(log_json, &level);
+            limiter::privileges::block_signals();
+            let options = RunOptions { config_path: config, unload_on_exit };
+            let prepared = match daemon::prepare(&options) {
+                Ok(p) => p,
+                Err(e) => return fail(e.to_string()),
+            };
+            if let Err(e) = limiter::privileges::drop_to(user.as_deref(), prepared.pin_path()) {
+                return fail(format!("dropping privileges: {e}"));
+            }
             let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => return fail(format!("starting the runtime: {e}")),
             };
-            match runtime.block_on(daemon::run(RunOptions { config_path: config, unload_on_exit })) {
+            match runtime.block_on(daemon::run(options, prepared)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e.to_string()),
             }

@@ -430,6 +430,15 @@ fn a_full_source_table_refuses_new_sources_over_100k_distinct_sources() {
     let _daemon = start(&sb, &peer, &config);
     let l = sb.listen(&format!("[::]:{p}"), 4096);
     let server = sa(peer.server_v6, p);
+    // Warm the path first (neighbour entries both ways), from an address
+    // outside the waves' range: a first SYN-ACK that waits on neighbour
+    // discovery once took longer than a wave's 3 s connect timeout.
+    let warm: std::net::IpAddr = format!("fd78:{n}::ffff:ffff").parse().unwrap();
+    let first = peer
+        .run(move || (0..3).find_map(|_| connect_from(server, Some(warm)).ok()).expect("warm-up connection"));
+    drop(accept_n(&l, 1));
+    drop(first);
+    wait_established(&sb.pin_path, p, 0);
     const SOURCES: u32 = 100_000;
     const WAVE: u32 = 1_250;
     let started = Instant::now();

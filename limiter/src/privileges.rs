@@ -1,0 +1,117 @@
+//! Least privilege. Everything that needs privileges happens in
+//! [`crate::daemon::prepare`], before any other thread exists; then the
+//! daemon keeps only what it still uses:
+//!
+//! - with the kernel gate: `CAP_BPF` alone (in the effective, permitted
+//!   and bounding sets): every later map read and write goes through
+//!   `bpf(2)`, which a kernel with `kernel.unprivileged_bpf_disabled` set
+//!   refuses without it; no other capability is needed, since the maps and
+//!   links were opened, and the listeners bound, already;
+//! - without it (`kernel.enabled = false`): nothing.
+//!
+//! The inheritable and ambient sets are emptied and `no_new_privs` is set,
+//! so nothing the daemon could execute gains privileges. With `--user`,
+//! the daemon also becomes that user (its primary group, no supplementary
+//! groups) after giving it the pin directory, whose pins stay mode 0600.
+
+use std::path::Path;
+
+use caps::{CapSet, Capability, CapsHashSet};
+use nix::{
+    sys::signal::{SigSet, Signal},
+    unistd::{Gid, Uid, User},
+};
+
+/// The capabilities kept after start-up.
+pub fn kept(kernel: bool) -> CapsHashSet {
+    let mut set = CapsHashSet::new();
+    if kernel {
+        set.insert(Capability::CAP_BPF);
+    }
+    set
+}
+
+fn signals() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGHUP, Signal::SIGTERM, Signal::SIGINT] {
+        set.add(s);
+    }
+    set
+}
+
+/// Holds SIGHUP, SIGTERM and SIGINT pending on this thread (and the threads
+/// it starts) until [`unblock_signals`].
+pub fn block_signals() {
+    let _ = signals().thread_block();
+}
+
+/// Lets the signals [`block_signals`] held reach this thread.
+pub fn unblock_signals() {
+    let _ = signals().thread_unblock();
+}
+
+/// Drops to [`kept`] capabilities and, with `user`, to that user. Call on
+/// the only thread of the process.
+pub fn drop_to(user: Option<&str>, pin_dir: Option<&Path>) -> Result<(), String> {
+    let keep = kept(pin_dir.is_some());
+    let target = match user {
+        Some(name) => Some(
+            User::from_name(name)
+                .map_err(|e| format!("--user {name}: {e}"))?
+                .ok_or_else(|| format!("--user {name}: no such user"))?,
+        ),
+        None => None,
+    };
+    // While CAP_SETPCAP is still effective: nothing outside `keep` can be
+    // regained, by this process or anything it runs.
+    for cap in caps::all() {
+        if !keep.contains(&cap) {
+            caps::drop(None, CapSet::Bounding, cap)
+                .map_err(|e| format!("dropping {cap} from the bounding set: {e}"))?;
+        }
+    }
+    if let Some(user) = &target {
+        if let Some(dir) = pin_dir {
+            give(dir, user.uid, user.gid)?;
+        }
+        nix::sys::prctl::set_keepcaps(true).map_err(|e| format!("PR_SET_KEEPCAPS: {e}"))?;
+        nix::unistd::setgroups(&[user.gid]).map_err(|e| format!("setgroups: {e}"))?;
+        nix::unistd::setresgid(user.gid, user.gid, user.gid).map_err(|e| format!("setresgid: {e}"))?;
+        nix::unistd::setresuid(user.uid, user.uid, user.uid).map_err(|e| format!("setresuid: {e}"))?;
+        nix::sys::prctl::set_keepcaps(false).map_err(|e| format!("PR_SET_KEEPCAPS: {e}"))?;
+    }
+    // Effective first: it must stay within the permitted set at every step.
+    caps::set(None, CapSet::Effective, &keep).map_err(|e| format!("setting the effective set: {e}"))?;
+    caps::set(None, CapSet::Permitted, &keep).map_err(|e| format!("setting the permitted set: {e}"))?;
+    caps::clear(None, CapSet::Inheritable).map_err(|e| format!("clearing the inheritable set: {e}"))?;
+    caps::clear(None, CapSet::Ambient).map_err(|e| format!("clearing the ambient set: {e}"))?;
+    nix::sys::prctl::set_no_new_privs().map_err(|e| format!("PR_SET_NO_NEW_PRIVS: {e}"))?;
+    let names: Vec<String> = keep.iter().map(ToString::to_string).collect();
+    tracing::info!(
+        capabilities = %if names.is_empty() { "none".to_owned() } else { names.join(",") },
+        user = user.unwrap_or("(unchanged)"),
+        "privileges dropped"
+    );
+    Ok(())
+}
+
+/// Gives the pin directory and the daemon's own pins to `uid:gid`, so the
+/// daemon can still open them (they stay mode 0600).
+fn give(dir: &Path, uid: Uid, gid: Gid) -> Result<(), String> {
+    let own = |path: &Path| {
+        std::os::unix::fs::chown(path, Some(uid.as_raw()), Some(gid.as_raw()))
+            .map_err(|e| format!("giving {} to the --user: {e}", path.display()))
+    };
+    own(dir)?;
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if crate::kernel::OWN_PINS.contains(&name.as_ref())
+            || name.starts_with(crate::kernel::LINK_XDP_PREFIX)
+        {
+            own(&entry.path())?;
+        }
+    }
+    Ok(())
+}
