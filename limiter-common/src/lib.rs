@@ -51,9 +51,12 @@ pub mod map_names {
     /// Array indexed by port → `u32`: scratch of the start-up walk (1: a
     /// listener was seen on the port).
     pub const WALK: &str = "LIMITER_WALK";
+    /// Hash ifindex → [`super::IfMac`]: the MAC of each XDP interface, so
+    /// XDP answers only frames addressed to this host.
+    pub const IFMAC: &str = "LIMITER_IFMAC";
     /// Every map the daemon pins, in the order it pins them.
-    pub const ALL: [&str; 11] =
-        [SETTINGS, LIMITS, LISTED, STATS, ACTIVE, REFUSED, SOCKS, SOURCES, TRUSTED, COUNTERS, WALK];
+    pub const ALL: [&str; 12] =
+        [SETTINGS, LIMITS, LISTED, STATS, ACTIVE, REFUSED, SOCKS, SOURCES, TRUSTED, COUNTERS, WALK, IFMAC];
 }
 
 /// Names of the programs (the function names in `limiter-ebpf`).
@@ -283,6 +286,16 @@ pub struct SourceSlot {
     pub _pad: u32,
 }
 
+/// The MAC address of an interface XDP is attached to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct IfMac {
+    /// The address.
+    pub mac: [u8; 6],
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 2],
+}
+
 /// Key of the trusted-prefix LPM trie: IPv4 prefixes are stored as
 /// IPv4-mapped IPv6 (`::ffff:a.b.c.d`, prefix length + 96).
 #[repr(C, packed)]
@@ -464,6 +477,7 @@ const _: () = {
     assert!(size_of::<SourceSlot>() == 32);
     assert!(size_of::<TrustedKey>() == 20);
     assert!(size_of::<SockOffsets>() == 40);
+    assert!(size_of::<IfMac>() == 8);
     assert!(align_of::<PortStats>() == 8);
     assert!(align_of::<SourceSlot>() == 8);
 };
@@ -498,6 +512,8 @@ mod user {
     unsafe impl aya::Pod for TrustedKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for SockOffsets {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for IfMac {}
 }
 
 #[cfg(test)]

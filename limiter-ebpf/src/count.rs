@@ -15,6 +15,9 @@ use crate::{
     sources,
 };
 
+/// `SockMark::slot` of a socket its group's table had no room for.
+const UNTRACKED: u32 = u32::MAX;
+
 /// Counts the socket behind `mark` on `port` (and its client group if the
 /// port has a per-source cap) unless it is counted already. A socket already
 /// counted but without a group slot gets one if the port has a cap now.
@@ -63,6 +66,9 @@ pub fn count(
         match sources::acquire(&group(), settings.hash_seed, settings.source_mask) {
             Some(idx) => ptr::addr_of_mut!((*mark).slot).write_volatile(idx + 1),
             None => {
+                // Remembered, so a second walk pass does not try (and count
+                // it) again.
+                ptr::addr_of_mut!((*mark).slot).write_volatile(UNTRACKED);
                 if let Some(c) = counters() {
                     (*c).untracked_sources += 1;
                 }
@@ -83,6 +89,8 @@ pub fn uncount(mark: *mut SockMark) {
         let slot = ptr::addr_of!((*mark).slot).read_volatile();
         if slot != 0 {
             ptr::addr_of_mut!((*mark).slot).write_volatile(0);
+        }
+        if slot != 0 && slot != UNTRACKED {
             sources::release(slot - 1);
         }
         if let Some(stats) = LIMITER_STATS.get_ptr_mut(u32::from(port)) {

@@ -56,20 +56,19 @@ impl Client {
 const NONE: usize = usize::MAX;
 
 /// Decides an attempt to open a connection to local `port` (host order)
-/// from `client`, counting a refusal (or would-be refusal) under `path`.
-/// Returns `true` to refuse.
+/// from `client`. Returns the refusal reason to refuse. On `sk_lookup` the
+/// refusal (or would-be refusal, trusted admission) is counted here; XDP
+/// counts its refusal with [`count_refusal`] once the RST is on its way.
 #[inline(always)]
-pub fn refuse(port: u16, client: &Client, path: usize) -> bool {
-    let Some(limit) = LIMITER_LIMITS.get(u32::from(port)) else {
-        return false;
-    };
+pub fn refuse(port: u16, client: &Client, path: usize) -> Option<usize> {
+    let limit = LIMITER_LIMITS.get(u32::from(port))?;
     if !limit.enforced() {
         // Not enforced: the common case for most ports, one array load.
-        return false;
+        return None;
     }
     let (Some(stats), Some(settings)) = (LIMITER_STATS.get_ptr(u32::from(port)), LIMITER_CONFIG.get(0))
     else {
-        return false;
+        return None;
     };
     // Written by other CPUs with atomic adds; an aligned 8-byte load cannot
     // tear.
@@ -89,7 +88,7 @@ pub fn refuse(port: u16, client: &Client, path: usize) -> bool {
         }
     }
     if why == NONE {
-        return false;
+        return None;
     }
     let key = PortKey::new(port);
     let dry_run = limit.flags & LIMIT_FLAG_DRY_RUN != 0;
@@ -97,37 +96,51 @@ pub fn refuse(port: u16, client: &Client, path: usize) -> bool {
     // again: only refusals are counted at XDP, so a dry-run or trusted
     // attempt is counted once.
     if path == limiter_common::path::XDP && dry_run {
-        return false;
+        return None;
     }
     if settings.trusted_count != 0
         && (why != reason::PORT || established < max + u64::from(settings.trusted_reserve))
         && client.trusted()
     {
         if path == limiter_common::path::XDP {
-            return false;
+            return None;
         }
         if let Some(r) = refusals_for(key) {
             // SAFETY: this CPU's own per-CPU value; nothing else writes it.
             unsafe { (*r).trusted_admitted += 1 };
         }
-        return false;
+        return None;
     }
-    if let Some(r) = refusals_for(key) {
-        // This CPU's own counter: a plain add, no other CPU writes it and
-        // the program cannot migrate while it runs.
-        // SAFETY: a live per-CPU map value; the indexes are below the
-        // array lengths (why < reason::COUNT, path < path::COUNT).
-        unsafe {
-            if dry_run {
+    if dry_run {
+        if let Some(r) = refusals_for(key) {
+            // SAFETY: as below.
+            unsafe {
                 if let Some(c) = (*r).would_refuse.get_mut(why) {
                     *c += 1;
                 }
-            } else if let Some(c) = (*r).refused.get_mut(path * reason::COUNT + why) {
+            }
+        }
+        return None;
+    }
+    if path != limiter_common::path::XDP {
+        count_refusal(port, path, why);
+    }
+    Some(why)
+}
+
+/// Counts one refusal of `port` for reason `why` on `path`.
+#[inline(always)]
+pub fn count_refusal(port: u16, path: usize, why: usize) {
+    if let Some(r) = refusals_for(PortKey::new(port)) {
+        // This CPU's own counter: a plain add, no other CPU writes it and
+        // the program cannot migrate while it runs.
+        // SAFETY: a live per-CPU map value; the index is checked.
+        unsafe {
+            if let Some(c) = (*r).refused.get_mut(path * reason::COUNT + why) {
                 *c += 1;
             }
         }
     }
-    !dry_run
 }
 
 fn refusals_for(key: PortKey) -> Option<*mut Refusals> {

@@ -9,7 +9,7 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use limiter_common::{
-    GateCounters, MAX_PORTS, PortKey, PortLimit, PortStats, Refusals, Settings, SockMark, SourceSlot,
+    GateCounters, IfMac, MAX_PORTS, PortKey, PortLimit, PortStats, Refusals, Settings, SockMark, SourceSlot,
 };
 
 /// Limit of every port, indexed by port; written only by the daemon.
@@ -58,6 +58,10 @@ pub static LIMITER_COUNTS: PerCpuArray<GateCounters, 1> = PerCpuArray::new();
 /// Scratch of the start-up walk: 1 for ports with a listener.
 #[btf_map]
 pub static LIMITER_WALK: Array<u32, { MAX_PORTS as usize }> = Array::new();
+
+/// ifindex → MAC of each XDP interface (written by the daemon).
+#[btf_map]
+pub static LIMITER_IFMAC: HashMap<u32, IfMac, 256> = HashMap::new();
 
 /// This CPU's gate counters.
 #[inline(always)]

@@ -47,5 +47,9 @@ pub fn limiter_refuse(ctx: SkLookupContext) -> u32 {
         }
     };
     // local_port is host order in sk_lookup (DESIGN.md).
-    if gate::refuse((local_port & 0xffff) as u16, &client, path::SK_LOOKUP) { SK_DROP } else { SK_PASS }
+    if gate::refuse((local_port & 0xffff) as u16, &client, path::SK_LOOKUP).is_some() {
+        SK_DROP
+    } else {
+        SK_PASS
+    }
 }

@@ -81,11 +81,10 @@ pub fn acquire(key: &SourceKey, seed: u32, mask: u32) -> Option<u32> {
             let Some(s) = LIMITER_SOURCES.get_ptr_mut(idx) else { continue };
             let w = word(s);
             if source::state(w) == LIVE && holds(s, key) {
-                let bumped = source::with_count(w, source::count(w).wrapping_add(1));
-                // SAFETY: array value field, 8-byte aligned.
-                match unsafe { atomic::cas(ptr::addr_of_mut!((*s).word), w, bumped) } {
-                    Ok(()) => return Some(idx),
-                    Err(_) => {
+                match bump(s, w, key) {
+                    Bump::Counted => return Some(idx),
+                    // The slot was reclaimed for another group meanwhile.
+                    Bump::Gone => {
                         contended = true;
                         break;
                     }
@@ -114,6 +113,39 @@ pub fn acquire(key: &SourceKey, seed: u32, mask: u32) -> Option<u32> {
         return Some(idx);
     }
     None
+}
+
+enum Bump {
+    Counted,
+    Gone,
+}
+
+/// Adds one to a slot seen LIVE with `key` in word `w`. A failed
+/// compare-and-swap in the same generation only means another CPU changed
+/// the count: retry on what it saw (bounded), so contention from one
+/// group's own connections never loses a count. After counting, the key is
+/// read again: the slot cannot be reclaimed while it holds this unit, and a
+/// key read before the word on a weakly ordered CPU could have been the
+/// previous group's; if it is not ours, the unit is given back.
+#[inline(always)]
+fn bump(s: *mut SourceSlot, mut w: u64, key: &SourceKey) -> Bump {
+    for _ in 0..16 {
+        let bumped = source::with_count(w, source::count(w).wrapping_add(1));
+        // SAFETY: array value field, 8-byte aligned.
+        match unsafe { atomic::cas(ptr::addr_of_mut!((*s).word), w, bumped) } {
+            Ok(()) => {
+                if holds(s, key) {
+                    return Bump::Counted;
+                }
+                // SAFETY: as above; this CPU holds the unit it subtracts.
+                unsafe { atomic::sub(ptr::addr_of_mut!((*s).word), 1) };
+                return Bump::Gone;
+            }
+            Err(seen) if seen >> 32 == w >> 32 => w = seen,
+            Err(_) => return Bump::Gone,
+        }
+    }
+    Bump::Gone
 }
 
 /// Uncounts one connection counted in slot `idx`.

@@ -4,6 +4,12 @@
 //! `<SEQ=0><ACK=SEG.SEQ+SEG.LEN><CTL=RST,ACK>`) and sent back with
 //! `XDP_TX`: no socket, no skb, no conntrack entry.
 //!
+//! It answers only for this host: the frame must be addressed to the
+//! interface's own MAC (not a frame a bridge port or promiscuous interface
+//! sees for another host) and to a local address (`bpf_fib_lookup`; on a
+//! host that does not forward, every address it accepts is local). A SYN
+//! routed through the host to a port number that is full here passes.
+//!
 //! Everything else passes untouched, unread beyond the headers it needs:
 //! non-IP, VLAN-tagged frames, IPv4 with options or fragmented, IPv6 with
 //! extension headers, non-TCP, anything but a bare SYN, and any frame whose
@@ -14,14 +20,20 @@
 //! interface; driver mode where the driver supports it).
 
 use aya_ebpf::{
-    bindings::xdp_action::{XDP_PASS, XDP_TX},
-    helpers::generated::bpf_xdp_adjust_tail,
+    bindings::{
+        BPF_FIB_LKUP_RET_FWD_DISABLED, BPF_FIB_LKUP_RET_NOT_FWDED, bpf_fib_lookup as FibParams,
+        xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
+    },
+    helpers::generated::{bpf_fib_lookup, bpf_xdp_adjust_tail},
     macros::xdp,
     programs::XdpContext,
 };
 use limiter_common::path;
 
-use crate::gate::{self, Client};
+use crate::{
+    gate::{self, Client},
+    maps::LIMITER_IFMAC,
+};
 
 const ETH_LEN: usize = 14;
 const IP4_LEN: usize = 20;
@@ -38,10 +50,68 @@ const TTL: u8 = 64;
 
 #[xdp]
 pub fn limiter_xdp(ctx: XdpContext) -> u32 {
-    match syn(&ctx) {
-        Some(syn) if gate::refuse(syn.dport, &syn.client, path::XDP) => reset(&ctx, &syn),
-        _ => XDP_PASS,
+    let Some(syn) = syn(&ctx) else {
+        return XDP_PASS;
+    };
+    let Some(why) = gate::refuse(syn.dport, &syn.client, path::XDP) else {
+        return XDP_PASS;
+    };
+    if !for_this_host(&ctx, &syn) {
+        return XDP_PASS;
     }
+    let verdict = reset(&ctx, &syn);
+    if verdict == XDP_TX {
+        gate::count_refusal(syn.dport, path::XDP, why);
+    }
+    verdict
+}
+
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+
+/// Whether the SYN is addressed to this host: the interface's own MAC and
+/// a local address.
+#[inline(always)]
+fn for_this_host(ctx: &XdpContext, syn: &Syn) -> bool {
+    let Some(eth) = at(ctx, 0, ETH_LEN) else { return false };
+    // SAFETY: reading the context the kernel passed.
+    let ifindex = unsafe { (*ctx.ctx).ingress_ifindex };
+    let Some(own) = (unsafe { LIMITER_IFMAC.get(&ifindex) }) else { return false };
+    // SAFETY: 14 bytes checked.
+    let dst = unsafe { eth.cast::<[u8; 6]>().read_unaligned() };
+    if dst != own.mac {
+        return false;
+    }
+    // SAFETY: every field is plain data; zero is a valid start.
+    let mut fib: FibParams = unsafe { core::mem::zeroed() };
+    fib.l4_protocol = IPPROTO_TCP;
+    fib.sport = syn.sport.to_be();
+    fib.dport = syn.dport.to_be();
+    fib.ifindex = ifindex;
+    if syn.v6 {
+        let Some(ip) = at(ctx, ETH_LEN, IP6_LEN) else { return false };
+        fib.family = AF_INET6;
+        // SAFETY: 40 bytes checked; the unions hold plain integers.
+        unsafe {
+            fib.__bindgen_anon_3.ipv6_src = ip.add(8).cast::<[u32; 4]>().read_unaligned();
+            fib.__bindgen_anon_4.ipv6_dst = ip.add(24).cast::<[u32; 4]>().read_unaligned();
+        }
+    } else {
+        let Some(ip) = at(ctx, ETH_LEN, IP4_LEN) else { return false };
+        fib.family = AF_INET;
+        // SAFETY: 20 bytes checked; the unions hold plain integers.
+        unsafe {
+            fib.__bindgen_anon_1.tot_len = be16(ip, 2).to_be();
+            fib.__bindgen_anon_3.ipv4_src = ip.add(12).cast::<u32>().read_unaligned();
+            fib.__bindgen_anon_4.ipv4_dst = ip.add(16).cast::<u32>().read_unaligned();
+        }
+    }
+    // SAFETY: the context and a parameter block of the stated size.
+    let ret = unsafe {
+        bpf_fib_lookup(ctx.ctx.cast(), core::ptr::from_mut(&mut fib), size_of::<FibParams>() as i32, 0)
+    };
+    // Local delivery (not forwarded), or a host that forwards nothing.
+    ret == i64::from(BPF_FIB_LKUP_RET_NOT_FWDED) || ret == i64::from(BPF_FIB_LKUP_RET_FWD_DISABLED)
 }
 
 /// What the RST needs from a bare SYN (addresses are swapped in place).
@@ -196,7 +266,9 @@ fn reset(ctx: &XdpContext, syn: &Syn) -> u32 {
         }
     }
     let Some(p) = at(ctx, 0, len) else {
-        return XDP_PASS;
+        // Unreachable (the frame was just shrunk to `len`); a cut frame must
+        // not go on as if untouched.
+        return XDP_DROP;
     };
     // SAFETY: `len` bytes checked by `at`.
     unsafe {

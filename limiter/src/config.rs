@@ -740,6 +740,14 @@ fn prefixes(value: &str) -> Result<Vec<Prefix>, String> {
         if prefix.addr != addr {
             return Err(format!("`{item}` has host bits set; did you mean {prefix}?"));
         }
+        // ::ffff:a.b.c.d/len is the IPv4 prefix a.b.c.d/(len-96): one form.
+        let prefix = match prefix.addr {
+            std::net::IpAddr::V6(v6) if len >= 96 => match v6.to_ipv4_mapped() {
+                Some(v4) => Prefix { addr: v4.into(), len: len - 96 },
+                None => prefix,
+            },
+            _ => prefix,
+        };
         if out.contains(&prefix) {
             return Err(format!("{prefix} is listed twice"));
         }

@@ -48,6 +48,17 @@ pub struct TestRun {
 
 /// Runs the program on `data` `repeat` times.
 pub fn test_run(prog: &OwnedFd, data: &[u8], repeat: u32) -> io::Result<TestRun> {
+    test_run_on(prog, data, repeat, None)
+}
+
+/// As [`test_run`], with the frame arriving on interface `ifindex` (of the
+/// calling thread's network namespace) when given: an XDP context whose
+/// `ingress_ifindex` is set.
+pub fn test_run_on(prog: &OwnedFd, data: &[u8], repeat: u32, ifindex: Option<u32>) -> io::Result<TestRun> {
+    // struct xdp_md: data, data_end, data_meta, ingress_ifindex,
+    // rx_queue_index, egress_ifindex.
+    // data_end must equal the frame's length.
+    let ctx: [u32; 6] = [0, data.len() as u32, 0, ifindex.unwrap_or(0), 0, 0];
     let mut out = vec![0u8; data.len() + 256];
     let mut attr = [0u64; 16];
     attr[0] = prog.as_raw_fd() as u64; // prog_fd, retval = 0
@@ -55,6 +66,10 @@ pub fn test_run(prog: &OwnedFd, data: &[u8], repeat: u32) -> io::Result<TestRun>
     attr[2] = data.as_ptr() as u64;
     attr[3] = out.as_mut_ptr() as u64;
     attr[4] = u64::from(repeat);
+    if ifindex.is_some() {
+        attr[5] = size_of::<[u32; 6]>() as u64; // ctx_size_in (ctx_size_out 0)
+        attr[6] = ctx.as_ptr() as u64; // ctx_in
+    }
     bpf(BPF_PROG_TEST_RUN, &mut attr)?;
     let retval = (attr[0] >> 32) as u32;
     let size_out = (attr[1] >> 32) as usize;

@@ -137,6 +137,19 @@ impl Peer {
         self.netns.try_clone().expect("dup netns fd")
     }
 
+    /// The server end's ifindex and MAC, as the sandbox's namespace sees them.
+    pub fn server_link(&self, sandbox: &Sandbox) -> Result<(u32, [u8; 6])> {
+        let out = run("ip", &["-n", &sandbox.name, "-j", "link", "show", "dev", &self.server_if])?;
+        let v: serde_json::Value = serde_json::from_str(&out)?;
+        let index = v[0]["ifindex"].as_u64().context("ifindex")? as u32;
+        let text = v[0]["address"].as_str().context("address")?;
+        let mut mac = [0u8; 6];
+        for (b, h) in mac.iter_mut().zip(text.split(':')) {
+            *b = u8::from_str_radix(h, 16)?;
+        }
+        Ok((index, mac))
+    }
+
     /// Runs `f` on a thread inside the client namespace.
     pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
         let netns = self.netns.try_clone().expect("dup netns fd");

@@ -231,8 +231,10 @@ fn the_admin_token_guards_everything_but_healthz_and_no_credential_is_logged() {
 fn refusal_logs_are_rate_limited_and_account_for_every_refusal() {
     let s = setup("http.maxThreads = 12\n");
     let proxy = s.proxy;
-    // The one normal slot is taken: every other request is refused.
-    let held = std::thread::spawn(move || get(proxy, "/hold", &[]));
+    // The one normal slot is taken (by a client that waits as long as it
+    // takes): every other request is refused.
+    let mut held = TcpStream::connect(proxy).unwrap();
+    std::io::Write::write_all(&mut held, b"GET /hold HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
     s.upstream.wait_holding(1);
     const REFUSALS: u64 = 100_000;
     let started = Instant::now();
@@ -255,7 +257,8 @@ fn refusal_logs_are_rate_limited_and_account_for_every_refusal() {
     std::thread::sleep(Duration::from_millis(1100));
     assert_eq!(get(proxy, "/x", &[]).status, 503);
     s.upstream.release();
-    assert_eq!(held.join().unwrap().status, 200);
+    held.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(client::read_reply(&mut held).unwrap().status, 200);
 
     let log = s.daemon.log();
     let lines: Vec<&str> = log.lines().filter(|l| l.contains("refused with 503")).collect();

@@ -216,7 +216,30 @@ fn hostile_frames_pass_untouched_and_a_syn_to_a_full_port_becomes_a_rst() {
     let _held = peer.connect(sa(peer.server_v4, p), None).unwrap();
     let _held_server = accept(&l);
     wait_established(&sb.pin_path, p, 1);
-    let prog = xdp_prog(&sb, &peer);
+    let prog = std::sync::Arc::new(xdp_prog(&sb, &peer));
+    // Frames arrive on the server's veth end and are addressed to its MAC;
+    // the namespace forwards, so "not for a local address" is decided by
+    // the routing table, not by a host that forwards nothing.
+    let (ifindex, mac) = peer.server_link(&sb).unwrap();
+    let forwarding = |on: u8| {
+        for key in [format!("net.ipv4.ip_forward={on}"), format!("net.ipv6.conf.all.forwarding={on}")] {
+            run("ip", &["netns", "exec", &sb.name, "sysctl", "-q", "-w", &key]).unwrap();
+        }
+    };
+    forwarding(1);
+    // A host behind the client, reached through the namespace.
+    run("ip", &["-n", &sb.name, "route", "add", "198.51.100.0/24", "via", &peer.client_v4.to_string()])
+        .unwrap();
+    run("ip", &["-n", &sb.name, "-6", "route", "add", "2001:db8::/64", "via", &peer.client_v6.to_string()])
+        .unwrap();
+    let run_on = |frame: Vec<u8>| {
+        let prog = prog.clone();
+        sb.in_netns(move || bpf::test_run_on(&prog, &frame, 1, Some(ifindex)))
+    };
+    let addressed = |mut f: Vec<u8>| {
+        f[..6].copy_from_slice(&mac);
+        f
+    };
 
     let (c4, s4) = (IpAddr::from(peer.client_v4), IpAddr::from(peer.server_v4));
     let (c6, s6) = (IpAddr::from(peer.client_v6), IpAddr::from(peer.server_v6));
@@ -230,18 +253,18 @@ fn hostile_frames_pass_untouched_and_a_syn_to_a_full_port_becomes_a_rst() {
         options: &mss,
         payload,
     };
-    let good4 = packet::frame(c4, s4, &seg(SYN, p, b""));
-    let good6 = packet::frame(c6, s6, &seg(SYN, p, b""));
+    let good4 = addressed(packet::frame(c4, s4, &seg(SYN, p, b"")));
+    let good6 = addressed(packet::frame(c6, s6, &seg(SYN, p, b"")));
 
     // The positive controls: SYNs to the full port become RSTs, with or
     // without data (TFO), IPv4 and IPv6.
     for (frame, len, data) in [
         (good4.clone(), 54, 0),
         (good6.clone(), 74, 0),
-        (packet::frame(c4, s4, &seg(SYN, p, b"hello")), 54, 5),
-        (packet::frame(c6, s6, &seg(SYN, p, b"hello")), 74, 5),
+        (addressed(packet::frame(c4, s4, &seg(SYN, p, b"hello"))), 54, 5),
+        (addressed(packet::frame(c6, s6, &seg(SYN, p, b"hello"))), 74, 5),
     ] {
-        let out = bpf::test_run(&prog, &frame, 1).unwrap();
+        let out = run_on(frame.clone()).unwrap();
         assert_eq!(out.retval, XDP_TX, "a SYN to the full port must be answered");
         assert_eq!(out.data.len(), len);
         let rst = packet::parse(&out.data).unwrap();
@@ -310,14 +333,47 @@ fn hostile_frames_pass_untouched_and_a_syn_to_a_full_port_becomes_a_rst() {
     for (flags, what) in
         [(SYN | ACK, "SYN-ACK"), (ACK, "ACK"), (RST, "RST"), (SYN | RST, "SYN+RST"), (SYN | 0x01, "SYN+FIN")]
     {
-        hostile.push((format!("ipv4 {what} to the full port"), packet::frame(c4, s4, &seg(flags, p, b""))));
-        hostile.push((format!("ipv6 {what} to the full port"), packet::frame(c6, s6, &seg(flags, p, b""))));
+        hostile.push((
+            format!("ipv4 {what} to the full port"),
+            addressed(packet::frame(c4, s4, &seg(flags, p, b""))),
+        ));
+        hostile.push((
+            format!("ipv6 {what} to the full port"),
+            addressed(packet::frame(c6, s6, &seg(flags, p, b""))),
+        ));
     }
-    hostile.push(("ipv4 SYN to an unlimited port".into(), packet::frame(c4, s4, &seg(SYN, p ^ 1, b""))));
-    hostile.push(("ipv6 SYN to an unlimited port".into(), packet::frame(c6, s6, &seg(SYN, p ^ 1, b""))));
+    hostile.push((
+        "ipv4 SYN to an unlimited port".into(),
+        addressed(packet::frame(c4, s4, &seg(SYN, p ^ 1, b""))),
+    ));
+    hostile.push((
+        "ipv6 SYN to an unlimited port".into(),
+        addressed(packet::frame(c6, s6, &seg(SYN, p ^ 1, b""))),
+    ));
+    // Not for this host: another MAC (a bridge port, a promiscuous
+    // interface), a broadcast, an address the host would route onwards.
+    hostile.push((
+        "ipv4 SYN to the full port for another host's MAC".into(),
+        packet::frame(c4, s4, &seg(SYN, p, b"")),
+    ));
+    hostile.push(("ipv4 SYN to the full port, broadcast MAC".into(), {
+        let mut f = good4.clone();
+        f[..6].copy_from_slice(&[0xff; 6]);
+        f
+    }));
+    let elsewhere4: IpAddr = "198.51.100.7".parse().unwrap();
+    let elsewhere6: IpAddr = "2001:db8::7".parse().unwrap();
+    hostile.push((
+        "ipv4 SYN to port p of an address routed elsewhere".into(),
+        addressed(packet::frame(c4, elsewhere4, &seg(SYN, p, b""))),
+    ));
+    hostile.push((
+        "ipv6 SYN to port p of an address routed elsewhere".into(),
+        addressed(packet::frame(c6, elsewhere6, &seg(SYN, p, b""))),
+    ));
 
     for (name, frame) in &hostile {
-        let out = bpf::test_run(&prog, frame, 1).unwrap_or_else(|e| panic!("{name}: test run failed: {e}"));
+        let out = run_on(frame.clone()).unwrap_or_else(|e| panic!("{name}: test run failed: {e}"));
         assert_eq!(out.retval, XDP_PASS, "{name}: must pass");
         assert_eq!(&out.data, frame, "{name}: must pass unmodified");
     }

@@ -220,7 +220,7 @@ fn per_port_options_source_groups_and_trusted_prefixes() {
          sourcePrefixV4 = 24\n\
          sourcePrefixV6 = 56\n\
          sourceTableSize = 4096\n\
-         trusted = 10.0.0.0/8, fd00::/8, 192.0.2.7\n\
+         trusted = 10.0.0.0/8, fd00::/8, 192.0.2.7, ::ffff:198.51.100.0/120\n\
          trustedReserve = 5\n\
          xdp.interfaces = eth0, eth1\n\
          xdp.mode = generic\n",
@@ -240,7 +240,8 @@ fn per_port_options_source_groups_and_trusted_prefixes() {
     assert!(limits[&9090].enforced());
     assert_eq!((k.source_prefix_v4, k.source_prefix_v6, k.source_table_size), (24, 56, 4096));
     let trusted: Vec<String> = k.trusted.iter().map(ToString::to_string).collect();
-    assert_eq!(trusted, ["10.0.0.0/8", "fd00::/8", "192.0.2.7/32"]);
+    // An IPv4-mapped prefix is the IPv4 prefix (one trie key, one form).
+    assert_eq!(trusted, ["10.0.0.0/8", "fd00::/8", "192.0.2.7/32", "198.51.100.0/24"]);
     assert_eq!(k.trusted_reserve, 5);
     assert_eq!(k.xdp_interfaces, ["eth0", "eth1"]);
     assert_eq!(k.xdp_mode, XdpModeChoice::Generic);
@@ -269,6 +270,7 @@ fn bad_kernel_options_name_what_is_wrong() {
         ("kernel.trusted = 10.0.0.1/8", "`10.0.0.1/8` has host bits set; did you mean 10.0.0.0/8?"),
         ("kernel.trusted = 10.0.0.0/33", "prefix length must be 0-32"),
         ("kernel.trusted = fd00::/8, fd00::/8", "fd00::/8 is listed twice"),
+        ("kernel.trusted = 10.0.0.0/8, ::ffff:10.0.0.0/104", "10.0.0.0/8 is listed twice"),
         ("kernel.trusted = example.com", "`example.com` is not an IPv4 or IPv6 address"),
         ("kernel.xdp.interfaces = eth0, eth0", "interface eth0 is listed twice"),
         ("kernel.xdp.interfaces = averyveryverylongname0", "is not an interface name"),

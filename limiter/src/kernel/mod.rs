@@ -12,7 +12,8 @@
 //! | `LIMITER_ACTIVE` | hash [`PortKey`] → `u32`: ports with counters (readers' index) |
 //! | `LIMITER_REFUSED` | per-CPU hash [`PortKey`] → [`Refusals`]: refusals per port |
 //! | `LIMITER_SOCKS` | sk_storage: marks of counted sockets |
-//! | `LIMITER_SOURCES` | array of [`SourceSlot`]: connections per client group (mmapable) |
+//! | `LIMITER_SOURCES` | array of [`SourceSlot`]: connections per client group |
+//! | `LIMITER_IFMAC` | hash ifindex → [`IfMac`]: MACs of the XDP interfaces |
 //! | `LIMITER_TRUSTED` | LPM trie [`TrustedKey`] → `u32`: trusted prefixes |
 //! | `LIMITER_COUNTS` | per-CPU array, index 0: [`GateCounters`] |
 //! | `LIMITER_WALK` | array, index port → `u32`: scratch of the start-up walk |
@@ -43,8 +44,8 @@ use aya::{
     programs::{CgroupAttachMode, Iter, SkLookup, SockOps, Xdp, XdpMode, links::FdLink, links::PinnedLink},
 };
 use limiter_common::{
-    GateCounters, LAYOUT_VERSION, PortKey, PortLimit, PortStats, Refusals, Settings, SourceSlot, map_names,
-    path as refusal_path, program_names, reason, source,
+    GateCounters, IfMac, LAYOUT_VERSION, PortKey, PortLimit, PortStats, Refusals, Settings, SourceSlot,
+    map_names, path as refusal_path, program_names, reason, source,
 };
 use serde::Serialize;
 
@@ -61,13 +62,14 @@ pub const LINK_REFUSE: &str = "link_sk_lookup";
 pub const LINK_XDP_PREFIX: &str = "link_xdp_";
 /// Every fixed pin the daemon owns; `unload` removes exactly these and the
 /// `link_xdp_*` pins.
-pub const OWN_PINS: [&str; 13] = [
+pub const OWN_PINS: [&str; 14] = [
     LINK_REFUSE,
     LINK_COUNT,
     map_names::SOURCES,
     map_names::TRUSTED,
     map_names::COUNTERS,
     map_names::WALK,
+    map_names::IFMAC,
     map_names::LIMITS,
     map_names::LISTED,
     map_names::STATS,
@@ -310,6 +312,7 @@ pub struct Gate {
     trusted: LpmTrie<MapData, [u8; 16], u32>,
     counters: PerCpuArray<MapData, GateCounters>,
     sources: Array<MapData, SourceSlot>,
+    ifmac: HashMap<MapData, u32, IfMac>,
 }
 
 impl std::fmt::Debug for Gate {
@@ -452,10 +455,27 @@ impl Gate {
                     config.source_prefix_v6.to_string(),
                 )?;
                 let pinned_xdp: Vec<String> = xdp_pins(&pin_dir).into_iter().map(|(i, _)| i).collect();
-                let mut wanted_xdp = config.xdp_interfaces.clone();
-                wanted_xdp.sort();
-                shape("kernel.xdp.interfaces", pinned_xdp.join(", "), wanted_xdp.join(", "))?;
+                // An interface pinned but no longer configured would keep
+                // refusing there: that needs an unload. A configured one
+                // without a pin failed to attach at load: say so, go on.
+                let dropped: Vec<&String> =
+                    pinned_xdp.iter().filter(|i| !config.xdp_interfaces.contains(i)).collect();
+                if !dropped.is_empty() {
+                    let mut wanted = config.xdp_interfaces.clone();
+                    wanted.sort();
+                    shape("kernel.xdp.interfaces", pinned_xdp.join(", "), wanted.join(", "))?;
+                }
+                for missing in config.xdp_interfaces.iter().filter(|i| !pinned_xdp.contains(i)) {
+                    tracing::warn!(
+                        interface = %missing,
+                        "XDP is not attached to this interface (it failed when the gate was loaded); \
+                         sk_lookup refuses there; `limiter unload` and a restart retry it"
+                    );
+                }
                 let changes = gate.apply(config)?;
+                for interface in &pinned_xdp {
+                    gate.remember_mac(interface, &netns_fd)?;
+                }
                 let xdp = pinned_xdp
                     .into_iter()
                     .map(|interface| XdpAttachment { interface, mode: "adopted", fallback_reason: None })
@@ -560,6 +580,7 @@ impl Gate {
             for interface in &config.xdp_interfaces {
                 match attach_xdp(program, interface, &netns_fd, config.xdp_mode)? {
                     Ok((link, attachment)) => {
+                        gate.remember_mac(interface, &netns_fd)?;
                         pin_link(
                             link,
                             &pin_dir.join(format!("{LINK_XDP_PREFIX}{interface}")),
@@ -635,6 +656,7 @@ impl Gate {
             refused: PerCpuHashMap::try_from(open(map_names::REFUSED)?).map_err(bad(map_names::REFUSED))?,
             trusted: LpmTrie::try_from(open(map_names::TRUSTED)?).map_err(bad(map_names::TRUSTED))?,
             counters: PerCpuArray::try_from(open(map_names::COUNTERS)?).map_err(bad(map_names::COUNTERS))?,
+            ifmac: HashMap::try_from(open(map_names::IFMAC)?).map_err(bad(map_names::IFMAC))?,
             settings,
             sources,
         })
@@ -672,12 +694,9 @@ impl Gate {
         if let Err(e) = result {
             let _ = self.set_trusted(&config.trusted, &old_trusted);
             let _ = self.settings.set(0, old_settings, 0);
-            let undo: BTreeMap<u16, PortLimit> = changes
-                .iter()
-                .filter_map(|c| c.from.map(|f| (c.port, f)))
-                .chain(self.limits()?.into_iter().filter(|(p, _)| !changes.iter().any(|c| c.port == *p)))
-                .collect();
-            let _ = self.set_limits(&undo);
+            for change in &changes {
+                let _ = self.write_limit(change.port, change.from.unwrap_or_default());
+            }
             return Err(e);
         }
         Ok(changes)
@@ -702,8 +721,9 @@ impl Gate {
         }
         for (done, change) in changes.iter().enumerate() {
             if let Err(e) = self.write_limit(change.port, change.to.unwrap_or_default()) {
-                // All or nothing: put back what was already written.
-                for undo in &changes[..done] {
+                // All or nothing: put back what was already written,
+                // including this one's array entry if only its index failed.
+                for undo in &changes[..=done] {
                     let _ = self.write_limit(undo.port, undo.from.unwrap_or_default());
                 }
                 return Err(e);
@@ -892,6 +912,24 @@ fn walk(ebpf: &mut aya::Ebpf, btf: &Btf, netns: &fs::File, gate: &Gate) -> Resul
 }
 
 impl Gate {
+    /// Records `interface`'s ifindex and MAC (as the gated namespace sees
+    /// them) for the XDP program's "addressed to this host" check.
+    fn remember_mac(&mut self, interface: &str, netns: &fs::File) -> Result<(), KernelError> {
+        let found = env::in_netns(netns, || -> Result<(u32, [u8; 6]), String> {
+            let index = nix::net::if_::if_nametoindex(interface).map_err(|e| e.to_string())?;
+            let addrs = nix::ifaddrs::getifaddrs().map_err(|e| e.to_string())?;
+            addrs
+                .filter(|a| a.interface_name == interface)
+                .find_map(|a| a.address.as_ref().and_then(|s| s.as_link_addr()).and_then(|l| l.addr()))
+                .map(|mac| (index, mac))
+                .ok_or_else(|| "it has no link-layer address".to_owned())
+        })?;
+        let (index, mac) = found.map_err(|e| KernelError::Load(format!("interface {interface}: {e}")))?;
+        self.ifmac
+            .insert(index, IfMac { mac, _pad: [0; 2] }, 0)
+            .map_err(KernelError::map(format!("recording the MAC of {interface}")))
+    }
+
     fn walked(&self) -> Result<u64, KernelError> {
         Ok(self
             .counters
