@@ -29,3 +29,4 @@ pub mod logging;
 pub mod metrics;
 pub mod privileges;
 pub mod proxy;
+pub mod top;

@@ -48,6 +48,18 @@ enum Command {
         #[command(flatten)]
         target: PinTarget,
     },
+    /// A live view: per-port counts and refusal rates, HTTP pools, breaker
+    /// (80 columns; plain lines when the output is not a terminal).
+    Top {
+        #[command(flatten)]
+        target: PinTarget,
+        /// Refresh interval in milliseconds.
+        #[arg(long, value_name = "MS", default_value_t = 1000)]
+        interval_ms: u64,
+        /// Print one block and exit.
+        #[arg(long)]
+        once: bool,
+    },
     /// Detach the kernel gate and remove the daemon's own pins.
     Unload {
         #[command(flatten)]
@@ -135,6 +147,15 @@ fn main() -> ExitCode {
                 dump::table(snap.as_ref(), &daemon)
             };
             out(&text)
+        }
+        Command::Top { target, interval_ms, once } => {
+            let (pin_path, admin, token) = match target.resolve() {
+                Ok(t) => t,
+                Err(e) => return fail(e),
+            };
+            let interval = std::time::Duration::from_millis(interval_ms.max(100));
+            limiter::top::run(&pin_path, admin, token.as_deref(), interval, once);
+            ExitCode::SUCCESS
         }
         Command::Unload { target } => {
             let (pin_path, _, _) = match target.resolve() {

@@ -28,6 +28,9 @@ usage: cargo xtask VERB [ARGS]
   bench http                 wrk through limiter and through nginx limit_conn;
                              writes BENCHMARKS.md
   bench breaker              the breaker's per-request cost (criterion)
+  dist                       a release tarball in target/dist: the binary (kernel
+                             programs embedded), example config, systemd units,
+                             Kubernetes manifest, README
 ";
 
 fn main() {
@@ -46,6 +49,12 @@ fn real_main() -> Result<()> {
         "run" => run(&rest),
         "test" => test(&rest),
         "bench" => bench::main(&rest),
+        "dist" => {
+            setup::ensure(setup::Purpose::Build)?;
+            let tarball = dist()?;
+            println!("{}", tarball.display());
+            Ok(())
+        }
         "" | "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(())
@@ -84,6 +93,37 @@ pub fn build_daemon(release: bool) -> Result<PathBuf> {
     Ok(root().join("target").join(if release { "release" } else { "debug" }).join("limiter"))
 }
 
+/// Builds the release binary and packs the tarball; returns its path.
+fn dist() -> Result<PathBuf> {
+    let bin = build_daemon(true)?;
+    let name = format!("limiter-{}-{}-linux", env!("CARGO_PKG_VERSION"), env::consts::ARCH);
+    let out = root().join("target/dist");
+    let stage = out.join(&name);
+    let _ = std::fs::remove_dir_all(&stage);
+    let copy = |from: &Path, to: &str| -> Result<()> {
+        let to = stage.join(to);
+        std::fs::create_dir_all(to.parent().context("a parent")?)?;
+        std::fs::copy(from, &to)
+            .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+        Ok(())
+    };
+    copy(&bin, "bin/limiter")?;
+    copy(&root().join("examples/limiter.ini"), "etc/limiter.ini")?;
+    for file in ["README.md", "BENCHMARKS.md"] {
+        copy(&root().join(file), &format!("doc/{file}"))?;
+    }
+    for file in ["systemd/limiter.service", "systemd/limiter-bpffs.service", "kubernetes/limiter.yaml"] {
+        copy(&root().join("deploy").join(file), &format!("deploy/{file}"))?;
+    }
+    let tarball = out.join(format!("{name}.tar.gz"));
+    status(
+        "packing the tarball",
+        Command::new("tar").arg("-czf").arg(&tarball).arg("-C").arg(&out).arg(&name),
+    )?;
+    eprintln!("xtask: {}", tarball.display());
+    Ok(tarball)
+}
+
 fn run(args: &[String]) -> Result<()> {
     setup::ensure(setup::Purpose::Build)?;
     let bin = build_daemon(true)?;
@@ -110,6 +150,8 @@ fn test(filter: &[String]) -> Result<()> {
     }
     status("unit tests", &mut unit)?;
 
+    // The release artifact, for the test that runs it from a clean directory.
+    let tarball = dist()?;
     // Integration tests: the real kernel, real sockets. A network namespace
     // switch is per thread and cgroup membership per process, so one at a time.
     let bin = build_daemon(false)?;
@@ -118,6 +160,7 @@ fn test(filter: &[String]) -> Result<()> {
         .args(["test", "--package", "limiter-tests", "--", "--test-threads=1"])
         .args(filter)
         .env("LIMITER_BIN", &bin)
+        .env("LIMITER_DIST", &tarball)
         .env("LIMITER_REQUIRE_KERNEL", "1");
     status("integration tests", &mut integration)
 }

@@ -26,7 +26,12 @@ pub const NIGHTLY: &str = "nightly";
 pub const BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev"];
 /// Debian packages the test suite drives (network namespaces, an
 /// independent view of what is attached).
-pub const TEST_PACKAGES: &[&str] = &["iproute2", "bpftool", "util-linux", "ethtool"];
+pub const TEST_PACKAGES: &[&str] =
+    &["iproute2", "bpftool", "util-linux", "ethtool", "systemd", "tmux", "python3-venv"];
+/// The Kubernetes schema validator the deployment test runs (from PyPI,
+/// into a virtualenv under `target/tools`).
+pub const K8S_VALIDATOR: &str = "kubernetes-validate";
+pub const K8S_VALIDATOR_VERSION: &str = "1.37.0";
 /// The peers the benchmarks run in the same run.
 pub const BENCH_PACKAGES: &[&str] = &["iptables", "nginx", "wrk"];
 
@@ -60,6 +65,8 @@ pub struct Host {
     pub rustup_home: PathBuf,
     /// The host triple whose nightly toolchain builds the eBPF crate.
     pub triple: String,
+    /// Where tools installed for the tests live (`target/tools`).
+    pub tools: PathBuf,
 }
 
 impl Host {
@@ -77,6 +84,7 @@ impl Host {
             path,
             rustup_home,
             triple: format!("{}-unknown-linux-gnu", env::consts::ARCH),
+            tools: crate::root().join("target/tools"),
         }
     }
 
@@ -121,7 +129,13 @@ pub enum Need {
     NightlyToolchain,
     RustSrc,
     Packages(Vec<String>),
-    BpfLinker { found: Option<String> },
+    BpfLinker {
+        found: Option<String>,
+    },
+    /// The Kubernetes schema validator, in `venv`.
+    K8sValidator {
+        venv: PathBuf,
+    },
 }
 
 impl Need {
@@ -134,6 +148,9 @@ impl Need {
             Self::BpfLinker { found: None } => format!("bpf-linker {BPF_LINKER_VERSION}"),
             Self::BpfLinker { found: Some(v) } => {
                 format!("bpf-linker {BPF_LINKER_VERSION} (found {v})")
+            }
+            Self::K8sValidator { venv } => {
+                format!("{K8S_VALIDATOR} {K8S_VALIDATOR_VERSION} (PyPI) in {}", venv.display())
             }
         }
     }
@@ -186,7 +203,21 @@ pub fn probe(host: &Host, purpose: Purpose) -> Report {
         },
         None => report.missing.push(Need::BpfLinker { found: None }),
     }
+    if purpose == Purpose::Test {
+        let venv = host.tools.join("venv");
+        if validator_marker(&venv).is_file() {
+            report.present.push(format!("{K8S_VALIDATOR} {K8S_VALIDATOR_VERSION} in {}", venv.display()));
+        } else {
+            report.missing.push(Need::K8sValidator { venv });
+        }
+    }
     report
+}
+
+/// Written once the validator's install finished, so a half-made venv is
+/// redone.
+fn validator_marker(venv: &Path) -> PathBuf {
+    venv.join(format!(".{K8S_VALIDATOR}-{K8S_VALIDATOR_VERSION}"))
 }
 
 fn linker_version(path: &Path) -> Option<String> {
@@ -219,6 +250,7 @@ pub fn ensure(purpose: Purpose) -> Result<()> {
         Need::RustSrc => 2,
         Need::Packages(_) => 3,
         Need::BpfLinker { .. } => 4,
+        Need::K8sValidator { .. } => 5,
     });
     for need in &missing {
         install(need)?;
@@ -271,6 +303,21 @@ fn install(need: &Need) -> Result<()> {
                 .args(["--no-default-features", "--features", "llvm-22"])
                 .env("LLVM_PREFIX", LLVM_PREFIX),
         ),
+        Need::K8sValidator { venv } => {
+            let _ = fs::remove_dir_all(venv);
+            fs::create_dir_all(venv.parent().unwrap_or(venv))?;
+            run("creating a Python virtualenv", Command::new("python3").args(["-m", "venv"]).arg(venv))?;
+            run(
+                &format!("installing {K8S_VALIDATOR} {K8S_VALIDATOR_VERSION} from PyPI"),
+                Command::new(venv.join("bin/pip")).args([
+                    "install",
+                    "--quiet",
+                    &format!("{K8S_VALIDATOR}=={K8S_VALIDATOR_VERSION}"),
+                ]),
+            )?;
+            fs::write(validator_marker(venv), "")?;
+            Ok(())
+        }
     }
 }
 
@@ -305,6 +352,7 @@ mod tests {
             path: vec![dir.join("bin")],
             rustup_home: dir.join("rustup"),
             triple: "x86_64-unknown-linux-gnu".into(),
+            tools: dir.join("tools"),
         }
     }
 
@@ -329,6 +377,7 @@ mod tests {
                 Need::RustSrc,
                 Need::Packages(packages.iter().map(|s| s.to_string()).collect()),
                 Need::BpfLinker { found: None },
+                Need::K8sValidator { venv: dir.join("tools/venv") },
             ]
         );
         assert!(report.present.is_empty(), "{:?}", report.present);

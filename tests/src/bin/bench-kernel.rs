@@ -48,6 +48,13 @@ const HIGH_LIMIT: u32 = 1_000_000;
 
 fn main() -> Result<()> {
     ensure!(limiter_tests::kernel_tests_allowed(), "the benchmark needs root");
+    if std::env::var_os("BENCH_XDP_ONLY").is_some() {
+        // Part (e) alone, printed, BENCHMARKS.md untouched: for quick A/B
+        // runs of the XDP program.
+        let frames = xdp_cost()?;
+        print!("{}", xdp_report(&frames));
+        return Ok(());
+    }
     let addr: SocketAddr = format!("127.0.0.1:{PORT}").parse()?;
 
     let plain = Sandbox::new()?;
@@ -604,6 +611,12 @@ fn veth_report(rates: &[Vec<f64>; 4], leaked: &[u64; 4], frames: &[FrameCost]) -
         "\nXDP vs sk_lookup: {xdp_vs_sk:.3}x; XDP vs connlimit: {xdp_vs_ipt:.3}x (target: XDP >= both: {}).\n",
         verdict(xdp_vs_sk >= 1.0 && xdp_vs_ipt >= 1.0)
     ));
+    out.push_str(&xdp_report(frames));
+    out
+}
+
+fn xdp_report(frames: &[FrameCost]) -> String {
+    let mut out = String::new();
     out.push_str(
         "\n(e) XDP program cost per frame, BPF_PROG_TEST_RUN: the median of 1,000 single runs (the kernel times \
          each run, its timer included), 7 rounds; and, for frames the program leaves unchanged, the average \

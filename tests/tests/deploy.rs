@@ -1,0 +1,123 @@
+//! The deployment files: the systemd units pass `systemd-analyze verify`,
+//! the Kubernetes manifest passes a schema validator (kubernetes-validate,
+//! from PyPI, installed by `cargo xtask setup`), and the configuration the
+//! manifest ships passes `limiter check-config`. Each validator is also
+//! shown a broken copy, so a validator that accepts anything would fail
+//! these tests.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use limiter_tests::{limiter, limiter_bin};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ld-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `systemd-analyze verify` on copies of the units whose `ExecStart` points
+/// at the binary under test (verify checks that it is executable).
+fn verify_units(dir: &Path, edit: impl Fn(&str) -> String) -> (bool, String) {
+    let mut files = Vec::new();
+    for name in ["limiter.service", "limiter-bpffs.service"] {
+        let text = std::fs::read_to_string(workspace().join("deploy/systemd").join(name)).unwrap();
+        let text = edit(&text.replace("/usr/local/bin/limiter", limiter_bin().to_str().unwrap()));
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        files.push(path);
+    }
+    let out = Command::new("systemd-analyze").arg("verify").args(&files).current_dir(dir).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn the_systemd_units_pass_systemd_analyze_verify() {
+    let dir = scratch("units");
+    let (ok, stderr) = verify_units(&dir, str::to_owned);
+    assert!(ok && stderr.trim().is_empty(), "systemd-analyze verify: {stderr}");
+    let unit = std::fs::read_to_string(workspace().join("deploy/systemd/limiter.service")).unwrap();
+    for line in [
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ReadWritePaths=/sys/fs/bpf",
+        "ExecReload=/bin/kill -HUP $MAINPID",
+        "Restart=on-failure",
+        "Requires=limiter-bpffs.service",
+        "CapabilityBoundingSet=CAP_BPF CAP_NET_ADMIN CAP_SYS_ADMIN",
+        "--user limiter",
+    ] {
+        assert!(unit.contains(line), "limiter.service lacks `{line}`");
+    }
+    // The validator does reject a broken unit.
+    let (ok, stderr) = verify_units(&dir, |t| t.replace("ProtectSystem=strict", "ProtectSystem=sometimes"));
+    assert!(
+        !ok || stderr.contains("Failed to parse protect system value"),
+        "a bad value went unnoticed: {stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn validate(manifest: &Path) -> (bool, String) {
+    let validator = workspace().join("target/tools/venv/bin/kubernetes-validate");
+    assert!(validator.is_file(), "{} is missing: run `cargo xtask setup`", validator.display());
+    let out = Command::new(validator).args(["--strict"]).arg(manifest).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+#[test]
+fn the_kubernetes_manifest_passes_schema_validation_and_ships_a_valid_config() {
+    let manifest = workspace().join("deploy/kubernetes/limiter.yaml");
+    let (ok, text) = validate(&manifest);
+    assert!(ok, "kubernetes-validate: {text}");
+    assert_eq!(text.matches("passed").count(), 3, "namespace, configmap, daemonset: {text}");
+
+    let yaml = std::fs::read_to_string(&manifest).unwrap();
+    for needle in [
+        "hostNetwork: true",
+        "mountPropagation: Bidirectional",
+        "path: /sys/fs/bpf",
+        "path: /sys/fs/cgroup",
+        "readinessProbe:",
+        "livenessProbe:",
+        "path: /healthz",
+        "terminationGracePeriodSeconds: 45",
+    ] {
+        assert!(yaml.contains(needle), "the manifest lacks `{needle}`");
+    }
+    // The validator does reject a broken manifest: a misspelt field
+    // (strict mode), a value of the wrong type.
+    let dir = scratch("k8s");
+    let broken = dir.join("broken.yaml");
+    for (from, to) in [
+        ("mountPropagation: Bidirectional", "mountPropogation: Bidirectional"),
+        ("terminationGracePeriodSeconds: 45", "terminationGracePeriodSeconds: forty-five"),
+    ] {
+        std::fs::write(&broken, yaml.replace(from, to)).unwrap();
+        let (ok, text) = validate(&broken);
+        assert!(!ok, "`{to}` went unnoticed: {text}");
+    }
+
+    // The ConfigMap's limiter.ini is a valid configuration.
+    let ini: String = yaml
+        .split("limiter.ini: |\n")
+        .nth(1)
+        .unwrap()
+        .lines()
+        .take_while(|l| l.starts_with("    ") || l.is_empty())
+        .map(|l| format!("{}\n", l.trim_start()))
+        .collect();
+    let file = dir.join("limiter.ini");
+    std::fs::write(&file, &ini).unwrap();
+    let out = limiter(&["check-config", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}\n{ini}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+}
