@@ -686,3 +686,90 @@ fn trusted_prefixes_reload_live_and_a_reshaped_gate_is_refused_at_restart() {
     assert!(err.contains("kernel.xdp.interfaces: no interface nosuchif0"), "{err}");
     assert_eq!(peer.connect(sa(peer.server_v4, p), None).unwrap_err().kind(), ErrorKind::ConnectionRefused);
 }
+
+/// (link id, program id) of every pinned link in a dump.
+fn links(d: &Value) -> std::collections::BTreeMap<String, (u64, u64)> {
+    d["kernel"]["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["pin"].as_str().unwrap().to_owned(),
+                (l["link_id"].as_u64().unwrap(), l["program_id"].as_u64().unwrap()),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_restart_swaps_the_programs_in_their_pinned_links_without_a_gap() {
+    require_kernel!();
+    let p = free_port();
+    let (sb, peer, config) = setup(&format!("{p}:1"), "");
+    let mut daemon = start(&sb, &peer, &config);
+    let l = sb.listen(&format!("0.0.0.0:{p}"), 128);
+    let held = (peer.connect(sa(peer.server_v4, p), None).unwrap(), accept(&l));
+    wait_established(&sb.pin_path, p, 1);
+    let before = links(&dump(&sb.pin_path));
+
+    // Attempts through both refusal paths, all through the restart.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let prober = {
+        let stop = stop.clone();
+        let (veth, lo) = (sb.netns_file(), sb.netns_file());
+        let server = sa(peer.server_v4, p);
+        let peer_ns = peer.netns_file();
+        std::thread::spawn(move || {
+            let mut outcomes = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for (netns, dst) in [(&peer_ns, server), (&lo, sa(std::net::Ipv4Addr::LOCALHOST, p))] {
+                    let netns = netns.try_clone().unwrap();
+                    let r = std::thread::spawn(move || {
+                        nix::sched::setns(
+                            std::os::fd::AsFd::as_fd(&netns),
+                            nix::sched::CloneFlags::CLONE_NEWNET,
+                        )
+                        .unwrap();
+                        connect_from(dst, None).map(drop).map_err(|e| e.kind())
+                    })
+                    .join()
+                    .unwrap();
+                    outcomes.push(r);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            drop(veth);
+            outcomes
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    daemon.signal(nix::sys::signal::Signal::SIGTERM);
+    daemon.wait();
+    std::thread::sleep(Duration::from_millis(100));
+    let daemon = Daemon::start(&config, &[]).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let outcomes = prober.join().unwrap();
+
+    assert!(outcomes.len() > 10, "the prober ran ({} attempts)", outcomes.len());
+    for o in &outcomes {
+        assert_eq!(
+            *o,
+            Err(ErrorKind::ConnectionRefused),
+            "an attempt during the restart was not refused: {o:?}"
+        );
+    }
+    let after = links(&dump(&sb.pin_path));
+    assert_eq!(before.keys().collect::<Vec<_>>(), after.keys().collect::<Vec<_>>());
+    for (pin, (link, program)) in &before {
+        let (link2, program2) = after[pin];
+        assert_eq!(*link, link2, "{pin}: the same link, not a new attachment");
+        assert_ne!(*program, program2, "{pin}: this binary's program now runs in it");
+    }
+    assert!(daemon.log().contains("program swapped in its pinned link"), "{}", daemon.log());
+    // The connection counted by the old program is uncounted by the new one.
+    assert_eq!(wait_established(&sb.pin_path, p, 1).established, 1);
+    drop(held);
+    wait_established(&sb.pin_path, p, 0);
+}

@@ -28,6 +28,8 @@
 
 pub mod btf;
 pub mod env;
+#[allow(unsafe_code, reason = "the two bpf(2) calls aya does not expose; see sys.rs")]
+mod sys;
 
 use std::{
     collections::BTreeMap,
@@ -476,6 +478,17 @@ impl Gate {
                 for interface in &pinned_xdp {
                     gate.remember_mac(interface, &netns_fd)?;
                 }
+                // This binary's programs replace the pinned ones in the
+                // same links, atomically: counting and refusing never stop,
+                // no second attachment appears.
+                for swap in swap_programs(&pin_dir, config.source_table_size, &pinned_xdp)? {
+                    tracing::info!(
+                        link = %swap.pin,
+                        from_program = swap.from,
+                        to_program = swap.to,
+                        "program swapped in its pinned link (bpf_link_update)"
+                    );
+                }
                 let xdp = pinned_xdp
                     .into_iter()
                     .map(|interface| XdpAttachment { interface, mode: "adopted", fallback_reason: None })
@@ -891,6 +904,77 @@ pub struct Started {
 
 /// Runs the start-up walk (twice, see `limiter-ebpf/src/walk.rs`) inside
 /// the gated namespace; returns how many connections it counted.
+/// One program replaced in a pinned link.
+struct Swap {
+    pin: String,
+    from: u32,
+    to: u32,
+}
+
+/// Loads this binary's programs against the pinned maps and swaps each
+/// pinned link over to them with `BPF_LINK_UPDATE`.
+fn swap_programs(pin_dir: &Path, source_slots: u32, xdp: &[String]) -> Result<Vec<Swap>, KernelError> {
+    use std::os::fd::AsFd as _;
+    let offsets = btf::sock_offsets().map_err(KernelError::Load)?;
+    let pins: Vec<(&str, PathBuf)> = map_names::ALL.iter().map(|n| (*n, pin_dir.join(n))).collect();
+    let mut loader = EbpfLoader::new();
+    loader.map_max_entries(map_names::SOURCES, source_slots).override_global(
+        "LIMITER_OFFSETS",
+        &offsets,
+        true,
+    );
+    for (name, path) in &pins {
+        loader.map_pin_path(name, path.as_path());
+    }
+    let mut ebpf = loader.load(EBPF_OBJECT).map_err(KernelError::load)?;
+    let mut out = Vec::new();
+    let mut swap = |pin: String, program: std::os::fd::BorrowedFd<'_>| -> Result<(), KernelError> {
+        let path = pin_dir.join(&pin);
+        let from = PinnedLink::from_pin(&path)
+            .ok()
+            .map(FdLink::from)
+            .and_then(|l| l.info().ok())
+            .map_or(0, |i| i.program_id());
+        let link =
+            sys::obj_get(&path).map_err(|e| KernelError::io(format!("opening {}", path.display()), e))?;
+        sys::link_update(std::os::fd::AsFd::as_fd(&link), program)
+            .map_err(|e| KernelError::io(format!("swapping the program of {}", path.display()), e))?;
+        let to = PinnedLink::from_pin(&path)
+            .ok()
+            .map(FdLink::from)
+            .and_then(|l| l.info().ok())
+            .map_or(0, |i| i.program_id());
+        out.push(Swap { pin, from, to });
+        Ok(())
+    };
+    let count: &mut SockOps = ebpf
+        .program_mut(program_names::COUNT)
+        .ok_or_else(|| missing(program_names::COUNT))?
+        .try_into()
+        .map_err(KernelError::load)?;
+    count.load().map_err(|e| KernelError::Load(format!("{}: {e}", program_names::COUNT)))?;
+    swap(LINK_COUNT.to_owned(), count.fd().map_err(KernelError::load)?.as_fd())?;
+    let refuse: &mut SkLookup = ebpf
+        .program_mut(program_names::REFUSE)
+        .ok_or_else(|| missing(program_names::REFUSE))?
+        .try_into()
+        .map_err(KernelError::load)?;
+    refuse.load().map_err(|e| KernelError::Load(format!("{}: {e}", program_names::REFUSE)))?;
+    swap(LINK_REFUSE.to_owned(), refuse.fd().map_err(KernelError::load)?.as_fd())?;
+    if !xdp.is_empty() {
+        let program: &mut Xdp = ebpf
+            .program_mut(program_names::XDP)
+            .ok_or_else(|| missing(program_names::XDP))?
+            .try_into()
+            .map_err(KernelError::load)?;
+        program.load().map_err(|e| KernelError::Load(format!("{}: {e}", program_names::XDP)))?;
+        for interface in xdp {
+            swap(format!("{LINK_XDP_PREFIX}{interface}"), program.fd().map_err(KernelError::load)?.as_fd())?;
+        }
+    }
+    Ok(out)
+}
+
 fn walk(ebpf: &mut aya::Ebpf, btf: &Btf, netns: &fs::File, gate: &Gate) -> Result<u64, KernelError> {
     let before = gate.walked()?;
     let program: &mut Iter = ebpf
