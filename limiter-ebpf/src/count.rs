@@ -4,16 +4,35 @@
 //! there first does the work and a socket is counted and uncounted exactly
 //! once.
 
-use core::ptr;
+use core::{ffi::c_void, ptr};
 
-use aya_ebpf::bindings::BPF_NOEXIST;
+use aya_ebpf::{
+    bindings::{BPF_NOEXIST, BPF_SK_STORAGE_GET_F_CREATE},
+    helpers::generated::bpf_sk_storage_get,
+};
 use limiter_common::{PortKey, Settings, SockMark, SourceKey};
 
 use crate::{
     atomic,
-    maps::{LIMITER_ACTIVE, LIMITER_LIMITS, LIMITER_STATS, counters},
+    maps::{LIMITER_ACTIVE, LIMITER_LIMITS, LIMITER_SOCKS, LIMITER_STATS, counters},
     sources,
 };
+
+/// This socket's mark; with `create`, made (zeroed) when absent. `sk` must
+/// be a full socket pointer the calling hook may pass to sk_storage.
+#[inline(always)]
+pub fn mark(sk: *mut c_void, create: bool) -> Option<*mut SockMark> {
+    let mut init = SockMark::default();
+    let map = ptr::from_ref(&LIMITER_SOCKS).cast_mut().cast::<c_void>();
+    let (value, flags) = if create {
+        (ptr::from_mut(&mut init).cast::<c_void>(), u64::from(BPF_SK_STORAGE_GET_F_CREATE))
+    } else {
+        (ptr::null_mut(), 0)
+    };
+    // SAFETY: the caller passes a socket of its hook.
+    let mark = unsafe { bpf_sk_storage_get(map, sk, value, flags) }.cast::<SockMark>();
+    (!mark.is_null()).then_some(mark)
+}
 
 /// `SockMark::slot` of a socket its group's table had no room for.
 const UNTRACKED: u32 = u32::MAX;

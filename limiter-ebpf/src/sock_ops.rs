@@ -15,23 +15,20 @@
 //! Minimum kernel: 5.15 (`bpf_get_netns_cookie` in sock_ops; sk_storage in
 //! sock_ops since 5.10).
 
-use core::{ffi::c_void, ptr};
-
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{
-        BPF_SK_STORAGE_GET_F_CREATE, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB,
-        BPF_SOCK_OPS_STATE_CB_FLAG, BPF_TCP_CLOSE,
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_TCP_CLOSE,
     },
-    helpers::generated::{bpf_get_netns_cookie, bpf_sk_storage_get},
+    helpers::generated::bpf_get_netns_cookie,
     macros::sock_ops,
     programs::SockOpsContext,
 };
-use limiter_common::{SockMark, source};
+use limiter_common::source;
 
 use crate::{
     count,
-    maps::{LIMITER_CONFIG, LIMITER_SOCKS, counters},
+    maps::{LIMITER_CONFIG, counters},
 };
 
 const AF_INET: u32 = 2;
@@ -55,10 +52,7 @@ fn on_close(ctx: &SockOpsContext) {
     if sk.is_null() {
         return;
     }
-    let map = ptr::from_ref(&LIMITER_SOCKS).cast_mut().cast::<c_void>();
-    // SAFETY: `sk` is the non-null full socket of this callback.
-    let mark = unsafe { bpf_sk_storage_get(map, sk.cast(), ptr::null_mut(), 0) }.cast::<SockMark>();
-    if !mark.is_null() {
+    if let Some(mark) = count::mark(sk.cast(), false) {
         count::uncount(mark);
     }
 }
@@ -98,22 +92,11 @@ fn on_established(ctx: &SockOpsContext) {
         untracked();
         return;
     }
-    let mut init = SockMark::default();
-    let map = ptr::from_ref(&LIMITER_SOCKS).cast_mut().cast::<c_void>();
-    // SAFETY: `sk` is the non-null full socket of this callback.
-    let mark = unsafe {
-        bpf_sk_storage_get(
-            map,
-            sk.cast(),
-            ptr::from_mut(&mut init).cast(),
-            BPF_SK_STORAGE_GET_F_CREATE.into(),
-        )
-    }
-    .cast::<SockMark>();
-    if mark.is_null() {
+    let mark = count::mark(sk.cast(), true);
+    let Some(mark) = mark else {
         untracked();
         return;
-    }
+    };
     count::count(mark, port, group, settings, true);
 }
 

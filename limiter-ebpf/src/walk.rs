@@ -27,17 +27,14 @@
 use core::{ffi::c_void, ptr};
 
 use aya_ebpf::{
-    bindings::BPF_SK_STORAGE_GET_F_CREATE,
     bindings::BPF_SOCK_OPS_STATE_CB_FLAG,
-    helpers::generated::{
-        bpf_getsockopt, bpf_probe_read_kernel, bpf_setsockopt, bpf_sk_storage_get, bpf_skc_to_tcp_sock,
-    },
+    helpers::generated::{bpf_getsockopt, bpf_probe_read_kernel, bpf_setsockopt, bpf_skc_to_tcp_sock},
 };
-use limiter_common::{SockMark, SockOffsets, source};
+use limiter_common::{SockOffsets, source};
 
 use crate::{
     count,
-    maps::{LIMITER_CONFIG, LIMITER_SOCKS, LIMITER_WALK},
+    maps::{LIMITER_CONFIG, LIMITER_WALK},
 };
 
 /// Set by the daemon at load time (`EbpfLoader::set_global`).
@@ -159,22 +156,12 @@ pub extern "C" fn limiter_walk(ctx: *mut IterTcp) -> i32 {
     if tcp.is_null() {
         return 0;
     }
-    let mut init = SockMark::default();
-    let map = ptr::from_ref(&LIMITER_SOCKS).cast_mut().cast::<c_void>();
-    // SAFETY: a full socket the iterator holds locked.
-    let mark = unsafe {
-        bpf_sk_storage_get(
-            map,
-            tcp.cast(),
-            ptr::from_mut(&mut init).cast(),
-            BPF_SK_STORAGE_GET_F_CREATE.into(),
-        )
-    }
-    .cast::<SockMark>();
-    if mark.is_null() {
+    // A full socket the iterator holds locked.
+    let mark = count::mark(tcp.cast(), true);
+    let Some(mark) = mark else {
         crate::sock_ops::untracked();
         return 0;
-    }
+    };
     // SAFETY: this socket's storage; the iterator holds the socket locked.
     if unsafe { ptr::addr_of!((*mark).counted).read_volatile() } == 0 {
         // Its close must reach limiter_count before it is counted.

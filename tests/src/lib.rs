@@ -53,6 +53,18 @@ pub fn limiter(args: &[&str]) -> Output {
     Command::new(limiter_bin()).args(args).output().expect("run limiter")
 }
 
+/// Runs `f` on a short-lived thread that entered `netns` (a namespace
+/// switch applies to one thread).
+pub fn in_netns<T: Send + 'static>(netns: &File, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let netns = netns.try_clone().expect("dup netns fd");
+    std::thread::spawn(move || {
+        setns(netns.as_fd(), CloneFlags::CLONE_NEWNET).expect("setns");
+        f()
+    })
+    .join()
+    .expect("netns thread")
+}
+
 /// Whether this process may run kernel tests. Under `cargo xtask test`
 /// (`LIMITER_REQUIRE_KERNEL=1`) a missing privilege is a failure, never a
 /// silent pass.
@@ -146,13 +158,7 @@ impl Sandbox {
 
     /// Runs `f` on a thread inside this namespace.
     pub fn in_netns<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let netns = self.netns.try_clone().expect("dup netns fd");
-        std::thread::spawn(move || {
-            setns(netns.as_fd(), CloneFlags::CLONE_NEWNET).expect("setns");
-            f()
-        })
-        .join()
-        .expect("netns thread")
+        in_netns(&self.netns, f)
     }
 
     /// Runs `f` while this whole process sits in the sandbox cgroup.

@@ -6,14 +6,12 @@ use std::{
     fs::File,
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream},
-    os::fd::AsFd as _,
     process::Command,
     sync::atomic::{AtomicU32, Ordering},
     time::Duration,
 };
 
 use anyhow::{Context as _, Result};
-use nix::sched::{CloneFlags, setns};
 
 use crate::{Sandbox, run};
 
@@ -152,13 +150,7 @@ impl Peer {
 
     /// Runs `f` on a thread inside the client namespace.
     pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let netns = self.netns.try_clone().expect("dup netns fd");
-        std::thread::spawn(move || {
-            setns(netns.as_fd(), CloneFlags::CLONE_NEWNET).expect("setns");
-            f()
-        })
-        .join()
-        .expect("client thread")
+        crate::in_netns(&self.netns, f)
     }
 
     /// A connection from the client namespace, from `src` if given.

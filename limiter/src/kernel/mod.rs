@@ -545,11 +545,7 @@ impl Gate {
 
         // Counting before refusing, so the refusal never reads a count
         // nobody keeps.
-        let count: &mut SockOps = ebpf
-            .program_mut(program_names::COUNT)
-            .ok_or_else(|| missing(program_names::COUNT))?
-            .try_into()
-            .map_err(KernelError::load)?;
+        let count: &mut SockOps = program(&mut ebpf, program_names::COUNT)?;
         count.load().map_err(|e| KernelError::Load(format!("{}: {e}", program_names::COUNT)))?;
         let id = count.attach(&cgroup_fd, CgroupAttachMode::Single).map_err(|e| {
             KernelError::Load(format!(
@@ -566,11 +562,7 @@ impl Gate {
         // every counted socket is seen.
         let walked = walk(&mut ebpf, &kernel_btf, &netns_fd, &gate)?;
 
-        let refuse: &mut SkLookup = ebpf
-            .program_mut(program_names::REFUSE)
-            .ok_or_else(|| missing(program_names::REFUSE))?
-            .try_into()
-            .map_err(KernelError::load)?;
+        let refuse: &mut SkLookup = program(&mut ebpf, program_names::REFUSE)?;
         refuse.load().map_err(|e| KernelError::Load(format!("{}: {e}", program_names::REFUSE)))?;
         let id = refuse.attach(&netns_fd).map_err(|e| {
             KernelError::Load(format!(
@@ -584,11 +576,7 @@ impl Gate {
 
         let mut xdp = Vec::new();
         if !config.xdp_interfaces.is_empty() {
-            let program: &mut Xdp = ebpf
-                .program_mut(program_names::XDP)
-                .ok_or_else(|| missing(program_names::XDP))?
-                .try_into()
-                .map_err(KernelError::load)?;
+            let program: &mut Xdp = program(&mut ebpf, program_names::XDP)?;
             program.load().map_err(|e| KernelError::Load(format!("{}: {e}", program_names::XDP)))?;
             for interface in &config.xdp_interfaces {
                 match attach_xdp(program, interface, &netns_fd, config.xdp_mode)? {
@@ -930,43 +918,23 @@ fn swap_programs(pin_dir: &Path, source_slots: u32, xdp: &[String]) -> Result<Ve
     let mut out = Vec::new();
     let mut swap = |pin: String, program: std::os::fd::BorrowedFd<'_>| -> Result<(), KernelError> {
         let path = pin_dir.join(&pin);
-        let from = PinnedLink::from_pin(&path)
-            .ok()
-            .map(FdLink::from)
-            .and_then(|l| l.info().ok())
-            .map_or(0, |i| i.program_id());
+        let from = linked_program(&path);
         let link =
             sys::obj_get(&path).map_err(|e| KernelError::io(format!("opening {}", path.display()), e))?;
         sys::link_update(std::os::fd::AsFd::as_fd(&link), program)
             .map_err(|e| KernelError::io(format!("swapping the program of {}", path.display()), e))?;
-        let to = PinnedLink::from_pin(&path)
-            .ok()
-            .map(FdLink::from)
-            .and_then(|l| l.info().ok())
-            .map_or(0, |i| i.program_id());
+        let to = linked_program(&path);
         out.push(Swap { pin, from, to });
         Ok(())
     };
-    let count: &mut SockOps = ebpf
-        .program_mut(program_names::COUNT)
-        .ok_or_else(|| missing(program_names::COUNT))?
-        .try_into()
-        .map_err(KernelError::load)?;
+    let count: &mut SockOps = program(&mut ebpf, program_names::COUNT)?;
     count.load().map_err(|e| KernelError::Load(format!("{}: {e}", program_names::COUNT)))?;
     swap(LINK_COUNT.to_owned(), count.fd().map_err(KernelError::load)?.as_fd())?;
-    let refuse: &mut SkLookup = ebpf
-        .program_mut(program_names::REFUSE)
-        .ok_or_else(|| missing(program_names::REFUSE))?
-        .try_into()
-        .map_err(KernelError::load)?;
+    let refuse: &mut SkLookup = program(&mut ebpf, program_names::REFUSE)?;
     refuse.load().map_err(|e| KernelError::Load(format!("{}: {e}", program_names::REFUSE)))?;
     swap(LINK_REFUSE.to_owned(), refuse.fd().map_err(KernelError::load)?.as_fd())?;
     if !xdp.is_empty() {
-        let program: &mut Xdp = ebpf
-            .program_mut(program_names::XDP)
-            .ok_or_else(|| missing(program_names::XDP))?
-            .try_into()
-            .map_err(KernelError::load)?;
+        let program: &mut Xdp = program(&mut ebpf, program_names::XDP)?;
         program.load().map_err(|e| KernelError::Load(format!("{}: {e}", program_names::XDP)))?;
         for interface in xdp {
             swap(format!("{LINK_XDP_PREFIX}{interface}"), program.fd().map_err(KernelError::load)?.as_fd())?;
@@ -977,11 +945,7 @@ fn swap_programs(pin_dir: &Path, source_slots: u32, xdp: &[String]) -> Result<Ve
 
 fn walk(ebpf: &mut aya::Ebpf, btf: &Btf, netns: &fs::File, gate: &Gate) -> Result<u64, KernelError> {
     let before = gate.walked()?;
-    let program: &mut Iter = ebpf
-        .program_mut(program_names::WALK)
-        .ok_or_else(|| missing(program_names::WALK))?
-        .try_into()
-        .map_err(KernelError::load)?;
+    let program: &mut Iter = program(ebpf, program_names::WALK)?;
     program.load("tcp", btf).map_err(|e| KernelError::Load(format!("{}: {e}", program_names::WALK)))?;
     for _pass in 0..2 {
         let id = program
@@ -1141,6 +1105,23 @@ fn row(port: u16, limit: Option<&PortLimit>, s: &PortStats, r: Option<&Refusals>
         trusted_admitted: r.trusted_admitted,
         sources: 0,
     }
+}
+
+/// Program `name` of the loaded object, as its type.
+fn program<'a, T>(ebpf: &'a mut aya::Ebpf, name: &str) -> Result<&'a mut T, KernelError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    ebpf.program_mut(name).ok_or_else(|| missing(name))?.try_into().map_err(KernelError::load)
+}
+
+/// The program behind the link pinned at `path` (0 if it cannot be read).
+fn linked_program(path: &Path) -> u32 {
+    PinnedLink::from_pin(path)
+        .ok()
+        .map(FdLink::from)
+        .and_then(|l| l.info().ok())
+        .map_or(0, |i| i.program_id())
 }
 
 fn missing(name: &str) -> KernelError {
