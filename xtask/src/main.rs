@@ -28,6 +28,9 @@ usage: cargo xtask VERB [ARGS]
   bench http                 wrk through limiter and through nginx limit_conn;
                              writes BENCHMARKS.md
   bench breaker              the breaker's per-request cost (criterion)
+  soak [--short]             overload, flood, upstream-fault, hostile-client and
+                             control-plane scenarios against the real daemon and
+                             gate; prints a table, fails if anything was lost
   dist                       a release tarball in target/dist: the binary (kernel
                              programs embedded), example config, systemd units,
                              Kubernetes manifest, README
@@ -49,6 +52,10 @@ fn real_main() -> Result<()> {
         "run" => run(&rest),
         "test" => test(&rest),
         "bench" => bench::main(&rest),
+        "soak" => {
+            setup::ensure(setup::Purpose::Test)?;
+            soak(rest.iter().any(|a| a == "--short"))
+        }
         "dist" => {
             setup::ensure(setup::Purpose::Build)?;
             let tarball = dist()?;
@@ -91,6 +98,19 @@ pub fn build_daemon(release: bool) -> Result<PathBuf> {
     }
     status("building the daemon", &mut cmd)?;
     Ok(root().join("target").join(if release { "release" } else { "debug" }).join("limiter"))
+}
+
+/// Runs the soak suite against the release daemon.
+fn soak(short: bool) -> Result<()> {
+    let bin = build_daemon(true)?;
+    let mut cmd = cargo();
+    cmd.args(["run", "--release", "--package", "limiter-tests", "--bin", "soak", "--"])
+        .env("LIMITER_BIN", &bin)
+        .env("LIMITER_REQUIRE_KERNEL", "1");
+    if short {
+        cmd.arg("--short");
+    }
+    status("the soak suite", &mut cmd)
 }
 
 /// Builds the release binary and packs the tarball; returns its path.
@@ -162,5 +182,7 @@ fn test(filter: &[String]) -> Result<()> {
         .env("LIMITER_BIN", &bin)
         .env("LIMITER_DIST", &tarball)
         .env("LIMITER_REQUIRE_KERNEL", "1");
-    status("integration tests", &mut integration)
+    status("integration tests", &mut integration)?;
+    // The short version of every soak scenario.
+    if filter.is_empty() { soak(true) } else { Ok(()) }
 }

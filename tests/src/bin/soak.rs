@@ -1,0 +1,612 @@
+//! `cargo xtask soak [--short]`: the worst minutes of a server's life,
+//! against the real daemon, the real kernel gate and upstreams written for
+//! it. Every scenario is bounded in count and time and targets only
+//! loopback or its own network namespace. Prints a table (scenario, load,
+//! what held, what was lost) and exits 1 if any check failed.
+//!
+//! `--short` (what `cargo xtask test` runs) scales every load down; the
+//! default is the long version, for people.
+
+use std::{
+    io::{ErrorKind, Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
+    process::ExitCode,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use limiter_tests::{
+    Daemon, Sandbox, carries_data, client, dump, free_port, port, upstream::Upstream, wait_established,
+};
+
+/// One scenario's outcome.
+struct Row {
+    scenario: &'static str,
+    load: String,
+    held: Vec<String>,
+    lost: Vec<String>,
+}
+
+impl Row {
+    fn new(scenario: &'static str, load: String) -> Self {
+        Self { scenario, load, held: Vec::new(), lost: Vec::new() }
+    }
+
+    /// Records a check: what held, or what was lost.
+    fn check(&mut self, ok: bool, what: String) {
+        if ok { self.held.push(what) } else { self.lost.push(what) }
+    }
+}
+
+/// A metric's value from a Prometheus page (first line starting with `name`).
+fn metric(page: &str, name: &str) -> f64 {
+    page.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// Peak resident memory of a process, in MiB.
+fn peak_rss_mib(pid: i32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(f64::NAN, |kib| kib / 1024.0)
+}
+
+fn http_only(dir: &str, upstream: SocketAddr, extra: &str) -> (Daemon, SocketAddr) {
+    let dir = std::env::temp_dir().join(format!("soak-{dir}-{}", std::process::id()));
+    let (config, proxy) = client::http_config(&dir, Some(upstream), extra);
+    (Daemon::start(&config, &[]).expect("daemon"), proxy)
+}
+
+fn pools_empty(daemon: &Daemon) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let page = daemon.metrics();
+        let busy = metric(&page, "limiter_http_in_flight{pool=\"normal\"}")
+            + metric(&page, "limiter_http_in_flight{pool=\"debug\"}")
+            + metric(&page, "limiter_http_in_flight{pool=\"web\"}")
+            + metric(&page, "limiter_http_sessions ");
+        if busy == 0.0 {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// 1. Overload: open-loop arrivals far above the pool, /debug/ alongside.
+fn overload(short: bool) -> Row {
+    let upstream = Upstream::start();
+    let (daemon, proxy) = http_only("overload", upstream.addr, "http.maxThreads = 20\n");
+    let (rate, seconds) = if short { (1_000u64, 4u64) } else { (3_000, 60) };
+    let total = rate * seconds;
+    // 20x the normal pool in concurrent clients, each on its own schedule.
+    let clients = 20 * 9;
+    let mut row = Row::new(
+        "overload",
+        format!(
+            "{rate} req/s open-loop from {clients} concurrent clients for {seconds} s against 9 slots (each held 50 ms)"
+        ),
+    );
+    let next = Arc::new(AtomicU64::new(0));
+    let statuses = Arc::new(Mutex::new((0u64, 0u64, Vec::<String>::new(), Vec::<f64>::new())));
+    let start = Instant::now() + Duration::from_millis(50);
+    let workers: Vec<_> = (0..clients)
+        .map(|_| {
+            let (next, statuses) = (next.clone(), statuses.clone());
+            thread::spawn(move || {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total {
+                        return;
+                    }
+                    // Open loop: each request has its own start time; its
+                    // latency counts from then, whether or not a worker
+                    // was free.
+                    let due = start + Duration::from_micros(i * 1_000_000 / rate);
+                    if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                        thread::sleep(wait);
+                    }
+                    let r = client::send(proxy, b"GET /slowhead?ms=50 HTTP/1.1\r\nHost: t\r\n\r\n");
+                    let latency = due.elapsed().as_secs_f64() * 1000.0;
+                    let mut s = statuses.lock().unwrap();
+                    match r {
+                        Ok(r) if r.status == 200 => s.0 += 1,
+                        Ok(r) if r.status == 503 => {
+                            s.1 += 1;
+                            s.3.push(latency);
+                        }
+                        Ok(r) => s.2.push(format!("status {}", r.status)),
+                        Err(e) => s.2.push(e.to_string()),
+                    }
+                }
+            })
+        })
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let debug = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let (mut ok, mut all) = (0u64, 0u64);
+            while !stop.load(Ordering::Relaxed) {
+                all += 1;
+                if client::send(proxy, b"GET /debug/health HTTP/1.1\r\nHost: t\r\n\r\n")
+                    .is_ok_and(|r| r.status == 200)
+                {
+                    ok += 1;
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+            (ok, all)
+        })
+    };
+    workers.into_iter().for_each(|w| w.join().unwrap());
+    stop.store(true, Ordering::Relaxed);
+    let (debug_ok, debug_all) = debug.join().unwrap();
+    let (ok, refused, errors, mut lat) = std::mem::take(&mut *statuses.lock().unwrap());
+    lat.sort_by(f64::total_cmp);
+    let client_p99 = lat.get(lat.len() * 99 / 100).copied().unwrap_or(0.0);
+    let status: serde_json::Value =
+        serde_json::from_str(&limiter_tests::http_get(daemon.admin, "/status").unwrap()).unwrap();
+    let server_p99 = status["http"]["time_to_503_p99_bound_seconds"].as_f64().unwrap_or(f64::NAN) * 1000.0;
+    let rss = peak_rss_mib(daemon.pid().as_raw());
+    row.check(
+        errors.is_empty(),
+        format!(
+            "{ok} answered 200, {refused} answered 503, {} errors {:?}",
+            errors.len(),
+            errors.iter().take(3).collect::<Vec<_>>()
+        ),
+    );
+    row.check(ok + refused == total, format!("every one of {total} requests got 200 or 503"));
+    row.check(
+        server_p99 < 5.0,
+        format!(
+            "server time-to-503 p99 < {server_p99:.3} ms (target < 5 ms); client-side p99 {client_p99:.1} ms"
+        ),
+    );
+    row.check(debug_ok == debug_all && debug_all > 0, format!("/debug/ {debug_ok}/{debug_all} answered 200"));
+    row.check(rss < 128.0, format!("daemon peak RSS {rss:.1} MiB (target < 128)"));
+    row.check(pools_empty(&daemon), "every pool back to 0".into());
+    row
+}
+
+/// 2. Connection flood past the kernel limit.
+fn flood(short: bool) -> Row {
+    let sb = Sandbox::new().unwrap();
+    let p = free_port();
+    let limit = 50u64;
+    let _daemon = Daemon::start(&sb.config(&format!("{p}:{limit}"), ""), &[]).unwrap();
+    let seconds = if short { 3 } else { 30 };
+    let mut row = Row::new(
+        "connection flood",
+        format!("2 threads connecting as fast as they can for {seconds} s to a port limited to {limit}"),
+    );
+    let listener = sb.listen(&format!("127.0.0.1:{p}"), 4096);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (made, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let (stop, made, refused, held, netns) =
+                (stop.clone(), made.clone(), refused.clone(), held.clone(), sb.netns_file());
+            thread::spawn(move || {
+                nix::sched::setns(std::os::fd::AsFd::as_fd(&netns), nix::sched::CloneFlags::CLONE_NEWNET)
+                    .unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    match TcpStream::connect(format!("127.0.0.1:{p}")) {
+                        Ok(s) => {
+                            made.fetch_add(1, Ordering::Relaxed);
+                            held.lock().unwrap().push(s);
+                        }
+                        Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(_) => {}
+                    }
+                }
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_secs(seconds));
+    stop.store(true, Ordering::Relaxed);
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    let row_now = port(&dump(&sb.pin_path), p);
+    let bound = limit + 2 * thread::available_parallelism().map_or(2, |n| n.get() as u64);
+    row.check(
+        row_now.high_watermark <= bound,
+        format!(
+            "established peaked at {} (limit {limit}, bound {bound}); {} connected, {} refused at the SYN",
+            row_now.high_watermark,
+            made.load(Ordering::Relaxed),
+            refused.load(Ordering::Relaxed)
+        ),
+    );
+    // The connections that got in still carry data, both ways.
+    listener.set_nonblocking(false).unwrap();
+    let mut clients = std::mem::take(&mut *held.lock().unwrap());
+    let mut servers: std::collections::HashMap<SocketAddr, TcpStream> =
+        (0..clients.len()).map(|_| listener.accept().unwrap()).map(|(s, peer)| (peer, s)).collect();
+    let mut working = 0;
+    for c in clients.iter_mut() {
+        let Some(s) = servers.get_mut(&c.local_addr().unwrap()) else { continue };
+        if carries_data(c, s) && carries_data(s, c) {
+            working += 1;
+        }
+    }
+    row.check(
+        working == clients.len(),
+        format!("{working}/{} established connections carried data after the flood", clients.len()),
+    );
+    drop(clients);
+    drop(servers);
+    drop(listener);
+    row.check(
+        std::panic::catch_unwind(|| wait_established(&sb.pin_path, p, 0)).is_ok(),
+        "established back to exactly 0".into(),
+    );
+    row
+}
+
+/// 3. Upstream faults: fails, dies, hangs; the breaker stops the traffic.
+fn upstream_faults(short: bool) -> Row {
+    let upstream = Upstream::start();
+    let (daemon, proxy) = http_only(
+        "faults",
+        upstream.addr,
+        "http.upstreamTimeoutMs = 300\n[breaker]\nminRequests = 5\nthreshold = 0.5\nsleepWindowMs = 700\nwindowMs = 3000\nbucketMs = 100\n",
+    );
+    let mut row = Row::new(
+        "upstream faults",
+        "500s, a hanging upstream, a slow one, one resetting connections, a dead one".into(),
+    );
+    let get = |path: &str| {
+        client::send(proxy, format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes()).map(|r| r.status)
+    };
+    let open = |d: &Daemon| metric(&d.metrics(), "limiter_breaker_state{state=\"open\"}") == 1.0;
+    let rounds = if short { 1 } else { 5 };
+    for round in 0..rounds {
+        // Fails (500s): opens after the window's threshold, then nothing reaches it.
+        upstream.set_failing(true);
+        let mut n = 0;
+        while !open(&daemon) && n < 50 {
+            let _ = get("/flap");
+            n += 1;
+        }
+        row.check(open(&daemon), format!("round {round}: opened after {n} failing requests (500s)"));
+        let hits = upstream.flap_hits();
+        for _ in 0..20 {
+            let _ = get("/flap");
+        }
+        row.check(
+            upstream.flap_hits() == hits,
+            format!(
+                "round {round}: while open the upstream saw {} of 20 requests",
+                upstream.flap_hits() - hits
+            ),
+        );
+        upstream.set_failing(false);
+        thread::sleep(Duration::from_millis(800));
+        let mut recovered = false;
+        for _ in 0..20 {
+            if get("/flap").is_ok_and(|s| s == 200) && !open(&daemon) {
+                recovered = true;
+                break;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        row.check(recovered, format!("round {round}: service resumed after recovery"));
+    }
+    // Hangs: answers after the upstream timeout (504), opens the breaker.
+    let mut n = 0;
+    while !open(&daemon) && n < 30 {
+        let _ = get("/slowhead?ms=2000");
+        n += 1;
+    }
+    row.check(open(&daemon), format!("a hanging upstream (504s) opened it after {n} requests"));
+    thread::sleep(Duration::from_millis(800));
+    let _ = get("/x");
+    thread::sleep(Duration::from_millis(100));
+    // Slow but within the timeout: answers, and is no failure.
+    thread::sleep(Duration::from_millis(800));
+    let _ = get("/x");
+    let trips = metric(&daemon.metrics(), "limiter_breaker_trips_total");
+    let slow_ok = (0..10).all(|_| get("/slowhead?ms=150").is_ok_and(|s| s == 200));
+    row.check(
+        slow_ok && metric(&daemon.metrics(), "limiter_breaker_trips_total") == trips && !open(&daemon),
+        "a slow upstream within its timeout: 10 of 10 answered, no trip".into(),
+    );
+    // Resets every connection: 502s, opens it; then recovers.
+    let resetter = TcpListener::bind("127.0.0.1:0").unwrap();
+    let reset_addr = resetter.local_addr().unwrap();
+    let stop_resets = Arc::new(AtomicBool::new(false));
+    let resets = {
+        let stop = stop_resets.clone();
+        resetter.set_nonblocking(true).unwrap();
+        thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                match resetter.accept() {
+                    Ok((s, _)) => {
+                        let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+                        n += 1;
+                    }
+                    Err(_) => thread::sleep(Duration::from_millis(2)),
+                }
+            }
+            n
+        })
+    };
+    let (resetting, reset_proxy) = http_only(
+        "resets",
+        reset_addr,
+        "[breaker]\nminRequests = 5\nthreshold = 0.5\nsleepWindowMs = 700\nwindowMs = 3000\nbucketMs = 100\n",
+    );
+    let mut n = 0;
+    while !open(&resetting) && n < 30 {
+        let _ = client::send(reset_proxy, b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n");
+        n += 1;
+    }
+    stop_resets.store(true, Ordering::Relaxed);
+    let reset_count = resets.join().unwrap();
+    row.check(
+        open(&resetting),
+        format!(
+            "an upstream resetting every connection ({reset_count} resets, 502s) opened it after {n} requests"
+        ),
+    );
+    row.check(pools_empty(&resetting), "no permit leaked behind the resets".into());
+    drop(resetting);
+    // Dies: connection refused (502s), opens it again.
+    let dead = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    drop(daemon);
+    let (daemon, proxy) = http_only(
+        "dead",
+        dead,
+        "[breaker]\nminRequests = 5\nthreshold = 0.5\nsleepWindowMs = 700\nwindowMs = 3000\nbucketMs = 100\n",
+    );
+    let mut n = 0;
+    while !open(&daemon) && n < 30 {
+        let _ = client::send(proxy, b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n");
+        n += 1;
+    }
+    row.check(open(&daemon), format!("a dead upstream (502s) opened it after {n} requests"));
+    row.check(pools_empty(&daemon), "no permit leaked".into());
+    row
+}
+
+/// 4. Hostile clients, each with a fixed expected answer.
+fn hostile(short: bool) -> Row {
+    let upstream = Upstream::start();
+    let (daemon, proxy) = http_only(
+        "hostile",
+        upstream.addr,
+        "http.headerReadTimeoutMs = 500\nhttp.maxHeaderBytes = 8192\nhttp.maxSessionConnections = 2\nhttp.idleTimeoutMs = 500\n",
+    );
+    let sessions = if short { 20_000u64 } else { 1_000_000 };
+    let mut row = Row::new(
+        "hostile clients",
+        format!(
+            "slowloris, 431, 400s, framing conflict, {sessions} distinct Authorization values, bodies cut off"
+        ),
+    );
+    // Slowloris: a head that never ends is cut at the header-read timeout.
+    let mut s = client::connect(proxy);
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nX-A: ").unwrap();
+    let started = Instant::now();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut buf = [0u8; 256];
+    // The server ends it (EOF or reset) at its timeout: not at once, and
+    // not left for the client's own 3 s timeout.
+    let ended = match s.read(&mut buf) {
+        Ok(_) => true,
+        Err(e) => e.kind() != ErrorKind::WouldBlock && e.kind() != ErrorKind::TimedOut,
+    };
+    let took = started.elapsed();
+    row.check(
+        ended && took >= Duration::from_millis(400) && took < Duration::from_millis(2_000),
+        format!("slowloris cut after {} ms (timeout 500 ms)", took.as_millis()),
+    );
+    let big = format!("GET / HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n", "a".repeat(20_000));
+    row.check(
+        client::send(proxy, big.as_bytes()).is_ok_and(|r| r.status == 431),
+        "oversized head: 431".into(),
+    );
+    row.check(
+        client::send(proxy, b"GARBAGE\r\n\r\n").is_ok_and(|r| r.status == 400),
+        "malformed request line: 400".into(),
+    );
+    let before = upstream.hits();
+    let smuggle =
+        b"POST /sink HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+    row.check(
+        client::send(proxy, smuggle).is_ok_and(|r| r.status == 400) && upstream.hits() == before,
+        "Content-Length with Transfer-Encoding: 400, nothing forwarded".into(),
+    );
+    // Many sessions: each value is held only while in flight.
+    let next = Arc::new(AtomicU64::new(0));
+    let bad = Arc::new(AtomicU64::new(0));
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (next, bad) = (next.clone(), bad.clone());
+            thread::spawn(move || {
+                let mut s = client::connect(proxy);
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= sessions {
+                        return;
+                    }
+                    let req =
+                        format!("GET /x HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer session-{i}\r\n\r\n");
+                    let ok = s.write_all(req.as_bytes()).is_ok()
+                        && client::read_reply(&mut s).is_ok_and(|r| r.status == 200);
+                    if !ok {
+                        bad.fetch_add(1, Ordering::Relaxed);
+                        s = client::connect(proxy);
+                    }
+                }
+            })
+        })
+        .collect();
+    workers.into_iter().for_each(|w| w.join().unwrap());
+    let page = daemon.metrics();
+    let rss = peak_rss_mib(daemon.pid().as_raw());
+    row.check(
+        metric(&page, "limiter_http_sessions ") == 0.0 && bad.load(Ordering::Relaxed) == 0,
+        format!("{sessions} sessions: all answered, session entries back to 0"),
+    );
+    row.check(rss < 128.0, format!("daemon peak RSS {rss:.1} MiB after them (target < 128)"));
+    // Bodies cut off mid-way: the permits come back.
+    for _ in 0..20 {
+        let mut s = client::connect(proxy);
+        let _ = s.write_all(b"POST /sink HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\npartial");
+        drop(s);
+    }
+    row.check(pools_empty(&daemon), "20 clients vanished mid-body: every permit returned".into());
+    row
+}
+
+/// 5. Control-plane faults under load.
+fn control_plane(short: bool) -> Row {
+    let sb = Sandbox::new().unwrap();
+    let p = free_port();
+    let config = sb.config(&format!("{p}:2"), "");
+    let mut daemon = Daemon::start(&config, &[]).unwrap();
+    let restarts = if short { 1 } else { 10 };
+    let mut row = Row::new(
+        "control plane",
+        format!(
+            "kill -9 and restart x{restarts} with refusals probed throughout; bad and lowering reloads under load"
+        ),
+    );
+    let listener = sb.listen(&format!("127.0.0.1:{p}"), 128);
+    let held: Vec<_> = (0..2).map(|_| sb.connect(&format!("127.0.0.1:{p}")).unwrap()).collect();
+    wait_established(&sb.pin_path, p, 2);
+    let stop = Arc::new(AtomicBool::new(false));
+    let prober = {
+        let (stop, netns) = (stop.clone(), sb.netns_file());
+        thread::spawn(move || {
+            nix::sched::setns(std::os::fd::AsFd::as_fd(&netns), nix::sched::CloneFlags::CLONE_NEWNET)
+                .unwrap();
+            let (mut refused, mut other) = (0u64, 0u64);
+            while !stop.load(Ordering::Relaxed) {
+                match TcpStream::connect(format!("127.0.0.1:{p}")) {
+                    Err(e) if e.kind() == ErrorKind::ConnectionRefused => refused += 1,
+                    _ => other += 1,
+                }
+                thread::sleep(Duration::from_millis(2));
+            }
+            (refused, other)
+        })
+    };
+    for _ in 0..restarts {
+        daemon.signal(nix::sys::signal::Signal::SIGKILL);
+        daemon.wait();
+        thread::sleep(Duration::from_millis(100));
+        daemon = Daemon::start(&config, &[]).unwrap();
+        thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (refused, other) = prober.join().unwrap();
+    row.check(
+        other == 0 && refused > 0,
+        format!("{refused} attempts through the restarts, {other} not refused"),
+    );
+    row.check(
+        port(&dump(&sb.pin_path), p).established == 2,
+        "the count stayed exact (2) across kill -9".into(),
+    );
+    drop(held);
+    drop(listener);
+    // Reloads under HTTP load.
+    let upstream = Upstream::start();
+    let dir = std::env::temp_dir().join(format!("soak-reload-{}", std::process::id()));
+    let (http_config, proxy) = client::http_config(&dir, Some(upstream.addr), "http.maxThreads = 30\n");
+    let http = Daemon::start(&http_config, &[]).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let load: Vec<_> = (0..8)
+        .map(|_| {
+            let stop = stop.clone();
+            thread::spawn(move || {
+                let mut other = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    match client::send(proxy, b"GET /slowhead?ms=20 HTTP/1.1\r\nHost: t\r\n\r\n") {
+                        Ok(r) if r.status == 200 || r.status == 503 => {}
+                        _ => other += 1,
+                    }
+                }
+                other
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(300));
+    let text = std::fs::read_to_string(&http_config).unwrap();
+    std::fs::write(&http_config, text.replace("http.maxThreads = 30", "http.maxThreads = -1")).unwrap();
+    let bad = http.reload();
+    let limit = metric(&http.metrics(), "limiter_http_pool_limit{pool=\"normal\"}");
+    row.check(
+        bad.contains("rejected") && limit == 19.0,
+        format!("a bad reload under load changed nothing (normal limit {limit})"),
+    );
+    std::fs::write(&http_config, text.replace("http.maxThreads = 30", "http.maxThreads = 14")).unwrap();
+    let lowered = http.reload();
+    thread::sleep(Duration::from_millis(500));
+    let page = http.metrics();
+    let (limit, in_use) = (
+        metric(&page, "limiter_http_pool_limit{pool=\"normal\"}"),
+        metric(&page, "limiter_http_in_flight{pool=\"normal\"}"),
+    );
+    row.check(
+        lowered.contains("applied") && limit == 3.0 && in_use <= 3.0,
+        format!("a reload lowering the limit to 3 under load: {in_use} in flight after 0.5 s"),
+    );
+    stop.store(true, Ordering::Relaxed);
+    let other: u64 = load.into_iter().map(|t| t.join().unwrap()).sum();
+    row.check(other == 0, format!("{other} answers other than 200 or 503 through the reloads"));
+    let _ = std::fs::remove_dir_all(&dir);
+    row
+}
+
+fn main() -> ExitCode {
+    let short = std::env::args().any(|a| a == "--short");
+    assert!(limiter_tests::kernel_tests_allowed(), "the soak suite needs root");
+    limiter_tests::raise_fd_limit();
+    let started = Instant::now();
+    let scenarios: [fn(bool) -> Row; 5] = [overload, flood, upstream_faults, hostile, control_plane];
+    let mut rows = Vec::new();
+    for s in scenarios {
+        let t = Instant::now();
+        let row = s(short);
+        eprintln!("soak: {} done in {:.1} s", row.scenario, t.elapsed().as_secs_f64());
+        rows.push(row);
+    }
+    println!("| scenario | load | what held | what was lost |\n|---|---|---|---|");
+    let mut failed = false;
+    for r in &rows {
+        failed |= !r.lost.is_empty();
+        let lost =
+            if r.lost.is_empty() { "nothing".to_owned() } else { format!("**{}**", r.lost.join("; ")) };
+        println!("| {} | {} | {} | {} |", r.scenario, r.load, r.held.join("; "), lost);
+    }
+    println!(
+        "\n{} version, {:.0} s: {}",
+        if short { "short" } else { "long" },
+        started.elapsed().as_secs_f64(),
+        if failed { "FAILED" } else { "passed" }
+    );
+    if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+}
