@@ -305,12 +305,40 @@ pub struct Daemon {
     pub config: PathBuf,
     pub admin: SocketAddr,
     log: PathBuf,
+    /// The namespace the daemon itself runs in, when not the test's.
+    netns: Option<File>,
 }
 
 impl Daemon {
     /// Starts `limiter run --config CONFIG` and waits until its admin
     /// listener answers.
     pub fn start(config: &Path, extra_args: &[&str]) -> Result<Self> {
+        let mut cmd = Command::new(limiter_bin());
+        cmd.arg("run").arg("--config").arg(config).args(extra_args);
+        Self::spawn(cmd, config, None)
+    }
+
+    /// Starts the daemon inside the sandbox: in its network namespace (so
+    /// its proxy and admin listeners are there) and in its cgroup (so the
+    /// gate counts the proxy's own connections).
+    pub fn start_inside(sb: &Sandbox, config: &Path, extra_args: &[&str]) -> Result<Self> {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            // nsenter switches the network namespace only (`ip netns exec`
+            // would also remount /sys, hiding the cgroup v2 mount below it).
+            .arg(r#"echo $$ > "$1/cgroup.procs" && shift && exec nsenter --net="$@""#)
+            .arg("sh")
+            .arg(&sb.cgroup)
+            .arg(&sb.netns_path)
+            .arg(limiter_bin())
+            .arg("run")
+            .arg("--config")
+            .arg(config)
+            .args(extra_args);
+        Self::spawn(cmd, config, Some(sb.netns_file()))
+    }
+
+    fn spawn(mut cmd: Command, config: &Path, netns: Option<File>) -> Result<Self> {
         let text = fs::read_to_string(config)?;
         let admin: SocketAddr = text
             .lines()
@@ -318,27 +346,29 @@ impl Daemon {
             .context("config has admin.listen")?
             .parse()?;
         let log = config.with_extension(format!("log.{}", SEQ.fetch_add(1, Ordering::Relaxed)));
-        let child = Command::new(limiter_bin())
-            .arg("run")
-            .arg("--config")
-            .arg(config)
-            .args(extra_args)
-            .stdout(Stdio::null())
-            .stderr(File::create(&log)?)
-            .env("LIMITER_LOG", "debug")
-            .spawn()?;
-        let mut daemon = Self { child, config: config.to_path_buf(), admin, log };
+        let child =
+            cmd.stdout(Stdio::null()).stderr(File::create(&log)?).env("LIMITER_LOG", "debug").spawn()?;
+        let mut daemon = Self { child, config: config.to_path_buf(), admin, log, netns };
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Some(status) = daemon.child.try_wait()? {
                 bail!("daemon exited during start-up ({status}):\n{}", daemon.log());
             }
-            if http_get(admin, "/healthz").is_ok() {
+            if daemon.admin_get("/healthz").is_ok() {
                 return Ok(daemon);
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         bail!("daemon did not answer on {admin} within 10 s:\n{}", daemon.log())
+    }
+
+    /// GET on the admin listener (from the daemon's namespace).
+    pub fn admin_get(&self, path: &str) -> Result<String> {
+        let (admin, path) = (self.admin, path.to_owned());
+        match &self.netns {
+            Some(netns) => in_netns(netns, move || http_get(admin, &path)),
+            None => http_get(admin, &path),
+        }
     }
 
     pub fn pid(&self) -> Pid {
@@ -374,7 +404,7 @@ impl Daemon {
     }
 
     pub fn metrics(&self) -> String {
-        http_get(self.admin, "/metrics").expect("GET /metrics")
+        self.admin_get("/metrics").expect("GET /metrics")
     }
 }
 

@@ -87,8 +87,22 @@ fn pools_empty(daemon: &Daemon) -> bool {
 
 /// 1. Overload: open-loop arrivals far above the pool, /debug/ alongside.
 fn overload(short: bool) -> Row {
-    let upstream = Upstream::start();
-    let (daemon, proxy) = http_only("overload", upstream.addr, "http.maxThreads = 20\n");
+    // The daemon runs inside a sandbox (its namespace and cgroup), with the
+    // kernel gate on its own proxy port, as the example configuration does.
+    let sb = Sandbox::new().unwrap();
+    let upstream = sb.in_netns(Upstream::start);
+    let config = sb.config("1:1", "");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let proxy: SocketAddr =
+        text.lines().find_map(|l| l.strip_prefix("http.listen = ")).unwrap().parse().unwrap();
+    let kernel_limit = 1_000;
+    std::fs::write(
+        &config,
+        text.replace("kernel.ports = 1:1", &format!("kernel.ports = {}:{kernel_limit}", proxy.port()))
+            + &format!("http.upstream = {}\nhttp.maxThreads = 20\n", upstream.addr),
+    )
+    .unwrap();
+    let daemon = Daemon::start_inside(&sb, &config, &[]).expect("daemon");
     let (rate, seconds) = if short { (1_000u64, 4u64) } else { (3_000, 60) };
     let total = rate * seconds;
     // 20x the normal pool in concurrent clients, each on its own schedule.
@@ -104,8 +118,9 @@ fn overload(short: bool) -> Row {
     let start = Instant::now() + Duration::from_millis(50);
     let workers: Vec<_> = (0..clients)
         .map(|_| {
-            let (next, statuses) = (next.clone(), statuses.clone());
+            let (next, statuses, netns) = (next.clone(), statuses.clone(), sb.netns_file());
             thread::spawn(move || {
+                enter(&netns);
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     if i >= total {
@@ -136,8 +151,9 @@ fn overload(short: bool) -> Row {
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
     let debug = {
-        let stop = stop.clone();
+        let (stop, netns) = (stop.clone(), sb.netns_file());
         thread::spawn(move || {
+            enter(&netns);
             let (mut ok, mut all) = (0u64, 0u64);
             while !stop.load(Ordering::Relaxed) {
                 all += 1;
@@ -157,8 +173,7 @@ fn overload(short: bool) -> Row {
     let (ok, refused, errors, mut lat) = std::mem::take(&mut *statuses.lock().unwrap());
     lat.sort_by(f64::total_cmp);
     let client_p99 = lat.get(lat.len() * 99 / 100).copied().unwrap_or(0.0);
-    let status: serde_json::Value =
-        serde_json::from_str(&limiter_tests::http_get(daemon.admin, "/status").unwrap()).unwrap();
+    let status: serde_json::Value = serde_json::from_str(&daemon.admin_get("/status").unwrap()).unwrap();
     let server_p99 = status["http"]["time_to_503_p99_bound_seconds"].as_f64().unwrap_or(f64::NAN) * 1000.0;
     let rss = peak_rss_mib(daemon.pid().as_raw());
     row.check(
@@ -179,7 +194,24 @@ fn overload(short: bool) -> Row {
     row.check(debug_ok == debug_all && debug_all > 0, format!("/debug/ {debug_ok}/{debug_all} answered 200"));
     row.check(rss < 128.0, format!("daemon peak RSS {rss:.1} MiB (target < 128)"));
     row.check(pools_empty(&daemon), "every pool back to 0".into());
+    let gate = port(&dump(&sb.pin_path), proxy.port());
+    row.check(
+        gate.admitted > 0
+            && gate.high_watermark <= kernel_limit
+            && std::panic::catch_unwind(|| wait_established(&sb.pin_path, proxy.port(), 0)).is_ok(),
+        format!(
+            "the gate counted the proxy's {} connections (peak {} of {kernel_limit}) and is back to exactly 0",
+            gate.admitted, gate.high_watermark
+        ),
+    );
+    drop(daemon);
+    drop(upstream);
     row
+}
+
+/// Moves this thread into `netns`.
+fn enter(netns: &std::fs::File) {
+    nix::sched::setns(std::os::fd::AsFd::as_fd(netns), nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
 }
 
 /// 2. Connection flood past the kernel limit.
