@@ -154,8 +154,10 @@ impl State {
     }
 
     fn try_reload(&self, path: &Path) -> Result<Vec<String>, String> {
-        let new = Config::load(path).map_err(|e| e.to_string())?;
+        // Read under the lock: of two overlapping reloads, the one applied
+        // last is the one that read the file last.
         let mut config = self.config.lock().expect("config lock");
+        let new = Config::load(path).map_err(|e| e.to_string())?;
         let changed: Vec<&str> = config
             .restart_only()
             .into_iter()
@@ -299,6 +301,7 @@ pub async fn run(options: RunOptions, prepared: Prepared) -> Result<(), DaemonEr
     let _ = stop_tx.send(true);
     let started = std::time::Instant::now();
     let _ = tokio::task::spawn_blocking(move || workers.into_iter().for_each(|w| drop(w.join()))).await;
+    http.counters.refusal_log.flush();
     let left = http.counters.connections_open.load(Ordering::Relaxed);
     tracing::info!(took_ms = started.elapsed().as_millis() as u64, connections_cut = left, "drained");
     let _ = admin_stop_tx.send(true);

@@ -99,10 +99,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run { config, unload_on_exit, log_json, user } => {
+            // First: a SIGHUP or SIGTERM during start-up waits for the
+            // daemon's handlers instead of killing it.
+            limiter::privileges::block_signals();
             // The level comes from the file; a bad file is reported below.
             let level = Config::load(&config).map_or_else(|_| "info".to_owned(), |c| c.admin.log_level);
             limiter::logging::init(log_json, &level);
-            limiter::privileges::block_signals();
             let options = RunOptions { config_path: config, unload_on_exit };
             let prepared = match daemon::prepare(&options) {
                 Ok(p) => p,

@@ -64,10 +64,15 @@ pub fn drop_to(user: Option<&str>, pin_dir: Option<&Path>) -> Result<(), String>
     };
     // While CAP_SETPCAP is still effective: nothing outside `keep` can be
     // regained, by this process or anything it runs.
-    for cap in caps::all() {
-        if !keep.contains(&cap) {
-            caps::drop(None, CapSet::Bounding, cap)
-                .map_err(|e| format!("dropping {cap} from the bounding set: {e}"))?;
+    // (Without CAP_SETPCAP, e.g. started as an ordinary user for the proxy
+    // alone, nothing can be taken out of the bounding set, and nothing in it
+    // can be used either.)
+    if caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP).unwrap_or(false) {
+        for cap in caps::all() {
+            if !keep.contains(&cap) && caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(false) {
+                caps::drop(None, CapSet::Bounding, cap)
+                    .map_err(|e| format!("dropping {cap} from the bounding set: {e}"))?;
+            }
         }
     }
     if let Some(user) = &target {

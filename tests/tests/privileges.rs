@@ -81,6 +81,10 @@ fn the_gate_daemon_keeps_cap_bpf_alone_in_every_thread_and_runs_as_the_user() {
     drop((held, l));
     drop(daemon);
     assert!(Path::new(&sb.pin_path).exists(), "the gate outlives the daemon");
+    // A restart adopts the pins the user now owns, and gives them back.
+    let again = Daemon::start(&config, &["--user", "nobody"]).unwrap();
+    assert!(again.log().contains("kernel gate adopted"), "{}", again.log());
+    assert!(again.metrics().contains(&format!("limiter_kernel_limit{{port=\"{p}\"}} 3")));
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Log lines for 503 refusals, rate-limited: at most [`LINES_PER_SECOND`]
-//! lines in any one-second window, each saying how many refusals went
+//! lines per second of the daemon's clock (so at most twice that across the
+//! boundary of two seconds), each saying how many refusals went
 //! unlogged since the line before it, so an overload cannot flood the disk
 //! and no refusal goes unaccounted. Lock-free: every worker thread refuses
 //! at once under overload.
@@ -40,11 +41,22 @@ impl RefusalLog {
         }
     }
 
+    /// Logs the refusals left out since the last line, if any (at shutdown,
+    /// so the last burst is accounted for too).
+    pub fn flush(&self) {
+        let unlogged = self.suppressed.swap(0, Ordering::AcqRel);
+        if unlogged > 0 {
+            tracing::info!(unlogged_since_last_line = unlogged, "refused with 503 (not logged one by one)");
+        }
+    }
+
     /// The rate limit itself, at second `now`: `Some(unlogged count)` when
     /// a line may be written.
     fn admit(&self, now: u64) -> Option<u64> {
         let window = self.window.load(Ordering::Relaxed);
-        if now != window
+        // Only forward: a thread still holding an older second must not
+        // reopen a window that has been used up.
+        if now > window
             && self.window.compare_exchange(window, now, Ordering::AcqRel, Ordering::Relaxed).is_ok()
         {
             self.lines.store(0, Ordering::Release);

@@ -196,17 +196,27 @@ fn overload(short: bool) -> Row {
     row.check(pools_empty(&daemon), "every pool back to 0".into());
     let gate = port(&dump(&sb.pin_path), proxy.port());
     row.check(
-        gate.admitted > 0
-            && gate.high_watermark <= kernel_limit
+        gate.admitted == total + debug_all
             && std::panic::catch_unwind(|| wait_established(&sb.pin_path, proxy.port(), 0)).is_ok(),
         format!(
-            "the gate counted the proxy's {} connections (peak {} of {kernel_limit}) and is back to exactly 0",
-            gate.admitted, gate.high_watermark
+            "the gate counted all {} connections to the proxy ({} requests + {debug_all} /debug/; peak {} of {kernel_limit}) and is back to exactly 0",
+            gate.admitted, total, gate.high_watermark
         ),
     );
     drop(daemon);
     drop(upstream);
     row
+}
+
+/// The distinct values of `v`, in order of first appearance.
+fn dedup(v: &[u16]) -> Vec<u16> {
+    let mut out = Vec::new();
+    for x in v {
+        if !out.contains(x) {
+            out.push(*x);
+        }
+    }
+    out
 }
 
 /// Moves this thread into `netns`.
@@ -257,7 +267,9 @@ fn flood(short: bool) -> Row {
     let row_now = port(&dump(&sb.pin_path), p);
     let bound = limit + 2 * thread::available_parallelism().map_or(2, |n| n.get() as u64);
     row.check(
-        row_now.high_watermark <= bound,
+        row_now.high_watermark >= limit
+            && row_now.high_watermark <= bound
+            && refused.load(Ordering::Relaxed) > 0,
         format!(
             "established peaked at {} (limit {limit}, bound {bound}); {} connected, {} refused at the SYN",
             row_now.high_watermark,
@@ -341,12 +353,14 @@ fn upstream_faults(short: bool) -> Row {
         row.check(recovered, format!("round {round}: service resumed after recovery"));
     }
     // Hangs: answers after the upstream timeout (504), opens the breaker.
-    let mut n = 0;
-    while !open(&daemon) && n < 30 {
-        let _ = get("/slowhead?ms=2000");
-        n += 1;
+    let mut seen = Vec::new();
+    while !open(&daemon) && seen.len() < 30 {
+        seen.push(get("/slowhead?ms=2000").map_or(0, |s| s));
     }
-    row.check(open(&daemon), format!("a hanging upstream (504s) opened it after {n} requests"));
+    row.check(
+        open(&daemon) && !seen.is_empty() && seen.iter().all(|&s| s == 504),
+        format!("a hanging upstream opened it after {} requests, answered {:?}", seen.len(), dedup(&seen)),
+    );
     thread::sleep(Duration::from_millis(800));
     let _ = get("/x");
     thread::sleep(Duration::from_millis(100));
@@ -385,17 +399,19 @@ fn upstream_faults(short: bool) -> Row {
         reset_addr,
         "[breaker]\nminRequests = 5\nthreshold = 0.5\nsleepWindowMs = 700\nwindowMs = 3000\nbucketMs = 100\n",
     );
-    let mut n = 0;
-    while !open(&resetting) && n < 30 {
-        let _ = client::send(reset_proxy, b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n");
-        n += 1;
+    let mut seen = Vec::new();
+    while !open(&resetting) && seen.len() < 30 {
+        seen.push(client::send(reset_proxy, b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n").map_or(0, |r| r.status));
     }
+    let n = seen.len();
+    let all_502 = !seen.is_empty() && seen.iter().all(|&s| s == 502);
     stop_resets.store(true, Ordering::Relaxed);
     let reset_count = resets.join().unwrap();
     row.check(
-        open(&resetting),
+        open(&resetting) && all_502,
         format!(
-            "an upstream resetting every connection ({reset_count} resets, 502s) opened it after {n} requests"
+            "an upstream resetting every connection ({reset_count} resets) opened it after {n} requests, answered {:?}",
+            dedup(&seen)
         ),
     );
     row.check(pools_empty(&resetting), "no permit leaked behind the resets".into());
@@ -411,12 +427,14 @@ fn upstream_faults(short: bool) -> Row {
         dead,
         "[breaker]\nminRequests = 5\nthreshold = 0.5\nsleepWindowMs = 700\nwindowMs = 3000\nbucketMs = 100\n",
     );
-    let mut n = 0;
-    while !open(&daemon) && n < 30 {
-        let _ = client::send(proxy, b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n");
-        n += 1;
+    let mut seen = Vec::new();
+    while !open(&daemon) && seen.len() < 30 {
+        seen.push(client::send(proxy, b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n").map_or(0, |r| r.status));
     }
-    row.check(open(&daemon), format!("a dead upstream (502s) opened it after {n} requests"));
+    row.check(
+        open(&daemon) && !seen.is_empty() && seen.iter().all(|&s| s == 502),
+        format!("a dead upstream opened it after {} requests, answered {:?}", seen.len(), dedup(&seen)),
+    );
     row.check(pools_empty(&daemon), "no permit leaked".into());
     row
 }
@@ -503,12 +521,25 @@ fn hostile(short: bool) -> Row {
     );
     row.check(rss < 128.0, format!("daemon peak RSS {rss:.1} MiB after them (target < 128)"));
     // Bodies cut off mid-way: the permits come back.
-    for _ in 0..20 {
-        let mut s = client::connect(proxy);
-        let _ = s.write_all(b"POST /sink HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\npartial");
-        drop(s);
+    let cut: Vec<TcpStream> = (0..20)
+        .map(|_| {
+            let mut s = client::connect(proxy);
+            let _ = s.write_all(b"POST /sink HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\npartial");
+            s
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric(&daemon.metrics(), "limiter_http_in_flight{pool=\"normal\"}") < 20.0
+        && Instant::now() < deadline
+    {
+        thread::sleep(Duration::from_millis(10));
     }
-    row.check(pools_empty(&daemon), "20 clients vanished mid-body: every permit returned".into());
+    let holding = metric(&daemon.metrics(), "limiter_http_in_flight{pool=\"normal\"}");
+    drop(cut);
+    row.check(
+        holding == 20.0 && pools_empty(&daemon),
+        format!("20 clients vanished mid-body while holding {holding} permits: every permit returned"),
+    );
     row
 }
 
