@@ -86,6 +86,21 @@ fn read<T: Default>(base: *const u8, offset: u32) -> T {
     out
 }
 
+/// Gets or sets (`op`: `bpf_getsockopt` or `bpf_setsockopt`) the socket's
+/// `TCP_BPF_SOCK_OPS_CB_FLAGS` through `flags`.
+#[inline(always)]
+fn cb_flags(
+    op: unsafe fn(*mut c_void, i32, i32, *mut c_void, i32) -> i64,
+    tcp: *mut c_void,
+    flags: &mut i32,
+) -> i64 {
+    // SAFETY: `tcp` is a full TCP socket the iterator holds locked; `flags`
+    // is ours, of the stated size.
+    unsafe {
+        op(tcp, SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, ptr::from_mut(flags).cast(), size_of::<i32>() as i32)
+    }
+}
+
 /// Whether the socket's cgroup is `id` or below it (at most 16 levels up).
 fn in_cgroup(sk: *const u8, off: &SockOffsets, id: u64) -> bool {
     let mut cgroup: u64 = read(sk, off.sk_cgroup);
@@ -166,31 +181,13 @@ pub extern "C" fn limiter_walk(ctx: *mut IterTcp) -> i32 {
     if unsafe { ptr::addr_of!((*mark).counted).read_volatile() } == 0 {
         // Its close must reach limiter_count before it is counted.
         let mut flags: i32 = 0;
-        let size = size_of::<i32>() as i32;
-        // SAFETY: a locked full TCP socket; `flags` is ours.
-        unsafe {
-            if bpf_getsockopt(
-                tcp.cast(),
-                SOL_TCP,
-                TCP_BPF_SOCK_OPS_CB_FLAGS,
-                ptr::from_mut(&mut flags).cast(),
-                size,
-            ) != 0
-            {
-                flags = 0;
-            }
-            flags |= BPF_SOCK_OPS_STATE_CB_FLAG as i32;
-            if bpf_setsockopt(
-                tcp.cast(),
-                SOL_TCP,
-                TCP_BPF_SOCK_OPS_CB_FLAGS,
-                ptr::from_mut(&mut flags).cast(),
-                size,
-            ) != 0
-            {
-                crate::sock_ops::untracked();
-                return 0;
-            }
+        if cb_flags(bpf_getsockopt, tcp.cast(), &mut flags) != 0 {
+            flags = 0;
+        }
+        flags |= BPF_SOCK_OPS_STATE_CB_FLAG as i32;
+        if cb_flags(bpf_setsockopt, tcp.cast(), &mut flags) != 0 {
+            crate::sock_ops::untracked();
+            return 0;
         }
     }
     count::count(mark, port, group, settings, false);

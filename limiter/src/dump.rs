@@ -219,15 +219,24 @@ fn pools(http: &serde_json::Value) -> String {
             .map(|ms| format!(", next probe in {} s", ms.div_ceil(1000)))
             .unwrap_or_default();
         out.push_str(&format!(
-            "breaker: {} ({}), window {} results, error rate {:.1} %, {} trips{}{}\n",
-            b["state"].as_str().unwrap_or("?"),
-            b["mode"].as_str().unwrap_or("?"),
-            b["window_requests"],
-            b["error_rate"].as_f64().unwrap_or(0.0) * 100.0,
-            b["trips"],
+            "breaker: {}{}{}\n",
+            breaker_summary(b),
             b["last_trip_unix"].as_u64().map(|t| format!(", last trip at unix {t}")).unwrap_or_default(),
             next,
         ));
     }
     out
+}
+
+/// The breaker in one line from `/status`: state (mode), window results,
+/// error rate, trips (`dump` and `top` both show it).
+pub fn breaker_summary(b: &serde_json::Value) -> String {
+    format!(
+        "{} ({}), window {} results, error rate {:.1} %, {} trips",
+        b["state"].as_str().unwrap_or("?"),
+        b["mode"].as_str().unwrap_or("?"),
+        b["window_requests"],
+        b["error_rate"].as_f64().unwrap_or(0.0) * 100.0,
+        b["trips"],
+    )
 }

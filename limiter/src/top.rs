@@ -120,15 +120,7 @@ pub fn render(cur: &Sample, prev: Option<&Sample>) -> Vec<String> {
             n("sessions"),
             rate(refused(st), before, secs),
         )));
-        let b = &st["http"]["breaker"];
-        out.push(fit(format!(
-            "breaker {} ({})  window {} results, {:.1} % errors, {} trips",
-            b["state"].as_str().unwrap_or("?"),
-            b["mode"].as_str().unwrap_or("?"),
-            b["window_requests"],
-            b["error_rate"].as_f64().unwrap_or(0.0) * 100.0,
-            b["trips"],
-        )));
+        out.push(fit(format!("breaker {}", dump::breaker_summary(&st["http"]["breaker"]))));
     }
     out
 }
