@@ -9,10 +9,10 @@ use std::{
 };
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use limiter::breaker::{Breaker, Decision, MonotonicClock, Settings};
+use limiter::breaker::{Breaker, Decision, MonotonicClock, Policy};
 
 fn breaker() -> Arc<Breaker> {
-    let settings = Settings {
+    let settings = Policy {
         threshold: 0.5,
         // Never trips: this measures the closed-state path a healthy
         // upstream takes on every request.

@@ -1,20 +1,25 @@
 //! limiter: a node daemon that keeps servers alive under overload by
 //! admitting or refusing work from one set of limits.
 //!
-//! Layout:
-//! - [`config`]: the configuration file (grammar, keys, defaults, errors);
-//! - [`kernel`]: the eBPF gate (load, pin, adopt, unload, read the maps),
-//!   with [`kernel::env`] probing privileges, kernel, cgroup v2, bpffs;
-//! - [`daemon`]: `limiter run` (signals, reload, lifecycle);
-//! - [`admin`]: the admin listener (`/metrics`, `/status`);
+//! Layout (calls go down this list, never up):
+//! - [`cli`]: one file per command-line verb (`main.rs` parses the command
+//!   line and calls these);
+//! - [`daemon`]: `limiter run`: start-up, serving, reload, drain, signals,
+//!   privileges, logging;
+//! - [`admin`]: the admin listener, serving a [`admin::Control`] the daemon
+//!   implements; [`admin::api`] holds the typed `/status` and `/reload`
+//!   bodies shared with `dump` and `top`;
+//! - [`proxy`]: the HTTP/1.1 reverse proxy (server, per-request pipeline,
+//!   forwarding, responses);
 //! - [`admission`]: HTTP permits (pools, sessions, web clients);
 //! - [`breaker`]: the circuit breaker in front of the upstream (no I/O,
-//!   injected clock);
-//! - [`proxy`]: the HTTP/1.1 reverse proxy that applies them;
-//! - [`metrics`], [`histogram`]: Prometheus text exposition;
-//! - [`dump`]: `limiter dump`, from the pins and the admin listener.
-//!
-//! `main.rs` only parses the command line and calls into these.
+//!   injected clock), its ticket and event sink;
+//! - [`kernel`]: the eBPF gate (load, pin, adopt, swap, unload, maps,
+//!   views), with [`kernel::env`] probing privileges, kernel, cgroup v2,
+//!   bpffs;
+//! - [`metrics`]: Prometheus text, one module per part's families;
+//! - [`config`]: the file's grammar, the one key table, the typed
+//!   configuration everything above reads.
 // Denied, not forbidden: `kernel::sys` holds the two bpf(2) calls aya does
 // not expose, and is the only module allowed to use it.
 #![deny(unsafe_code)]
@@ -22,13 +27,9 @@
 pub mod admin;
 pub mod admission;
 pub mod breaker;
+pub mod cli;
 pub mod config;
 pub mod daemon;
-pub mod dump;
-pub mod histogram;
 pub mod kernel;
-pub mod logging;
 pub mod metrics;
-pub mod privileges;
 pub mod proxy;
-pub mod top;

@@ -90,7 +90,7 @@ fn the_gate_daemon_keeps_cap_bpf_alone_in_every_thread_and_runs_as_the_user() {
 #[test]
 fn without_the_gate_the_daemon_keeps_no_capability() {
     let dir = std::env::temp_dir().join(format!("lp-{}", std::process::id()));
-    let (config, proxy) = client::http_config(&dir, None, "");
+    let (config, proxy) = client::http_config(&dir, None, "http.upstream = sample\n");
     let daemon = Daemon::start(&config, &[]).unwrap();
     for status in threads(daemon.pid().as_raw()) {
         assert_eq!(caps_of(&status, "CapEff"), 0, "{status}");

@@ -2,7 +2,10 @@
 //! match `limiter dump --json` taken at the same moment, and every line
 //! fits 80 columns; without a terminal it prints plain lines.
 
-use std::{process::Command, time::Duration};
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
 
 use limiter_tests::*;
 
@@ -24,7 +27,7 @@ fn top_in_a_real_terminal_shows_what_the_dump_shows() {
     require_kernel!();
     let (p, q) = (free_port(), free_port());
     let sb = Sandbox::new().unwrap();
-    let config = sb.config(&format!("{p}:3, {q}:10"), "");
+    let config = sb.config(&format!("{p}:3, {q}:10"), "http.upstream = sample\n");
     let daemon = Daemon::start(&config, &[]).unwrap();
     let lp = sb.listen(&format!("127.0.0.1:{p}"), 128);
     let lq = sb.listen(&format!("127.0.0.1:{q}"), 128);
@@ -41,8 +44,22 @@ fn top_in_a_real_terminal_shows_what_the_dump_shows() {
     let session = format!("limiter-top-{}", std::process::id());
     let command = format!("{} top --config {} --interval-ms 200", limiter_bin().display(), config.display());
     tmux(&["new-session", "-d", "-s", &session, "-x", "80", "-y", "24", &command]);
-    std::thread::sleep(Duration::from_millis(1200));
-    let screen = tmux(&["capture-pane", "-p", "-t", &session]);
+    // Until the view has refreshed once after its first block (a rate is
+    // shown only from the second sample on).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let screen = loop {
+        let screen = tmux(&["capture-pane", "-p", "-t", &session]);
+        // REF/s (the 7th cell) is `-` until there is a rate.
+        let shown = |port: u16| {
+            screen.lines().map(|l| l.split_whitespace().collect::<Vec<_>>()).any(|cells| {
+                cells.first() == Some(&port.to_string().as_str()) && cells.get(6).is_some_and(|c| *c != "-")
+            })
+        };
+        if (shown(p) && shown(q) && screen.contains("breaker")) || Instant::now() > deadline {
+            break screen;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     let _ = Command::new("tmux").args(["kill-session", "-t", &session]).status();
     let d = dump(&sb.pin_path);
 

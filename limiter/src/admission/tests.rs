@@ -24,7 +24,7 @@ fn the_normal_pool_is_max_threads_minus_eleven() {
 fn normal_requests_fill_the_pool_then_are_refused() {
     let a = Admission::new(limits(9, 0, 0));
     let permits: Vec<_> = (0..9).map(|_| a.admit(normal()).unwrap()).collect();
-    assert_eq!(a.admit(normal()).unwrap_err(), Reason::Normal);
+    assert_eq!(a.admit(normal()).unwrap_err(), Refusal::Normal);
     assert_eq!(a.snapshot().normal_in_use, 9);
     drop(permits);
     let s = a.snapshot();
@@ -40,14 +40,14 @@ fn debug_takes_reserved_slots_then_free_normal_ones_never_the_reverse() {
     let d: Vec<_> = (0..3).map(|_| a.admit(debug()).unwrap()).collect();
     assert!(d.iter().all(|p| p.slot() == Slot::Reserved));
     // A fourth debug request finds no reserved slot and no normal slot.
-    assert_eq!(a.admit(debug()).unwrap_err(), Reason::Debug);
+    assert_eq!(a.admit(debug()).unwrap_err(), Refusal::Debug);
     // One normal slot frees: the fourth debug request takes it...
     drop(n1);
     let d4 = a.admit(debug()).unwrap();
     assert_eq!(d4.slot(), Slot::Normal);
     // ...and normal requests never take reserved slots.
     drop(d);
-    assert_eq!(a.admit(normal()).unwrap_err(), Reason::Normal);
+    assert_eq!(a.admit(normal()).unwrap_err(), Refusal::Normal);
     let s = a.snapshot();
     assert_eq!((s.normal_in_use, s.debug_in_use), (2, 0));
 }
@@ -59,7 +59,7 @@ fn sessions_are_limited_independently_and_entries_vanish_at_zero() {
     let bob = Ask { session: Some(b"Bearer bob"), ..Ask::default() };
     let a1 = a.admit(alice).unwrap();
     let a2 = a.admit(alice).unwrap();
-    assert_eq!(a.admit(alice).unwrap_err(), Reason::Session);
+    assert_eq!(a.admit(alice).unwrap_err(), Refusal::Session);
     let b1 = a.admit(bob).unwrap();
     assert_eq!(a.snapshot().sessions, 2);
     // A refusal left nothing behind: the pool holds exactly three.
@@ -74,7 +74,7 @@ fn debug_requests_are_exempt_from_session_and_web_limits() {
     let a = Admission::new(limits(100, 1, 1));
     let s = Ask { session: Some(b"t"), web: true, ..Ask::default() };
     let _held = a.admit(s).unwrap();
-    assert_eq!(a.admit(s).unwrap_err(), Reason::Web);
+    assert_eq!(a.admit(s).unwrap_err(), Refusal::Web);
     let d = Ask { debug: true, session: Some(b"t"), web: true };
     let _d = a.admit(d).expect("debug ignores session and web limits");
     assert_eq!(a.snapshot().web_in_use, 1);
@@ -86,10 +86,10 @@ fn the_first_failing_check_names_the_reason() {
     let a = Admission::new(limits(1, 1, 1));
     let both = Ask { session: Some(b"t"), web: true, ..Ask::default() };
     let _p = a.admit(both).unwrap();
-    assert_eq!(a.admit(both).unwrap_err(), Reason::Normal);
+    assert_eq!(a.admit(both).unwrap_err(), Refusal::Normal);
     a.set_limits(limits(5, 1, 1));
-    assert_eq!(a.admit(both).unwrap_err(), Reason::Web);
-    assert_eq!(a.admit(Ask { session: Some(b"t"), ..Ask::default() }).unwrap_err(), Reason::Session);
+    assert_eq!(a.admit(both).unwrap_err(), Refusal::Web);
+    assert_eq!(a.admit(Ask { session: Some(b"t"), ..Ask::default() }).unwrap_err(), Refusal::Session);
     let s = a.snapshot();
     assert_eq!(&s.refused[..4], &[1, 0, 1, 1]);
     // And no refusal took anything.
@@ -101,7 +101,7 @@ fn web_limit_counts_only_requests_with_a_client_id() {
     let a = Admission::new(limits(100, 0, 2));
     let web = Ask { web: true, ..Ask::default() };
     let _w: Vec<_> = (0..2).map(|_| a.admit(web).unwrap()).collect();
-    assert_eq!(a.admit(web).unwrap_err(), Reason::Web);
+    assert_eq!(a.admit(web).unwrap_err(), Refusal::Web);
     let _n = a.admit(normal()).expect("no X-Client-Id: not a web client");
 }
 
@@ -135,9 +135,9 @@ fn lowering_a_limit_admits_nothing_until_usage_falls_under_it() {
     let a = Admission::new(limits(4, 0, 0));
     let mut held: Vec<_> = (0..4).map(|_| a.admit(normal()).unwrap()).collect();
     a.set_limits(limits(2, 0, 0));
-    assert_eq!(a.admit(normal()).unwrap_err(), Reason::Normal);
+    assert_eq!(a.admit(normal()).unwrap_err(), Refusal::Normal);
     held.truncate(2);
-    assert_eq!(a.admit(normal()).unwrap_err(), Reason::Normal);
+    assert_eq!(a.admit(normal()).unwrap_err(), Refusal::Normal);
     held.truncate(1);
     held.push(a.admit(normal()).unwrap());
     assert_eq!(a.snapshot().normal_in_use, 2);
@@ -152,7 +152,7 @@ fn session_limit_changes_keep_counts_exact() {
     let unlimited = a.admit(t).unwrap();
     a.set_limits(limits(100, 1, 0));
     // `first` still holds the session's one slot.
-    assert_eq!(a.admit(t).unwrap_err(), Reason::Session);
+    assert_eq!(a.admit(t).unwrap_err(), Refusal::Session);
     drop(first);
     drop(unlimited);
     assert_eq!(a.snapshot().sessions, 0);
@@ -165,8 +165,8 @@ fn dry_run_counts_would_be_refusals_and_refuses_nothing() {
     let t = Ask { session: Some(b"t"), ..Ask::default() };
     let p: Vec<_> = (0..3).map(|_| a.admit(t).expect("dry-run admits")).collect();
     let s = a.snapshot();
-    assert_eq!(s.refused, [0; 5]);
-    assert_eq!(s.would_refuse[Reason::Normal as usize], 2);
+    assert_eq!(s.refused, [0; 4]);
+    assert_eq!(s.would_refuse[Refusal::Normal as usize], 2);
     assert_eq!(s.normal_in_use, 3);
     drop(p);
     let s = a.snapshot();

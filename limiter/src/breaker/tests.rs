@@ -12,8 +12,8 @@ fn probe(d: Decision) -> TicketKind {
     }
 }
 
-fn settings() -> Settings {
-    Settings {
+fn settings() -> Policy {
+    Policy {
         threshold: 0.5,
         min_requests: 10,
         sleep_window_ms: 30_000,
@@ -30,7 +30,7 @@ struct Fixture {
     breaker: Breaker<Arc<ManualClock>>,
 }
 
-fn fixture(s: Settings) -> Fixture {
+fn fixture(s: Policy) -> Fixture {
     let clock = Arc::new(ManualClock::default());
     clock.advance(1_000_000); // far from zero, so nothing hides at epoch 0
     let events = Arc::new(Mutex::new(Vec::new()));
@@ -139,7 +139,7 @@ fn open_refusals_say_when_to_come_back() {
 
 #[test]
 fn concurrent_probes_are_capped() {
-    let f = fixture(Settings { half_open_max_probes: 2, ..settings() });
+    let f = fixture(Policy { half_open_max_probes: 2, ..settings() });
     f.trip();
     f.clock.advance(30_000);
     let first = probe(f.breaker.admit());
@@ -168,7 +168,7 @@ fn a_probe_failure_reopens_and_restamps() {
 
 #[test]
 fn success_closes_and_clears_the_window() {
-    let f = fixture(Settings { half_open_successes: 2, half_open_max_probes: 2, ..settings() });
+    let f = fixture(Policy { half_open_successes: 2, half_open_max_probes: 2, ..settings() });
     f.trip();
     f.clock.advance(30_000);
     let (p1, p2) = (probe(f.breaker.admit()), probe(f.breaker.admit()));
@@ -189,7 +189,7 @@ fn success_closes_and_clears_the_window() {
 
 #[test]
 fn a_probe_from_an_earlier_round_decides_nothing() {
-    let f = fixture(Settings { half_open_max_probes: 2, ..settings() });
+    let f = fixture(Policy { half_open_max_probes: 2, ..settings() });
     f.trip();
     f.clock.advance(30_000);
     let (p1, p2) = (probe(f.breaker.admit()), probe(f.breaker.admit()));
@@ -241,7 +241,7 @@ fn forcing_open_closed_and_back_to_automatic() {
 
 #[test]
 fn concurrent_results_are_all_counted() {
-    let f = fixture(Settings { min_requests: u64::MAX, ..settings() });
+    let f = fixture(Policy { min_requests: u64::MAX, ..settings() });
     let b = Arc::new(f.breaker);
     let threads: Vec<_> = (0..4)
         .map(|i| {
@@ -286,7 +286,7 @@ proptest! {
         successes in 1u32..4,
         min in 1u64..20,
     ) {
-        let f = fixture(Settings {
+        let f = fixture(Policy {
             half_open_max_probes: probes,
             half_open_successes: successes,
             min_requests: min,

@@ -165,7 +165,8 @@ fn paths_and_addresses() {
     let c = parse("kernel.netns = /var/run/netns/blue\nkernel.cgroup = /sys/fs/cgroup/unified/x\nhttp.upstream = http://127.0.0.1:9000/\n").unwrap();
     assert_eq!(c.kernel.netns, Some(PathBuf::from("/var/run/netns/blue")));
     assert_eq!(c.kernel.cgroup, Some(PathBuf::from("/sys/fs/cgroup/unified/x")));
-    assert_eq!(c.http.upstream.as_deref(), Some("127.0.0.1:9000"));
+    assert_eq!(c.http.upstream, Some(Upstream::At("127.0.0.1:9000".into())));
+    assert_eq!(parse("http.upstream = sample\n").unwrap().http.upstream, Some(Upstream::Sample));
     assert!(error("http.upstream = https://a:1\n").contains("TLS"));
     assert!(error("http.upstream = nohost\n").contains("expected host:port"));
 }
@@ -280,4 +281,95 @@ fn bad_kernel_options_name_what_is_wrong() {
         assert!(e.contains(wanted), "{text}: got `{e}`, wanted `{wanted}`");
         assert!(e.starts_with("limiter.ini:1: kernel."), "{text}: names file, line and key: {e}");
     }
+}
+
+#[test]
+fn the_readme_key_table_lists_exactly_the_table_keys_with_their_defaults() {
+    let readme = include_str!("../../../README.md");
+    let start = readme.find("| key | default | meaning |").expect("the README has a key table");
+    let rows: Vec<&str> = readme[start..].lines().skip(2).take_while(|l| l.starts_with("| `")).collect();
+    let mut documented: BTreeMap<String, String> = BTreeMap::new();
+    for row in rows {
+        let cells: Vec<&str> = row.split(" | ").collect();
+        let key = cells[0].trim_start_matches("| ").trim_matches('`').to_owned();
+        assert!(documented.insert(key.clone(), cells[1].to_owned()).is_none(), "{key} has two README rows");
+    }
+    let table: BTreeMap<String, &Key> = KEYS.iter().map(|k| (k.name.to_owned(), k)).collect();
+    let missing: Vec<&String> = table.keys().filter(|k| !documented.contains_key(*k)).collect();
+    let extra: Vec<&String> = documented.keys().filter(|k| !table.contains_key(*k)).collect();
+    assert!(missing.is_empty() && extra.is_empty(), "README lacks {missing:?}; README has unknown {extra:?}");
+    for (name, key) in &table {
+        let cell = &documented[name];
+        match key.default {
+            keys::Default::Value(v) => {
+                let shown = format!("`{v}`");
+                assert!(
+                    cell == &shown || cell.starts_with(&format!("{shown} (")),
+                    "{name}: README default `{cell}`, the table says {shown}"
+                );
+            }
+            keys::Default::Unset(text) | keys::Default::Computed(text, _) => {
+                assert_eq!(cell, text, "{name}: README default differs from the table's");
+            }
+        }
+    }
+}
+
+#[test]
+fn every_default_parses_and_per_port_defaults_match_their_options() {
+    // The empty file applies every default through its own parser.
+    let c = Config::default();
+    assert_eq!(c.http.workers, std::thread::available_parallelism().map_or(2, |n| n.get()));
+    assert_eq!(c.http.upstream, None);
+    // Per-port keys are not applied (they need a port): their documented
+    // default must be what an option left out means.
+    let d = PortOptions::default();
+    assert!(!d.dry_run && d.per_source_max == 0);
+    for key in KEYS.iter().filter(|k| k.per_port()) {
+        if let Some(v) = key.default_value() {
+            let text = format!("kernel.ports = 1:1\n{} = {v}\n", key.name.replace("<port>", "1"));
+            let port = parse(&text).unwrap().kernel.port_options[&1];
+            assert_eq!(port, d, "{}", key.name);
+        }
+    }
+}
+
+#[test]
+fn a_reload_diff_names_written_keys_and_restart_keys_compare_effective_values() {
+    let old = parse("http.maxThreads = 20\nhttp.workers = 2\nkernel.ports = 80:1\n").unwrap();
+    let new = parse("http.maxThreads = 30\nhttp.workers = 2\n").unwrap();
+    assert_eq!(old.changes_to(&new), ["http.maxThreads: 20 -> 30", "kernel.ports: 80:1 -> (default)"]);
+    assert!(old.restart_changes(&new).is_empty());
+    let moved =
+        parse("http.listen = 127.0.0.1:9\nbreaker.windowMs = 60000\nhttp.upstream = sample\n").unwrap();
+    assert_eq!(old.restart_changes(&moved), ["http.listen", "http.upstream", "breaker.windowMs"]);
+    // Writing a restart key's default out is no change.
+    let explicit = parse("kernel.pinPath = /sys/fs/bpf/limiter\n").unwrap();
+    assert!(parse("").unwrap().restart_changes(&explicit).is_empty());
+}
+
+#[test]
+fn settings_list_every_key_with_where_its_value_came_from() {
+    let c =
+        parse("[http]\nmaxThreads = 14\nkernel.ports = 80:1\n[kernel]\nport.80.perSourceMax = 2\n").unwrap();
+    let s = c.settings();
+    let find = |k: &str| s.iter().find(|x| x.key == k).unwrap_or_else(|| panic!("{k} listed"));
+    assert_eq!(
+        (find("http.maxThreads").value.as_deref(), find("http.maxThreads").line),
+        (Some("14"), Some(2))
+    );
+    assert_eq!((find("http.lingerMs").value.as_deref(), find("http.lingerMs").line), (Some("2000"), None));
+    assert_eq!(find("kernel.port.80.perSourceMax").value.as_deref(), Some("2"));
+    assert_eq!(find("http.upstream").value, None);
+    assert_eq!(find("http.listen").reload, Reload::Restart);
+    assert_eq!(s.len(), KEYS.len() - 2 + 1, "every plain key once, and the one per-port key written");
+}
+
+#[test]
+fn a_config_with_neither_gate_nor_proxy_is_refused() {
+    assert_eq!(
+        error("kernel.enabled = false\n"),
+        "limiter.ini:1: kernel.enabled: false, and no http.upstream: nothing to run (set http.upstream, or enable the kernel gate)"
+    );
+    assert!(parse("kernel.enabled = false\nhttp.upstream = sample\n").is_ok());
 }

@@ -49,7 +49,7 @@ use limiter_common::{
     GateCounters, IfMac, LAYOUT_VERSION, PortKey, PortLimit, PortStats, Refusals, Settings, SourceSlot,
     map_names, path as refusal_path, program_names, reason, source,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::{KernelConfig, Prefix, XdpModeChoice};
 
@@ -178,7 +178,7 @@ pub enum Origin {
 }
 
 /// Where the gate acts.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Target {
     pub cgroup: PathBuf,
     /// Inode of the cgroup directory (the kernel's cgroup id).
@@ -224,7 +224,7 @@ impl std::fmt::Display for LimitChange {
 }
 
 /// Refusals of one port, by reason and by path.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RefusalRow {
     pub port_full: u64,
     pub source_full: u64,
@@ -234,7 +234,7 @@ pub struct RefusalRow {
 }
 
 /// The state of one local port, as `dump` and `/metrics` show it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PortRow {
     pub port: u16,
     /// `None`: no cap on the port as a whole.
@@ -260,7 +260,7 @@ pub struct PortRow {
 }
 
 /// One pinned link and the program behind it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LinkRow {
     pub pin: String,
     pub link_id: Option<u32>,
@@ -268,7 +268,7 @@ pub struct LinkRow {
 }
 
 /// A client group with connections now.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceRow {
     pub port: u16,
     /// The group as a prefix, such as `192.0.2.0/24`.
@@ -277,7 +277,7 @@ pub struct SourceRow {
 }
 
 /// Everything the maps and link pins say.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Snapshot {
     pub pin_path: PathBuf,
     pub layout_version: u32,

@@ -5,7 +5,9 @@
 //! A connection goes back to the pool as soon as the response head has
 //! arrived; it is only handed out again once hyper reports it ready (the
 //! previous response body finished). Connections idle longer than
-//! `http.idleTimeoutMs`, or closed by the upstream, are dropped.
+//! `http.idleTimeoutMs`, or closed by the upstream, are dropped. The
+//! timeouts come with each request, from the values in force, so a reload
+//! applies to the next request.
 
 use std::{
     io,
@@ -36,24 +38,34 @@ pub enum UpstreamError {
 
 pub struct Pool {
     addr: String,
-    connect_timeout: Duration,
-    idle_timeout: Duration,
     idle: Mutex<Vec<(SendRequest<Body>, Instant)>>,
 }
 
+/// The timeouts one request uses (`http.connectTimeoutMs`,
+/// `http.idleTimeoutMs` for pooled connections).
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    pub connect: Duration,
+    pub idle: Duration,
+}
+
 impl Pool {
-    pub fn new(addr: String, connect_timeout: Duration, idle_timeout: Duration) -> Self {
-        Self { addr, connect_timeout, idle_timeout, idle: Mutex::new(Vec::new()) }
+    pub fn new(addr: String) -> Self {
+        Self { addr, idle: Mutex::new(Vec::new()) }
     }
 
     /// Sends `req` on a pooled connection, or a new one. A request that a
     /// stale pooled connection refused before sending a byte is retried
     /// once on a fresh connection.
-    pub async fn send(&self, mut req: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
+    pub async fn send(
+        &self,
+        mut req: Request<Body>,
+        timeouts: Timeouts,
+    ) -> Result<Response<Incoming>, UpstreamError> {
         loop {
-            let (mut sender, fresh) = match self.checkout() {
+            let (mut sender, fresh) = match self.checkout(timeouts.idle) {
                 Some(sender) => (sender, false),
-                None => (self.connect().await?, true),
+                None => (self.connect(timeouts.connect).await?, true),
             };
             match sender.try_send_request(req).await {
                 Ok(response) => {
@@ -68,10 +80,10 @@ impl Pool {
         }
     }
 
-    fn checkout(&self) -> Option<SendRequest<Body>> {
+    fn checkout(&self, idle_timeout: Duration) -> Option<SendRequest<Body>> {
         let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let now = Instant::now();
-        idle.retain(|(s, since)| !s.is_closed() && now.duration_since(*since) < self.idle_timeout);
+        idle.retain(|(s, since)| !s.is_closed() && now.duration_since(*since) < idle_timeout);
         let ready = idle.iter().rposition(|(s, _)| s.is_ready())?;
         Some(idle.swap_remove(ready).0)
     }
@@ -80,8 +92,8 @@ impl Pool {
         self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((sender, Instant::now()));
     }
 
-    async fn connect(&self) -> Result<SendRequest<Body>, UpstreamError> {
-        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.addr))
+    async fn connect(&self, timeout: Duration) -> Result<SendRequest<Body>, UpstreamError> {
+        let stream = tokio::time::timeout(timeout, TcpStream::connect(&self.addr))
             .await
             .map_err(|_| {
                 UpstreamError::Connect(io::Error::new(io::ErrorKind::TimedOut, "http.connectTimeoutMs"))

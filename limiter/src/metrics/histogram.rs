@@ -6,7 +6,7 @@ use std::{
     time::Duration,
 };
 
-use crate::metrics::Page;
+use super::Page;
 
 /// Upper bounds in seconds: fine below a millisecond (time-to-503), wide
 /// above (upstream latency).

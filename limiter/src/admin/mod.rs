@@ -6,6 +6,12 @@
 //!
 //! With `admin.tokenFile`, every path but `/healthz` (which probes must
 //! reach and which tells nothing) requires `Authorization: Bearer TOKEN`.
+//!
+//! The listener serves a small [`Control`] interface; the daemon implements
+//! it. [`api`] holds the typed bodies, shared with `dump` and `top`.
+
+pub mod api;
+pub mod auth;
 
 use std::{convert::Infallible, sync::Arc};
 
@@ -15,20 +21,42 @@ use hyper::{Method, Request, Response, StatusCode, body::Incoming, header, servi
 use hyper_util::rt::TokioIo;
 use tokio::{net::TcpListener, sync::watch};
 
-use crate::{breaker::Mode, daemon::State};
+use self::api::{ReloadOutcome, Status};
+use crate::{
+    breaker::{self, Mode},
+    config::Secret,
+    kernel::KernelError,
+};
+
+/// What the admin listener asks of the daemon.
+pub trait Control: Send + Sync + 'static {
+    /// The `/metrics` page.
+    fn metrics(&self) -> Result<String, KernelError>;
+    fn status(&self) -> Result<Status, KernelError>;
+    /// Whether the daemon is draining (`/healthz` then says 503).
+    fn draining(&self) -> bool;
+    /// Re-reads and applies the configuration (blocking: run it off the
+    /// event loop).
+    fn reload(&self) -> ReloadOutcome;
+    /// Sets the breaker's mode, when given, and returns its state; `None`
+    /// when there is no proxy, so no breaker.
+    fn breaker(&self, mode: Option<Mode>) -> Option<breaker::Snapshot>;
+    /// The bearer token every path but `/healthz` requires, if any.
+    fn token(&self) -> Option<Secret>;
+}
 
 type Body = Full<Bytes>;
 
 /// Serves until `shutdown` turns true. Connections are short; each runs on
 /// its own task.
-pub async fn serve(listener: TcpListener, state: Arc<State>, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(listener: TcpListener, control: Arc<dyn Control>, mut shutdown: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
-                let state = state.clone();
+                let control = control.clone();
                 tokio::spawn(async move {
-                    let service = service_fn(move |req| handle(req, state.clone()));
+                    let service = service_fn(move |req| handle(req, control.clone()));
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
@@ -39,21 +67,8 @@ pub async fn serve(listener: TcpListener, state: Arc<State>, mut shutdown: watch
     }
 }
 
-/// Whether `req` carries the configured token (compared in constant time).
-fn authorized(req: &Request<Incoming>, state: &State) -> bool {
-    let Some(token) = state.admin_token() else { return true };
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    let (a, b) = (given.as_bytes(), token.0.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-async fn handle(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Body>, Infallible> {
-    if req.uri().path() != "/healthz" && !authorized(&req, &state) {
+async fn handle(req: Request<Incoming>, control: Arc<dyn Control>) -> Result<Response<Body>, Infallible> {
+    if req.uri().path() != "/healthz" && !auth::authorized(&req, control.token().as_ref()) {
         let mut response =
             reply(StatusCode::UNAUTHORIZED, "text/plain", "a bearer token is required\n".into());
         response
@@ -61,50 +76,44 @@ async fn handle(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bo
             .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer realm=\"limiter\""));
         return Ok(response);
     }
+    let json = |status, body: String| reply(status, "application/json", body);
+    let breaker = |mode| match control.breaker(mode) {
+        Some(snapshot) => json(StatusCode::OK, to_json(&snapshot)),
+        None => {
+            reply(StatusCode::NOT_FOUND, "text/plain", "no proxy, so no breaker (no http.upstream)\n".into())
+        }
+    };
     let response = match (req.method(), req.uri().path()) {
-        (&Method::GET, "/metrics") => match state.metrics() {
+        (&Method::GET, "/metrics") => match control.metrics() {
             Ok(text) => reply(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", text),
             Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("{e}\n")),
         },
-        (&Method::GET, "/status") => match state.status() {
-            Ok(json) => reply(StatusCode::OK, "application/json", json.to_string()),
+        (&Method::GET, "/status") => match control.status() {
+            Ok(status) => json(StatusCode::OK, to_json(&status)),
             Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("{e}\n")),
         },
         (&Method::GET, "/healthz") => {
-            if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
+            if control.draining() {
                 reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n".into())
             } else {
                 reply(StatusCode::OK, "text/plain", "ok\n".into())
             }
         }
         (&Method::POST, "/reload") => {
-            let state = state.clone();
-            match tokio::task::spawn_blocking(move || state.reload()).await {
-                Ok(Ok(changes)) => reply(
-                    StatusCode::OK,
-                    "application/json",
-                    serde_json::json!({ "applied": true, "changes": changes }).to_string(),
-                ),
-                Ok(Err(why)) => reply(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "application/json",
-                    serde_json::json!({ "applied": false, "error": why }).to_string(),
-                ),
+            let c = control.clone();
+            match tokio::task::spawn_blocking(move || c.reload()).await {
+                Ok(outcome) => {
+                    let status =
+                        if outcome.applied { StatusCode::OK } else { StatusCode::UNPROCESSABLE_ENTITY };
+                    json(status, to_json::<ReloadOutcome>(&outcome))
+                }
                 Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("reload: {e}\n")),
             }
         }
-        (&Method::GET, "/breaker") => {
-            reply(StatusCode::OK, "application/json", state.breaker(None).to_string())
-        }
-        (&Method::POST, "/breaker/open") => {
-            reply(StatusCode::OK, "application/json", state.breaker(Some(Mode::ForcedOpen)).to_string())
-        }
-        (&Method::POST, "/breaker/close") => {
-            reply(StatusCode::OK, "application/json", state.breaker(Some(Mode::ForcedClosed)).to_string())
-        }
-        (&Method::POST, "/breaker/auto") => {
-            reply(StatusCode::OK, "application/json", state.breaker(Some(Mode::Auto)).to_string())
-        }
+        (&Method::GET, "/breaker") => breaker(None),
+        (&Method::POST, "/breaker/open") => breaker(Some(Mode::ForcedOpen)),
+        (&Method::POST, "/breaker/close") => breaker(Some(Mode::ForcedClosed)),
+        (&Method::POST, "/breaker/auto") => breaker(Some(Mode::Auto)),
         (_, "/metrics" | "/status" | "/healthz" | "/breaker") => {
             reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n".into())
         }
@@ -118,6 +127,10 @@ async fn handle(req: Request<Incoming>, state: Arc<State>) -> Result<Response<Bo
         ),
     };
     Ok(response)
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("admin bodies serialise")
 }
 
 fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {

@@ -21,8 +21,10 @@
 //! bucket. Results of requests admitted before a trip still land in the
 //! window, but only probes decide the way out of Open.
 //!
-//! Every state change is an [`Event`], handed to the sink given at
-//! construction (the daemon logs it and counts it).
+//! Every state change is an [`Event`], counted here and handed to the sink
+//! given at construction ([`events::log`] writes it to the log). A request
+//! admitted through the breaker carries a [`ticket::Ticket`] that reports
+//! its result, or frees its probe slot when dropped without one.
 
 use std::sync::{
     Arc, Mutex, MutexGuard,
@@ -73,7 +75,7 @@ impl<C: Clock> Clock for Arc<C> {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum State {
     Closed,
@@ -100,7 +102,7 @@ impl State {
 }
 
 /// An operator's override, set on the admin listener.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     Auto,
@@ -145,9 +147,9 @@ pub struct Event {
     pub window_failures: u64,
 }
 
-/// Settings, in milliseconds.
+/// The breaker's thresholds and timings (milliseconds), from `breaker.*`.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Settings {
+pub struct Policy {
     pub threshold: f64,
     pub min_requests: u64,
     pub sleep_window_ms: u64,
@@ -157,7 +159,7 @@ pub struct Settings {
     pub half_open_successes: u32,
 }
 
-impl Settings {
+impl Policy {
     pub fn from_config(c: &BreakerConfig) -> Self {
         Self {
             threshold: c.threshold,
@@ -226,7 +228,7 @@ fn stripe() -> usize {
 
 /// What the lock protects: everything but the hot counters.
 struct Slow {
-    settings: Settings,
+    policy: Policy,
     mode: Mode,
     tripped_at_ms: u64,
     tripped_at_unix: Option<u64>,
@@ -245,7 +247,10 @@ pub struct Breaker<C: Clock = MonotonicClock> {
     /// [`State`] as a u8: read on every request without the lock.
     state: AtomicU8,
     buckets: Vec<Bucket>,
-    bucket_ms: AtomicU64,
+    /// `breaker.bucketMs`, fixed for the breaker's life (the ring's shape).
+    bucket_ms: u64,
+    /// State changes, by the state entered ([`State`] as the index).
+    transitions: [AtomicU64; 3],
     slow: Mutex<Slow>,
     sink: Sink,
 }
@@ -269,7 +274,7 @@ pub enum TicketKind {
 }
 
 /// A snapshot for metrics, dump and tests.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Snapshot {
     pub state: State,
     pub mode: Mode,
@@ -281,20 +286,24 @@ pub struct Snapshot {
     pub probes_in_flight: u32,
     /// When Open: ms until a probe may be tried.
     pub next_probe_in_ms: Option<u64>,
+    /// State changes since start, by the state entered (closed, open,
+    /// half-open).
+    pub transitions: [u64; 3],
 }
 
 impl<C: Clock> Breaker<C> {
-    pub fn new(settings: Settings, clock: C, sink: Sink) -> Self {
+    pub fn new(policy: Policy, clock: C, sink: Sink) -> Self {
         // The ring is sized for the window at start; a reload that changes
         // windowMs/bucketMs needs the size the config check bounds (3600).
-        let n = settings.buckets();
+        let n = policy.buckets();
         Self {
             clock,
             state: AtomicU8::new(State::Closed as u8),
             buckets: (0..n).map(|_| Bucket::default()).collect(),
-            bucket_ms: AtomicU64::new(settings.bucket_ms),
+            bucket_ms: policy.bucket_ms,
+            transitions: Default::default(),
             slow: Mutex::new(Slow {
-                settings,
+                policy,
                 mode: Mode::Auto,
                 tripped_at_ms: 0,
                 tripped_at_unix: None,
@@ -315,18 +324,12 @@ impl<C: Clock> Breaker<C> {
         State::from_u8(self.state.load(Ordering::Acquire))
     }
 
-    /// Whether `window` and `bucket` fit the ring this breaker was built
-    /// with (a reload that changes them needs a restart).
-    pub fn fits(&self, settings: &Settings) -> bool {
-        settings.buckets() == self.buckets.len()
-    }
-
-    /// New thresholds and timings; the ring keeps its size (see [`fits`]).
-    ///
-    /// [`fits`]: Self::fits
-    pub fn set_settings(&self, settings: Settings) {
-        self.bucket_ms.store(settings.bucket_ms, Ordering::Relaxed);
-        self.lock().settings = settings;
+    /// New thresholds and timings. The window and its buckets keep the
+    /// shape the breaker was built with (`breaker.windowMs` and
+    /// `breaker.bucketMs` are restart keys).
+    pub fn set_policy(&self, policy: Policy) {
+        let mut slow = self.lock();
+        slow.policy = Policy { window_ms: slow.policy.window_ms, bucket_ms: slow.policy.bucket_ms, ..policy };
     }
 
     /// Decides one request.
@@ -342,7 +345,7 @@ impl<C: Clock> Breaker<C> {
         let mut slow = self.lock();
         match slow.mode {
             Mode::ForcedOpen => {
-                return Decision::Refuse { retry_after_ms: slow.settings.sleep_window_ms };
+                return Decision::Refuse { retry_after_ms: slow.policy.sleep_window_ms };
             }
             Mode::ForcedClosed => return Decision::Admit(TicketKind::Normal),
             Mode::Auto => {}
@@ -350,7 +353,7 @@ impl<C: Clock> Breaker<C> {
         match self.state() {
             State::Closed => Decision::Admit(TicketKind::Normal),
             State::Open => {
-                let due = slow.tripped_at_ms + slow.settings.sleep_window_ms;
+                let due = slow.tripped_at_ms + slow.policy.sleep_window_ms;
                 if now < due {
                     return Decision::Refuse { retry_after_ms: due - now };
                 }
@@ -360,7 +363,7 @@ impl<C: Clock> Breaker<C> {
                 Decision::Admit(TicketKind::Probe(slow.round))
             }
             State::HalfOpen => {
-                if slow.probes_in_flight < slow.settings.half_open_max_probes {
+                if slow.probes_in_flight < slow.policy.half_open_max_probes {
                     slow.probes_in_flight += 1;
                     Decision::Admit(TicketKind::Probe(slow.round))
                 } else {
@@ -379,7 +382,7 @@ impl<C: Clock> Breaker<C> {
         match (slow.mode, self.state()) {
             (Mode::ForcedClosed, _) | (_, State::Closed) => Decision::Admit(TicketKind::Normal),
             (Mode::Auto, State::Open) => {
-                let due = slow.tripped_at_ms + slow.settings.sleep_window_ms;
+                let due = slow.tripped_at_ms + slow.policy.sleep_window_ms;
                 Decision::Refuse { retry_after_ms: due.saturating_sub(self.clock.now_ms()).max(1000) }
             }
             _ => Decision::Refuse { retry_after_ms: 1000 },
@@ -408,7 +411,7 @@ impl<C: Clock> Breaker<C> {
     }
 
     fn add(&self, success: bool) {
-        let bucket_ms = self.bucket_ms.load(Ordering::Relaxed);
+        let bucket_ms = self.bucket_ms;
         let epoch = self.clock.now_ms() / bucket_ms;
         let bucket = &self.buckets[(epoch % self.buckets.len() as u64) as usize];
         if bucket.epoch.load(Ordering::Acquire) != epoch {
@@ -428,7 +431,7 @@ impl<C: Clock> Breaker<C> {
 
     /// (requests, failures) in the window ending now.
     fn window(&self) -> (u64, u64) {
-        let bucket_ms = self.bucket_ms.load(Ordering::Relaxed);
+        let bucket_ms = self.bucket_ms;
         let now = self.clock.now_ms() / bucket_ms;
         let n = self.buckets.len() as u64;
         let (mut total, mut failures) = (0, 0);
@@ -455,7 +458,7 @@ impl<C: Clock> Breaker<C> {
         if slow.mode != Mode::Auto || self.state() != State::Closed {
             return;
         }
-        if total < slow.settings.min_requests || failures as f64 / total as f64 <= slow.settings.threshold {
+        if total < slow.policy.min_requests || failures as f64 / total as f64 <= slow.policy.threshold {
             return;
         }
         let now = self.clock.now_ms();
@@ -490,7 +493,7 @@ impl<C: Clock> Breaker<C> {
             }
             Some(true) => {
                 slow.probe_successes += 1;
-                if slow.probe_successes >= slow.settings.half_open_successes {
+                if slow.probe_successes >= slow.policy.half_open_successes {
                     let window = self.window();
                     self.clear_window();
                     slow.probe_successes = 0;
@@ -509,6 +512,7 @@ impl<C: Clock> Breaker<C> {
         let from = self.state();
         slow.round += 1;
         self.state.store(to as u8, Ordering::Release);
+        self.transitions[to as usize].fetch_add(1, Ordering::Relaxed);
         (self.sink)(&Event {
             from,
             to,
@@ -561,10 +565,14 @@ impl<C: Clock> Breaker<C> {
             last_trip_unix: slow.tripped_at_unix,
             probes_in_flight: slow.probes_in_flight,
             next_probe_in_ms: (state == State::Open && slow.mode == Mode::Auto)
-                .then(|| (slow.tripped_at_ms + slow.settings.sleep_window_ms).saturating_sub(now)),
+                .then(|| (slow.tripped_at_ms + slow.policy.sleep_window_ms).saturating_sub(now)),
+            transitions: std::array::from_fn(|i| self.transitions[i].load(Ordering::Relaxed)),
         }
     }
 }
+
+pub mod events;
+pub mod ticket;
 
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,5 @@
 //! Least privilege. Everything that needs privileges happens in
-//! [`crate::daemon::prepare`], before any other thread exists; then the
+//! [`super::prepare`], before any other thread exists; then the
 //! daemon keeps only what it still uses:
 //!
 //! - with the kernel gate: `CAP_BPF` alone (in the effective, permitted
@@ -17,10 +17,7 @@
 use std::path::Path;
 
 use caps::{CapSet, Capability, CapsHashSet};
-use nix::{
-    sys::signal::{SigSet, Signal},
-    unistd::{Gid, Uid, User},
-};
+use nix::unistd::{Gid, Uid, User};
 
 /// The capabilities kept after start-up.
 pub fn kept(kernel: bool) -> CapsHashSet {
@@ -29,25 +26,6 @@ pub fn kept(kernel: bool) -> CapsHashSet {
         set.insert(Capability::CAP_BPF);
     }
     set
-}
-
-fn signals() -> SigSet {
-    let mut set = SigSet::empty();
-    for s in [Signal::SIGHUP, Signal::SIGTERM, Signal::SIGINT] {
-        set.add(s);
-    }
-    set
-}
-
-/// Holds SIGHUP, SIGTERM and SIGINT pending on this thread (and the threads
-/// it starts) until [`unblock_signals`].
-pub fn block_signals() {
-    let _ = signals().thread_block();
-}
-
-/// Lets the signals [`block_signals`] held reach this thread.
-pub fn unblock_signals() {
-    let _ = signals().thread_unblock();
 }
 
 /// Drops to [`kept`] capabilities and, with `user`, to that user. Call on

@@ -1,59 +1,11 @@
-//! Prometheus text exposition (format 0.0.4), written by hand: a few
-//! families, no registry needed.
+//! The kernel gate's families, from a snapshot of its maps.
 
-use std::fmt::Write as _;
+use super::Page;
+use crate::kernel::{PortRow, Snapshot};
 
-use crate::kernel::Snapshot;
-
-/// A page of metric families being written.
-#[derive(Default)]
-pub struct Page {
-    out: String,
-}
-
-impl Page {
-    /// Starts a family: `# HELP` and `# TYPE` lines.
-    pub fn family(&mut self, name: &str, kind: &str, help: &str) -> &mut Self {
-        let _ = writeln!(self.out, "# HELP {name} {help}");
-        let _ = writeln!(self.out, "# TYPE {name} {kind}");
-        self
-    }
-
-    /// One sample; `labels` are `(name, value)` pairs, values escaped here.
-    pub fn sample(
-        &mut self,
-        name: &str,
-        labels: &[(&str, &str)],
-        value: impl std::fmt::Display,
-    ) -> &mut Self {
-        self.out.push_str(name);
-        if !labels.is_empty() {
-            self.out.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.out.push(',');
-                }
-                let _ = write!(self.out, "{k}=\"{}\"", escape(v));
-            }
-            self.out.push('}');
-        }
-        let _ = writeln!(self.out, " {value}");
-        self
-    }
-
-    pub fn finish(self) -> String {
-        self.out
-    }
-}
-
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
-}
-
-/// The kernel gate's families.
-pub fn kernel(page: &mut Page, snap: &Snapshot) {
-    let ports: Vec<(String, &crate::kernel::PortRow)> =
-        snap.ports.iter().map(|r| (r.port.to_string(), r)).collect();
+/// Writes the kernel gate's families.
+pub fn write(page: &mut Page, snap: &Snapshot) {
+    let ports: Vec<(String, &PortRow)> = snap.ports.iter().map(|r| (r.port.to_string(), r)).collect();
     page.family("limiter_kernel_limit", "gauge", "Most established connections allowed on an enforced port.");
     for (port, r) in &ports {
         if let Some(limit) = r.limit {
@@ -70,7 +22,7 @@ pub fn kernel(page: &mut Page, snap: &Snapshot) {
             page.sample("limiter_kernel_per_source_limit", &[("port", port)], limit);
         }
     }
-    type Field = fn(&crate::kernel::PortRow) -> u64;
+    type Field = fn(&PortRow) -> u64;
     let families: [(&str, &str, &str, Field); 5] = [
         (
             "limiter_kernel_established",
@@ -199,19 +151,4 @@ pub fn kernel(page: &mut Page, snap: &Snapshot) {
         "Source-table slots counting a client group now.",
     )
     .sample("limiter_kernel_source_slots_used", &[], snap.source_slots_used);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn labels_are_escaped_and_lines_well_formed() {
-        let mut page = Page::default();
-        page.family("x_total", "counter", "Things.").sample("x_total", &[("a", "q\"b\\"), ("c", "d")], 3);
-        assert_eq!(
-            page.finish(),
-            "# HELP x_total Things.\n# TYPE x_total counter\nx_total{a=\"q\\\"b\\\\\",c=\"d\"} 3\n"
-        );
-    }
 }

@@ -9,10 +9,8 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use crate::{
-    dump::{self, DaemonView},
-    kernel::Snapshot,
-};
+use super::{DaemonView, Target, dump};
+use crate::kernel::Snapshot;
 
 /// Everything one refresh read.
 pub struct Sample {
@@ -26,7 +24,7 @@ pub fn sample(pin_dir: &Path, admin: SocketAddr, token: Option<&str>) -> Sample 
     Sample {
         at: Instant::now(),
         gate: dump::snapshot(pin_dir).map_err(|e| e.to_string()),
-        daemon: dump::daemon_view(admin, token),
+        daemon: DaemonView::fetch(admin, token),
     }
 }
 
@@ -53,8 +51,9 @@ pub fn render(cur: &Sample, prev: Option<&Sample>) -> Vec<String> {
     let clock = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let (h, m, s) = ((clock / 3600) % 24, (clock / 60) % 60, clock % 60);
     let daemon = match &cur.daemon {
-        DaemonView::Running(st) => format!("daemon pid {}", st["pid"]),
+        DaemonView::Running(st) => format!("daemon pid {}", st.pid),
         DaemonView::NotRunning { .. } => "daemon not running".to_owned(),
+        DaemonView::Unreadable { .. } => "daemon status unreadable (another version?)".to_owned(),
     };
     let mut out = vec![fit(format!("limiter top  {h:02}:{m:02}:{s:02} UTC  {daemon}"))];
     match &cur.gate {
@@ -97,35 +96,43 @@ pub fn render(cur: &Sample, prev: Option<&Sample>) -> Vec<String> {
             }
         }
     }
-    if let DaemonView::Running(st) = &cur.daemon {
-        let p = &st["http"]["pools"];
-        let n = |k: &str| p[k].as_u64().unwrap_or(0);
-        let refused = |v: &serde_json::Value| {
-            v["http"]["pools"]["refused"]
-                .as_array()
-                .map_or(0, |a| a.iter().filter_map(serde_json::Value::as_u64).sum())
-        };
+    if let DaemonView::Running(st) = &cur.daemon
+        && let Some(http) = &st.http
+    {
+        let p = &http.pools;
         let before = prev.and_then(|p| match &p.daemon {
-            DaemonView::Running(s) => Some(refused(s)),
-            DaemonView::NotRunning { .. } => None,
+            DaemonView::Running(s) => s.http.as_ref().map(|h| h.refused_total()),
+            _ => None,
         });
         out.push(fit(format!(
             "HTTP in use/limit: normal {}/{} debug {}/{} web {}/{} sessions {}  503/s {}",
-            n("normal_in_use"),
-            n("normal_limit"),
-            n("debug_in_use"),
-            n("debug_limit"),
-            n("web_in_use"),
-            n("web_limit"),
-            n("sessions"),
-            rate(refused(st), before, secs),
+            p.normal_in_use,
+            p.normal_limit,
+            p.debug_in_use,
+            p.debug_limit,
+            p.web_in_use,
+            p.web_limit,
+            p.sessions,
+            rate(http.refused_total(), before, secs),
         )));
-        out.push(fit(format!("breaker {}", dump::breaker_summary(&st["http"]["breaker"]))));
+        out.push(fit(format!("breaker {}", dump::breaker_summary(&http.breaker))));
     }
     out
 }
 
-/// Runs the view until interrupted (or once).
+/// `limiter top`: runs the view until interrupted (or once).
+pub fn main(target: &Target, interval: Duration, once: bool) -> std::process::ExitCode {
+    run(
+        &target.pin_path,
+        target.admin,
+        target.token.as_deref(),
+        interval.max(Duration::from_millis(100)),
+        once,
+    );
+    std::process::ExitCode::SUCCESS
+}
+
+/// Refreshes every `interval` until interrupted (or once).
 pub fn run(pin_dir: &Path, admin: SocketAddr, token: Option<&str>, interval: Duration, once: bool) {
     let tty = std::io::stdout().is_terminal();
     let mut prev: Option<Sample> = None;

@@ -18,21 +18,23 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use crate::config::{HttpConfig, defaults};
+use crate::config::{DEBUG_SLOTS, HttpConfig};
 
-/// Why a request was (or in dry-run would have been) refused.
+/// Which limit refused a request (or in dry-run would have).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Reason {
+pub enum Refusal {
+    /// The normal pool is full.
     Normal,
+    /// A `/debug/` request found the reserved slots and the normal pool full.
     Debug,
+    /// The web-client limit (`X-Client-Id`).
     Web,
+    /// The session's limit (`Authorization`).
     Session,
-    Breaker,
 }
 
-impl Reason {
-    pub const ALL: [Reason; 5] =
-        [Reason::Normal, Reason::Debug, Reason::Web, Reason::Session, Reason::Breaker];
+impl Refusal {
+    pub const ALL: [Refusal; 4] = [Refusal::Normal, Refusal::Debug, Refusal::Web, Refusal::Session];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -40,7 +42,6 @@ impl Reason {
             Self::Debug => "debug",
             Self::Web => "web",
             Self::Session => "session",
-            Self::Breaker => "breaker",
         }
     }
 
@@ -68,7 +69,7 @@ impl Limits {
     pub fn from_config(http: &HttpConfig) -> Self {
         Self {
             normal: http.normal_limit(),
-            debug_reserved: defaults::DEBUG_SLOTS,
+            debug_reserved: DEBUG_SLOTS,
             per_session: http.max_session_connections,
             web: http.max_web_connections,
             dry_run: http.dry_run,
@@ -107,8 +108,8 @@ struct Inner {
     /// a per-session limit is set.
     sessions: HashMap<u64, u32>,
     admitted: [u64; 2],
-    refused: [u64; 5],
-    would_refuse: [u64; 5],
+    refused: [u64; 4],
+    would_refuse: [u64; 4],
 }
 
 /// The shared admission state of the proxy.
@@ -121,7 +122,7 @@ pub struct Admission {
 }
 
 /// Counters and gauges, for metrics and dump.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Snapshot {
     pub normal_in_use: u32,
     pub normal_limit: u32,
@@ -135,9 +136,9 @@ pub struct Snapshot {
     pub dry_run: bool,
     pub admitted_normal: u64,
     pub admitted_debug: u64,
-    /// Refusals by reason, in [`Reason::ALL`] order.
-    pub refused: [u64; 5],
-    pub would_refuse: [u64; 5],
+    /// Refusals by reason, in [`Refusal::ALL`] order.
+    pub refused: [u64; 4],
+    pub would_refuse: [u64; 4],
 }
 
 /// Held from admission until the response is finished or the client is
@@ -208,14 +209,9 @@ impl Admission {
         self.lock().limits.expect("set at construction")
     }
 
-    /// Counts a refusal decided elsewhere (the breaker).
-    pub fn count_refusal(&self, reason: Reason) {
-        self.lock().refused[reason.index()] += 1;
-    }
-
     /// Takes every permit the request needs, or none: `Err` names the first
     /// check that failed, in the order pool, web client, session.
-    pub fn admit(self: &Arc<Self>, ask: Ask<'_>) -> Result<Permit, Reason> {
+    pub fn admit(self: &Arc<Self>, ask: Ask<'_>) -> Result<Permit, Refusal> {
         let session = match ask.session {
             Some(token) if !ask.debug => Some(self.session_key(token)),
             _ => None,
@@ -229,12 +225,12 @@ impl Admission {
             } else if inner.normal < limits.normal {
                 Ok(Slot::Normal)
             } else {
-                Err((Reason::Debug, Slot::Normal))
+                Err((Refusal::Debug, Slot::Normal))
             }
         } else if inner.normal < limits.normal {
             Ok(Slot::Normal)
         } else {
-            Err((Reason::Normal, Slot::Normal))
+            Err((Refusal::Normal, Slot::Normal))
         };
         let web = ask.web && !ask.debug;
         let web_full = web && limits.web > 0 && inner.web >= limits.web;
@@ -244,8 +240,8 @@ impl Admission {
 
         let refusal = match slot {
             Err((reason, _)) => Some(reason),
-            Ok(_) if web_full => Some(Reason::Web),
-            Ok(_) if session_full => Some(Reason::Session),
+            Ok(_) if web_full => Some(Refusal::Web),
+            Ok(_) if session_full => Some(Refusal::Session),
             Ok(_) => None,
         };
         if let Some(reason) = refusal {

@@ -2,44 +2,29 @@
 //! daemon is down) and adds what the running daemon reports on its admin
 //! listener, or says "daemon not running".
 
-use std::{
-    fmt::Write as _,
-    io::{Read as _, Write as _},
-    net::{SocketAddr, TcpStream},
-    path::Path,
-    time::Duration,
+use std::{fmt::Write as _, path::Path, process::ExitCode};
+
+use super::{DaemonView, Target, fail, out};
+use crate::{
+    admin::api::HttpStatus,
+    kernel::{Gate, KernelError, Snapshot},
 };
 
-use crate::kernel::{Gate, KernelError, Snapshot};
-
-/// The daemon's `/status`, or why there is none.
-#[derive(Debug)]
-pub enum DaemonView {
-    Running(serde_json::Value),
-    NotRunning { admin: SocketAddr },
-}
-
-/// Asks the admin listener for `/status`, briefly (with the admin token
-/// when the configuration sets one).
-pub fn daemon_view(admin: SocketAddr, token: Option<&str>) -> DaemonView {
-    fetch(admin, "/status", token)
-        .and_then(|body| serde_json::from_str(&body).ok())
-        .map_or(DaemonView::NotRunning { admin }, DaemonView::Running)
-}
-
-/// A minimal HTTP/1.0 GET: enough for the daemon's own admin listener.
-pub fn fetch(addr: SocketAddr, path: &str, token: Option<&str>) -> Option<String> {
-    let timeout = Duration::from_millis(500);
-    let mut stream = TcpStream::connect_timeout(&addr, timeout).ok()?;
-    stream.set_read_timeout(Some(timeout)).ok()?;
-    stream.set_write_timeout(Some(timeout)).ok()?;
-    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}\r\n").ok()?;
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).ok()?;
-    let (head, body) = raw.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?;
-    (head.starts_with("HTTP/1.") && status == "200").then(|| body.to_owned())
+/// `limiter dump [--json]`.
+pub fn main(target: &Target, json: bool) -> ExitCode {
+    let daemon = DaemonView::fetch(target.admin, target.token.as_deref());
+    let snap = match snapshot(&target.pin_path) {
+        Ok(s) => Some(s),
+        // A daemon running without the gate still has pools to show.
+        Err(KernelError::NotLoaded(_)) if matches!(daemon, DaemonView::Running(_)) => None,
+        Err(e) => return fail(e),
+    };
+    let text = if json {
+        format!("{:#}\n", self::json(snap.as_ref(), &daemon))
+    } else {
+        table(snap.as_ref(), &daemon)
+    };
+    out(&text)
 }
 
 /// Reads the pins at `pin_dir`.
@@ -52,13 +37,16 @@ pub fn json(snap: Option<&Snapshot>, daemon: &DaemonView) -> serde_json::Value {
     let daemon = match daemon {
         DaemonView::Running(status) => {
             // The kernel part is already here, read from the pins.
-            let mut status = status.clone();
+            let mut status = serde_json::to_value(status).unwrap_or_default();
             if let Some(kernel) = status.get_mut("kernel").and_then(|k| k.as_object_mut()) {
                 kernel.remove("gate");
             }
             serde_json::json!({ "running": true, "status": status })
         }
         DaemonView::NotRunning { admin } => serde_json::json!({ "running": false, "admin": admin }),
+        DaemonView::Unreadable { admin, error } => {
+            serde_json::json!({ "running": true, "admin": admin, "unreadable": error })
+        }
     };
     serde_json::json!({ "kernel": snap, "daemon": daemon })
 }
@@ -169,13 +157,15 @@ fn daemon_lines(snap: Option<&Snapshot>, daemon: &DaemonView) -> String {
     let mut out = String::new();
     match daemon {
         DaemonView::Running(status) => {
-            let _ = writeln!(
-                out,
-                "daemon running: pid {}, version {}",
-                status["pid"],
-                status["version"].as_str().unwrap_or("?")
-            );
-            out.push_str(&pools(&status["http"]));
+            let _ = writeln!(out, "daemon running: pid {}, version {}", status.pid, status.version);
+            match &status.http {
+                Some(http) => out.push_str(&pools(http)),
+                None => out.push_str("no HTTP proxy (no http.upstream): the kernel gate alone\n"),
+            }
+        }
+        DaemonView::Unreadable { admin, error } => {
+            let _ =
+                writeln!(out, "something answers on {admin}, but not with this version's /status ({error})");
         }
         DaemonView::NotRunning { admin } => {
             let enforcing = snap.is_some_and(|s| s.links.iter().all(|l| l.link_id.is_some()));
@@ -187,56 +177,43 @@ fn daemon_lines(snap: Option<&Snapshot>, daemon: &DaemonView) -> String {
 }
 
 /// The HTTP pools line(s) of the table, from the daemon's `/status`.
-fn pools(http: &serde_json::Value) -> String {
-    let p = &http["pools"];
-    if p.is_null() {
-        return String::new();
-    }
-    let n = |k: &str| p[k].as_u64().unwrap_or(0);
-    let limit = |k: &str| match n(k) {
-        0 => "unlimited".to_owned(),
-        l => l.to_string(),
-    };
+fn pools(http: &HttpStatus) -> String {
+    let p = &http.pools;
+    let limit = |n: u32| if n == 0 { "unlimited".to_owned() } else { n.to_string() };
     let mut out = format!(
         "http pools (in use/limit): normal {}/{}, debug {}/{}, web {}/{}, sessions in flight {} (per-session limit {}){}\n",
-        n("normal_in_use"),
-        n("normal_limit"),
-        n("debug_in_use"),
-        n("debug_limit"),
-        n("web_in_use"),
-        limit("web_limit"),
-        n("sessions"),
-        limit("session_limit"),
-        if p["dry_run"] == true { ", DRY RUN" } else { "" },
+        p.normal_in_use,
+        p.normal_limit,
+        p.debug_in_use,
+        p.debug_limit,
+        p.web_in_use,
+        limit(p.web_limit),
+        p.sessions,
+        limit(p.session_limit),
+        if p.dry_run { ", DRY RUN" } else { "" },
     );
-    if let Some(upstream) = http["upstream"].as_str() {
-        out.push_str(&format!("http upstream: {upstream}\n"));
-    }
-    let b = &http["breaker"];
-    if !b.is_null() {
-        let next = b["next_probe_in_ms"]
-            .as_u64()
-            .map(|ms| format!(", next probe in {} s", ms.div_ceil(1000)))
-            .unwrap_or_default();
-        out.push_str(&format!(
-            "breaker: {}{}{}\n",
-            breaker_summary(b),
-            b["last_trip_unix"].as_u64().map(|t| format!(", last trip at unix {t}")).unwrap_or_default(),
-            next,
-        ));
-    }
+    out.push_str(&format!("http upstream: {}\n", http.upstream));
+    let b = &http.breaker;
+    let next =
+        b.next_probe_in_ms.map(|ms| format!(", next probe in {} s", ms.div_ceil(1000))).unwrap_or_default();
+    out.push_str(&format!(
+        "breaker: {}{}{}\n",
+        breaker_summary(b),
+        b.last_trip_unix.map(|t| format!(", last trip at unix {t}")).unwrap_or_default(),
+        next,
+    ));
     out
 }
 
-/// The breaker in one line from `/status`: state (mode), window results,
-/// error rate, trips (`dump` and `top` both show it).
-pub fn breaker_summary(b: &serde_json::Value) -> String {
+/// The breaker in one line: state (mode), window results, error rate,
+/// trips (`dump` and `top` both show it).
+pub fn breaker_summary(b: &crate::breaker::Snapshot) -> String {
     format!(
         "{} ({}), window {} results, error rate {:.1} %, {} trips",
-        b["state"].as_str().unwrap_or("?"),
-        b["mode"].as_str().unwrap_or("?"),
-        b["window_requests"],
-        b["error_rate"].as_f64().unwrap_or(0.0) * 100.0,
-        b["trips"],
+        b.state.as_str(),
+        b.mode.as_str(),
+        b.window_requests,
+        b.error_rate * 100.0,
+        b.trips,
     )
 }

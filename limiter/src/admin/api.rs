@@ -1,0 +1,73 @@
+//! The typed bodies of the admin listener, shared by the daemon (which
+//! serves them) and by `dump`/`top` (which read them): a renamed field
+//! fails to compile on one side, or fails to parse on the other, instead
+//! of silently showing 0.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{admission, breaker, kernel};
+
+/// `GET /status`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Status {
+    pub version: String,
+    pub pid: u32,
+    pub started_unix: u64,
+    /// The configuration file the daemon reads on reload.
+    pub config: Option<PathBuf>,
+    /// `None`: `kernel.enabled = false`.
+    pub kernel: Option<KernelStatus>,
+    /// `None`: no `http.upstream`, the kernel gate alone.
+    pub http: Option<HttpStatus>,
+}
+
+/// How the daemon found the kernel gate at start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GateOrigin {
+    /// Loaded and attached by this daemon.
+    Loaded,
+    /// Already pinned and enforcing; adopted.
+    Adopted,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct KernelStatus {
+    pub origin: GateOrigin,
+    pub target: kernel::Target,
+    /// What the maps say now.
+    pub gate: kernel::Snapshot,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HttpStatus {
+    pub upstream: String,
+    pub pools: admission::Snapshot,
+    /// Requests refused because the breaker was open (the pools count
+    /// their own refusals in `pools`).
+    pub refused_breaker: u64,
+    pub breaker: breaker::Snapshot,
+    /// Upper bound of the bucket holding the 99th percentile of the time to
+    /// an admission 503 (`None`: no 503 yet).
+    pub time_to_503_p99_bound_seconds: Option<f64>,
+}
+
+impl HttpStatus {
+    /// Every 503 refusal so far, whatever the reason.
+    pub fn refused_total(&self) -> u64 {
+        self.pools.refused.iter().sum::<u64>() + self.refused_breaker
+    }
+}
+
+/// `POST /reload`: `200` with `applied: true` and the changes, or `422`
+/// with `applied: false` and why nothing changed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReloadOutcome {
+    pub applied: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}

@@ -1,0 +1,55 @@
+//! `limiter run`: process set-up around [`crate::daemon`]: signals held
+//! first, the configuration read once, logging, the privileged start-up,
+//! privileges dropped, then the runtime serves until SIGTERM or SIGINT.
+
+use std::{path::PathBuf, process::ExitCode};
+
+use super::fail;
+use crate::{
+    config::Config,
+    daemon::{self, RunOptions, logging, privileges, signals},
+};
+
+/// What the command line says about `run`.
+#[derive(Clone, Debug)]
+pub struct Args {
+    pub config: PathBuf,
+    pub unload_on_exit: bool,
+    pub log_json: bool,
+    pub user: Option<String>,
+}
+
+pub fn main(args: Args) -> ExitCode {
+    // First: a SIGHUP or SIGTERM during start-up waits for the daemon's
+    // handlers instead of killing it.
+    signals::block();
+    let config = Config::load(&args.config);
+    // The level comes from the file; a bad file is reported just below.
+    let level = config.as_ref().map_or("info", |c| c.admin.log_level.as_str());
+    logging::init(args.log_json, level);
+    let config = match config {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let options = RunOptions { config_path: args.config, unload_on_exit: args.unload_on_exit };
+    let prepared = match daemon::prepare(config, options) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    if let Err(e) = privileges::drop_to(args.user.as_deref(), prepared.pin_path()) {
+        return fail(format!("dropping privileges: {e}"));
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(format!("starting the runtime: {e}")),
+    };
+    let served = runtime.block_on(async move {
+        let (reloads, shutdown) =
+            signals::install().map_err(|e| format!("installing signal handlers: {e}"))?;
+        daemon::run(prepared, reloads, shutdown).await.map_err(|e| e.to_string())
+    });
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}

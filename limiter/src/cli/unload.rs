@@ -1,0 +1,22 @@
+//! `limiter unload`: detach the gate, remove the daemon's own pins.
+
+use std::process::ExitCode;
+
+use super::{Target, fail};
+use crate::kernel;
+
+pub fn main(target: &Target) -> ExitCode {
+    match kernel::unload(&target.pin_path) {
+        Ok(out) => {
+            for path in &out.removed {
+                println!("removed {}", path.display());
+            }
+            for path in &out.foreign {
+                println!("left {} (not limiter's)", path.display());
+            }
+            println!("kernel gate unloaded from {}", target.pin_path.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}

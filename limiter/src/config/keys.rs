@@ -1,0 +1,467 @@
+//! The one table of the daemon's keys: name, default, whether a reload
+//! applies it (live) or it needs a restart, a one-line doc, and the parser
+//! that stores it in [`Config`].
+//!
+//! Everything about a key comes from here: parsing and the owned-key check
+//! ([`lookup`]), the defaults ([`Config::default`] is the empty file), the
+//! description `check-config` prints, the reload diff and the restart-only
+//! refusal, and the README's key table (checked against this one by a
+//! unit test).
+
+use super::{
+    Addr, Config, MIN_MAX_THREADS, Secret,
+    values::{
+        absolute_path, boolean, int_at_least, int_in, interfaces, log_level, ms, parse_ports, prefixes,
+        ratio, read_token, socket_addr, statuses, table_size, upstream, xdp_mode,
+    },
+};
+
+/// Whether a reload applies a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reload {
+    /// A reload applies it to what comes next (new connections, requests,
+    /// SYNs); what is in flight keeps what it started with.
+    Live,
+    /// A reload that changes it applies nothing and names it.
+    Restart,
+}
+
+impl Reload {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Live => "live",
+            Self::Restart => "restart",
+        }
+    }
+}
+
+/// A key's value when the file does not set it.
+#[derive(Clone, Copy, Debug)]
+pub enum Default {
+    /// This text, parsed like a value from the file.
+    Value(&'static str),
+    /// No value; the text says what that means (as the README writes it).
+    Unset(&'static str),
+    /// Computed on the machine at load; the text says how.
+    Computed(&'static str, fn() -> String),
+}
+
+/// How a key's value is stored.
+#[derive(Clone, Copy)]
+pub(super) enum Set {
+    /// A key of its own.
+    Plain(fn(&mut Config, &str) -> Result<(), String>),
+    /// `kernel.port.<port>.NAME`: one key per port.
+    PerPort(fn(&mut Config, u16, &str) -> Result<(), String>),
+}
+
+/// One key of the daemon's.
+#[derive(Clone, Copy)]
+pub struct Key {
+    /// The dotted name; per-port keys say `<port>` where the port goes.
+    pub name: &'static str,
+    pub default: Default,
+    pub reload: Reload,
+    /// One line: what the key does.
+    pub doc: &'static str,
+    pub(super) set: Set,
+}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Key").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl Key {
+    /// The default as a file would write it (`None` when unset).
+    pub fn default_value(&self) -> Option<String> {
+        match self.default {
+            Default::Value(v) => Some(v.to_owned()),
+            Default::Unset(_) => None,
+            Default::Computed(_, f) => Some(f()),
+        }
+    }
+
+    /// Whether this is a `kernel.port.<port>.*` key.
+    pub fn per_port(&self) -> bool {
+        matches!(self.set, Set::PerPort(_))
+    }
+}
+
+/// A key without a port parameter.
+macro_rules! plain {
+    (|$c:ident, $v:ident| $($body:tt)*) => {
+        Set::Plain(|$c, $v| {
+            $($body)*;
+            Ok(())
+        })
+    };
+}
+
+/// Namespaces where every key is the daemon's: an unknown key there is an
+/// error (a typo must not silently disable a limit).
+pub const OWNED_NAMESPACES: [&str; 3] = ["kernel", "breaker", "admin"];
+
+/// The daemon's keys, in the order `check-config` lists them.
+pub static KEYS: &[Key] = &[
+    // The kernel gate.
+    Key {
+        name: "kernel.enabled",
+        default: Default::Value("true"),
+        reload: Reload::Restart,
+        doc: "load the kernel gate; false runs the HTTP proxy alone, without eBPF privileges",
+        set: plain!(|c, v| c.kernel.enabled = boolean(v)?),
+    },
+    Key {
+        name: "kernel.ports",
+        default: Default::Unset("(none)"),
+        reload: Reload::Live,
+        doc: "port:max, ...: most established server-side TCP connections per local port",
+        set: plain!(|c, v| c.kernel.ports = parse_ports(v)?),
+    },
+    Key {
+        name: "kernel.pinPath",
+        default: Default::Value("/sys/fs/bpf/limiter"),
+        reload: Reload::Restart,
+        doc: "bpffs directory of the gate's maps and links",
+        set: plain!(|c, v| c.kernel.pin_path = absolute_path(v)?),
+    },
+    Key {
+        name: "kernel.cgroup",
+        default: Default::Unset("root of the cgroup v2 mount (found in `/proc/self/mounts`)"),
+        reload: Reload::Restart,
+        doc: "cgroup v2 directory whose sockets are counted",
+        set: plain!(|c, v| c.kernel.cgroup = Some(absolute_path(v)?)),
+    },
+    Key {
+        name: "kernel.netns",
+        default: Default::Unset("the daemon's own"),
+        reload: Reload::Restart,
+        doc: "network namespace to gate (/proc/PID/ns/net or /var/run/netns/NAME)",
+        set: plain!(|c, v| c.kernel.netns = Some(absolute_path(v)?)),
+    },
+    Key {
+        name: "kernel.port.<port>.perSourceMax",
+        default: Default::Unset("(none)"),
+        reload: Reload::Live,
+        doc: "most established connections to the port from one client group",
+        set: Set::PerPort(|c, port, v| {
+            c.kernel.port_options.entry(port).or_default().per_source_max = int_at_least(v, 1)?;
+            Ok(())
+        }),
+    },
+    Key {
+        name: "kernel.port.<port>.dryRun",
+        default: Default::Value("false"),
+        reload: Reload::Live,
+        doc: "the port's caps count what they would refuse and refuse nothing",
+        set: Set::PerPort(|c, port, v| {
+            c.kernel.port_options.entry(port).or_default().dry_run = boolean(v)?;
+            Ok(())
+        }),
+    },
+    Key {
+        name: "kernel.sourcePrefixV4",
+        default: Default::Value("32"),
+        reload: Reload::Restart,
+        doc: "client groups of per-source caps: IPv4 addresses masked to this many bits",
+        set: plain!(|c, v| c.kernel.source_prefix_v4 = int_in(v, 1, 32)?),
+    },
+    Key {
+        name: "kernel.sourcePrefixV6",
+        default: Default::Value("64"),
+        reload: Reload::Restart,
+        doc: "client groups of per-source caps: IPv6 addresses masked to this many bits",
+        set: plain!(|c, v| c.kernel.source_prefix_v6 = int_in(v, 1, 128)?),
+    },
+    Key {
+        name: "kernel.sourceTableSize",
+        default: Default::Value("65536"),
+        reload: Reload::Restart,
+        doc: "slots of the per-source table (a power of two, 1024 to 1048576)",
+        set: plain!(|c, v| c.kernel.source_table_size = table_size(v)?),
+    },
+    Key {
+        name: "kernel.trusted",
+        default: Default::Unset("(none)"),
+        reload: Reload::Live,
+        doc: "prefixes that pass per-source caps and get a reserve past a full port",
+        set: plain!(|c, v| c.kernel.trusted = prefixes(v)?),
+    },
+    Key {
+        name: "kernel.trustedReserve",
+        default: Default::Value("3"),
+        reload: Reload::Live,
+        doc: "connections from trusted prefixes admitted past a full port's limit",
+        set: plain!(|c, v| c.kernel.trusted_reserve = int_at_least(v, 0)?),
+    },
+    Key {
+        name: "kernel.xdp.interfaces",
+        default: Default::Unset("(none)"),
+        reload: Reload::Restart,
+        doc: "interfaces whose ingress refuses SYNs with XDP",
+        set: plain!(|c, v| c.kernel.xdp_interfaces = interfaces(v)?),
+    },
+    Key {
+        name: "kernel.xdp.mode",
+        default: Default::Value("auto"),
+        reload: Reload::Restart,
+        doc: "auto (driver mode, else generic), driver or generic",
+        set: plain!(|c, v| c.kernel.xdp_mode = xdp_mode(v)?),
+    },
+    // The admin listener.
+    Key {
+        name: "admin.listen",
+        default: Default::Value("127.0.0.1:9901"),
+        reload: Reload::Restart,
+        doc: "admin listener: /metrics, /status, /healthz, POST /reload, /breaker",
+        set: plain!(|c, v| c.admin.listen = Addr(socket_addr(v)?)),
+    },
+    Key {
+        name: "admin.tokenFile",
+        default: Default::Unset("(none)"),
+        reload: Reload::Live,
+        doc: "file holding the bearer token every admin path but /healthz requires",
+        set: plain!(|c, v| {
+            let path = absolute_path(v)?;
+            c.admin.token = Some(Secret(read_token(&path)?));
+            c.admin.token_file = Some(path);
+        }),
+    },
+    Key {
+        name: "admin.logLevel",
+        default: Default::Value("info"),
+        reload: Reload::Live,
+        doc: "log filter: error, warn, info, debug, trace, or a tracing directive",
+        set: plain!(|c, v| c.admin.log_level = log_level(v)?),
+    },
+    // The HTTP proxy.
+    Key {
+        name: "http.drainTimeoutMs",
+        default: Default::Value("30000"),
+        reload: Reload::Live,
+        doc: "on SIGTERM, how long requests in flight may take to finish",
+        set: plain!(|c, v| c.http.drain_timeout_ms = ms(v, 0)?),
+    },
+    Key {
+        name: "http.maxThreads",
+        default: Default::Value("208"),
+        reload: Reload::Live,
+        doc: "the runtime's thread count: normal pool = maxThreads - 8 - 3",
+        set: plain!(|c, v| c.http.max_threads = int_at_least(v, MIN_MAX_THREADS)?),
+    },
+    Key {
+        name: "http.maxSessionConnections",
+        default: Default::Value("0"),
+        reload: Reload::Live,
+        doc: "in-flight requests per Authorization value (0: unlimited)",
+        set: plain!(|c, v| c.http.max_session_connections = int_at_least(v, 0)?),
+    },
+    Key {
+        name: "http.maxWebConnections",
+        default: Default::Value("0"),
+        reload: Reload::Live,
+        doc: "in-flight requests carrying X-Client-Id (0: unlimited)",
+        set: plain!(|c, v| c.http.max_web_connections = int_at_least(v, 0)?),
+    },
+    Key {
+        name: "http.listen",
+        default: Default::Value("127.0.0.1:8080"),
+        reload: Reload::Restart,
+        doc: "the proxy's address",
+        set: plain!(|c, v| c.http.listen = Addr(socket_addr(v)?)),
+    },
+    Key {
+        name: "http.upstream",
+        default: Default::Unset("(none: the kernel gate alone, no proxy)"),
+        reload: Reload::Restart,
+        doc: "host:port of the business application, or `sample` for the built-in demo upstream",
+        set: plain!(|c, v| c.http.upstream = Some(upstream(v)?)),
+    },
+    Key {
+        name: "http.dryRun",
+        default: Default::Value("false"),
+        reload: Reload::Live,
+        doc: "count would-be refusals, refuse nothing",
+        set: plain!(|c, v| c.http.dry_run = boolean(v)?),
+    },
+    Key {
+        name: "http.headerReadTimeoutMs",
+        default: Default::Value("10000"),
+        reload: Reload::Live,
+        doc: "a client must send a complete request head within this long",
+        set: plain!(|c, v| c.http.header_read_timeout_ms = ms(v, 100)?),
+    },
+    Key {
+        name: "http.idleTimeoutMs",
+        default: Default::Value("60000"),
+        reload: Reload::Live,
+        doc: "a body that makes no progress this long is aborted; idle pooled upstream connections close",
+        set: plain!(|c, v| c.http.idle_timeout_ms = ms(v, 100)?),
+    },
+    Key {
+        name: "http.connectTimeoutMs",
+        default: Default::Value("2000"),
+        reload: Reload::Live,
+        doc: "connecting to the upstream (then 502)",
+        set: plain!(|c, v| c.http.connect_timeout_ms = ms(v, 1)?),
+    },
+    Key {
+        name: "http.upstreamTimeoutMs",
+        default: Default::Value("30000"),
+        reload: Reload::Live,
+        doc: "from the request sent upstream to the upstream's response head (then 504)",
+        set: plain!(|c, v| c.http.upstream_timeout_ms = ms(v, 1)?),
+    },
+    Key {
+        name: "http.maxHeaderBytes",
+        default: Default::Value("16384"),
+        reload: Reload::Live,
+        doc: "request heads larger than this get 431",
+        set: plain!(|c, v| c.http.max_header_bytes = int_at_least(v, 8192)?),
+    },
+    Key {
+        name: "http.lingerMs",
+        default: Default::Value("2000"),
+        reload: Reload::Live,
+        doc: "after a Connection: close response, how long to drain what the client still sends",
+        set: plain!(|c, v| c.http.linger_ms = ms(v, 0)?),
+    },
+    Key {
+        name: "http.retryAfterMs",
+        default: Default::Value("1000"),
+        reload: Reload::Live,
+        doc: "the Retry-After of admission 503s, rounded up to whole seconds",
+        set: plain!(|c, v| c.http.retry_after_ms = ms(v, 0)?),
+    },
+    Key {
+        name: "http.workers",
+        default: Default::Computed("number of CPUs", cpus),
+        reload: Reload::Restart,
+        doc: "proxy worker threads, each with its own event loop, listener and upstream pool",
+        set: plain!(|c, v| c.http.workers = int_at_least(v, 1)? as usize),
+    },
+    // The circuit breaker.
+    Key {
+        name: "breaker.threshold",
+        default: Default::Value("0.5"),
+        reload: Reload::Live,
+        doc: "error rate above which the breaker opens",
+        set: plain!(|c, v| c.breaker.threshold = ratio(v)?),
+    },
+    Key {
+        name: "breaker.minRequests",
+        default: Default::Value("10"),
+        reload: Reload::Live,
+        doc: "results the window must hold before it may open",
+        set: plain!(|c, v| c.breaker.min_requests = int_at_least(v, 1)?),
+    },
+    Key {
+        name: "breaker.sleepWindowMs",
+        default: Default::Value("30000"),
+        reload: Reload::Live,
+        doc: "time open before a probe",
+        set: plain!(|c, v| c.breaker.sleep_window_ms = ms(v, 1)?),
+    },
+    Key {
+        name: "breaker.windowMs",
+        default: Default::Value("30000"),
+        reload: Reload::Restart,
+        doc: "the rolling window (a whole number of buckets)",
+        set: plain!(|c, v| c.breaker.window_ms = ms(v, 1)?),
+    },
+    Key {
+        name: "breaker.bucketMs",
+        default: Default::Value("1000"),
+        reload: Reload::Restart,
+        doc: "the window's buckets (at most 3600 of them)",
+        set: plain!(|c, v| c.breaker.bucket_ms = ms(v, 1)?),
+    },
+    Key {
+        name: "breaker.halfOpenMaxProbes",
+        default: Default::Value("1"),
+        reload: Reload::Live,
+        doc: "concurrent probes while half-open",
+        set: plain!(|c, v| c.breaker.half_open_max_probes = int_at_least(v, 1)?),
+    },
+    Key {
+        name: "breaker.halfOpenSuccesses",
+        default: Default::Value("1"),
+        reload: Reload::Live,
+        doc: "consecutive successes that close it",
+        set: plain!(|c, v| c.breaker.half_open_successes = int_at_least(v, 1)?),
+    },
+    Key {
+        name: "breaker.failureStatuses",
+        default: Default::Value("500-599"),
+        reload: Reload::Live,
+        doc: "upstream statuses and ranges that count as failures",
+        set: plain!(|c, v| c.breaker.failure_statuses = statuses(v)?),
+    },
+    Key {
+        name: "breaker.bypassDebug",
+        default: Default::Value("true"),
+        reload: Reload::Live,
+        doc: "/debug/ requests pass an open breaker and are not recorded",
+        set: plain!(|c, v| c.breaker.bypass_debug = boolean(v)?),
+    },
+];
+
+fn cpus() -> String {
+    std::thread::available_parallelism().map_or(2, std::num::NonZero::get).to_string()
+}
+
+/// Who a key in a file belongs to.
+pub(super) enum Lookup {
+    /// One of the daemon's; the port for a per-port key.
+    Daemon(&'static Key, Option<u16>),
+    /// The business runtime's (ignored).
+    Runtime,
+}
+
+/// Finds `name` in the table. `Err` says why a name in the daemon's
+/// namespaces is not a key.
+pub(super) fn lookup(name: &str) -> Result<Lookup, String> {
+    if let Some(rest) = name.strip_prefix("kernel.port.") {
+        return per_port(rest);
+    }
+    if let Some(key) = KEYS.iter().find(|k| !k.per_port() && k.name == name) {
+        return Ok(Lookup::Daemon(key, None));
+    }
+    let namespace = name.split('.').next().unwrap_or(name);
+    if OWNED_NAMESPACES.contains(&namespace) {
+        return Err(format!(
+            "unknown key under `{namespace}.` (keys there are the daemon's; see the README's key table)"
+        ));
+    }
+    Ok(Lookup::Runtime)
+}
+
+/// `<port>.<option>` after `kernel.port.`.
+fn per_port(rest: &str) -> Result<Lookup, String> {
+    let options: Vec<&str> =
+        KEYS.iter().filter(|k| k.per_port()).filter_map(|k| k.name.rsplit('.').next()).collect();
+    let Some((port, option)) = rest.split_once('.') else {
+        let expected: Vec<String> = options.iter().map(|o| format!("kernel.port.<port>.{o}")).collect();
+        return Err(format!("expected {}", expected.join(" or ")));
+    };
+    let port: u16 = match port.parse() {
+        Ok(p) if p >= 1 => p,
+        _ => return Err(format!("`{port}` is not a port (1-65535)")),
+    };
+    KEYS.iter()
+        .find(|k| k.per_port() && k.name.rsplit('.').next() == Some(option))
+        .map(|k| Lookup::Daemon(k, Some(port)))
+        .ok_or_else(|| {
+            format!("unknown option `{option}` (kernel.port.<port> has {})", options.join(" and "))
+        })
+}
+
+/// The concrete key a per-port table key takes for `port`.
+pub(super) fn concrete(key: &Key, port: Option<u16>) -> String {
+    match port {
+        Some(p) => key.name.replace("<port>", &p.to_string()),
+        None => key.name.to_owned(),
+    }
+}

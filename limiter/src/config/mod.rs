@@ -1,0 +1,488 @@
+//! The configuration file and what it means.
+//!
+//! - [`grammar`]: lines, sections, comments, no key twice;
+//! - [`keys`]: the one table of the daemon's keys (name, default, live or
+//!   restart, doc, parser), from which parsing, the owned-key check, the
+//!   defaults, `check-config`'s description, the reload diff and the
+//!   restart-only refusal all come;
+//! - [`values`]: the parsers of the values;
+//! - this module: the typed [`Config`] the rest of the daemon reads.
+//!
+//! The daemon owns the keys of the table: `http.maxThreads`,
+//! `http.maxSessionConnections`, `http.maxWebConnections`, `http.listen`,
+//! `http.upstream`, the other `http.*` keys it lists, and every key under
+//! `kernel.`, `breaker.` and `admin.`. Unknown keys in those three
+//! namespaces are errors (a typo must not silently disable a limit); other
+//! `http.*` keys and other sections belong to the business runtime and are
+//! ignored, so the runtime's own `config.ini` works unchanged.
+//!
+//! Parsing is all-or-nothing: a bad file yields one error naming the file,
+//! line and key, and no partial configuration.
+
+mod grammar;
+pub mod keys;
+mod values;
+
+use std::{
+    collections::BTreeMap,
+    fmt, fs,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+};
+
+pub use self::keys::{KEYS, Key, Reload};
+use self::keys::{Lookup, Set};
+
+/// Threads the runtime keeps for its acceptor/selector/housekeeping.
+pub const SYSTEM_THREADS: u32 = 8;
+/// Slots reserved for `/debug/` requests.
+pub const DEBUG_SLOTS: u32 = 3;
+/// The smallest `http.maxThreads` that leaves one normal slot.
+pub const MIN_MAX_THREADS: u32 = SYSTEM_THREADS + DEBUG_SLOTS + 1;
+
+/// A listening address (a newtype so that the configuration can have a
+/// `Default` before the key table fills it in).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Addr(pub SocketAddr);
+
+impl Default for Addr {
+    fn default() -> Self {
+        Self(SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+}
+
+impl fmt::Display for Addr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Where the proxy sends requests (`http.upstream`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Upstream {
+    /// `host:port` of the business application.
+    At(String),
+    /// `sample`: the built-in demo upstream (`GET /slow?ms=N`).
+    Sample,
+}
+
+/// A key as the file wrote it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Written {
+    pub line: usize,
+    pub value: String,
+}
+
+/// Everything the daemon reads from its file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// The file this came from (for messages), if any.
+    pub source: Option<PathBuf>,
+    pub kernel: KernelConfig,
+    pub http: HttpConfig,
+    pub breaker: BreakerConfig,
+    pub admin: AdminConfig,
+    /// Keys the file had that belong to the business runtime.
+    pub ignored: Vec<String>,
+    /// The daemon's keys as the file wrote them, with their lines
+    /// (reloads report what changed from these).
+    pub written: BTreeMap<String, Written>,
+}
+
+/// `kernel.*`: the eBPF gate.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KernelConfig {
+    /// Load the kernel gate (`kernel.enabled`); `false` runs the HTTP
+    /// proxy alone, without privileges for eBPF.
+    pub enabled: bool,
+    /// Enforced ports → most established connections (`kernel.ports`).
+    pub ports: BTreeMap<u16, u32>,
+    /// Directory on bpffs holding the gate's maps and links (`kernel.pinPath`).
+    pub pin_path: PathBuf,
+    /// cgroup v2 directory whose sockets are counted (`kernel.cgroup`);
+    /// `None`: the root of the cgroup v2 mount.
+    pub cgroup: Option<PathBuf>,
+    /// Network namespace to gate (`kernel.netns`); `None`: the daemon's own.
+    pub netns: Option<PathBuf>,
+    /// Per-port options (`kernel.port.<port>.perSourceMax`, `.dryRun`).
+    pub port_options: BTreeMap<u16, PortOptions>,
+    /// Client groups for per-source caps: IPv4 prefix length
+    /// (`kernel.sourcePrefixV4`, 1-32).
+    pub source_prefix_v4: u32,
+    /// IPv6 prefix length (`kernel.sourcePrefixV6`, 1-128).
+    pub source_prefix_v6: u32,
+    /// Slots in the source table (`kernel.sourceTableSize`, a power of two).
+    pub source_table_size: u32,
+    /// Trusted client prefixes (`kernel.trusted`).
+    pub trusted: Vec<Prefix>,
+    /// Connections from trusted prefixes admitted past a full port
+    /// (`kernel.trustedReserve`).
+    pub trusted_reserve: u32,
+    /// Interfaces whose ingress refuses SYNs with XDP (`kernel.xdp.interfaces`).
+    pub xdp_interfaces: Vec<String>,
+    /// `kernel.xdp.mode`: `auto` (driver, else generic), `driver`, `generic`.
+    pub xdp_mode: XdpModeChoice,
+}
+
+/// `kernel.xdp.mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum XdpModeChoice {
+    /// Driver mode where the driver supports it, generic otherwise.
+    #[default]
+    Auto,
+    /// Driver mode or fail.
+    Driver,
+    /// Generic (skb) mode.
+    Generic,
+}
+
+/// A value that never appears in logs or debug output.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// `kernel.port.<port>.*`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortOptions {
+    /// Most established connections from one client group; 0: no cap.
+    pub per_source_max: u32,
+    /// Count would-be refusals, refuse nothing.
+    pub dry_run: bool,
+}
+
+/// An address prefix such as `10.0.0.0/8` or `fd00::/8`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Prefix {
+    pub addr: std::net::IpAddr,
+    pub len: u8,
+}
+
+impl fmt::Display for Prefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+impl KernelConfig {
+    /// What the kernel's limits array should hold: every port with a cap.
+    pub fn port_limits(&self) -> BTreeMap<u16, limiter_common::PortLimit> {
+        let mut out = BTreeMap::new();
+        let ports = self.ports.keys().chain(self.port_options.keys());
+        for &port in ports {
+            let options = self.port_options.get(&port).copied().unwrap_or_default();
+            out.insert(
+                port,
+                limiter_common::PortLimit {
+                    max_established: self.ports.get(&port).copied().unwrap_or(0),
+                    flags: if options.dry_run { limiter_common::LIMIT_FLAG_DRY_RUN } else { 0 },
+                    per_source_max: options.per_source_max,
+                    _pad: 0,
+                },
+            );
+        }
+        out
+    }
+}
+
+/// `http.*` keys the daemon owns.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HttpConfig {
+    pub max_threads: u32,
+    /// 0 = unlimited.
+    pub max_session_connections: u32,
+    /// 0 = unlimited.
+    pub max_web_connections: u32,
+    pub listen: Addr,
+    /// Where requests go; `None`: no proxy (the kernel gate alone).
+    pub upstream: Option<Upstream>,
+    /// Count would-be refusals, refuse nothing (`http.dryRun`).
+    pub dry_run: bool,
+    /// A client must deliver a complete request head within this long of
+    /// the connection being ready for one.
+    pub header_read_timeout_ms: u64,
+    /// A body transfer that makes no progress this long is aborted; also
+    /// the idle time of pooled upstream connections.
+    pub idle_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    /// From the request sent upstream to the upstream's response head.
+    pub upstream_timeout_ms: u64,
+    /// Request heads larger than this get 431.
+    pub max_header_bytes: u32,
+    /// How long a connection closed after a 503 keeps draining what the
+    /// client still sends, so the 503 is not destroyed by a RST.
+    pub linger_ms: u64,
+    /// The `Retry-After` of admission 503s (rounded up to seconds).
+    pub retry_after_ms: u64,
+    /// Proxy worker threads, each with its own event loop (`http.workers`).
+    pub workers: usize,
+    /// On SIGTERM, how long requests in flight may take to finish
+    /// (`http.drainTimeoutMs`).
+    pub drain_timeout_ms: u64,
+}
+
+impl HttpConfig {
+    /// Requests that are not `/debug/` may use this many slots.
+    pub fn normal_limit(&self) -> u32 {
+        self.max_threads - SYSTEM_THREADS - DEBUG_SLOTS
+    }
+}
+
+/// `breaker.*`: the circuit breaker in front of the upstream.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BreakerConfig {
+    pub threshold: f64,
+    pub min_requests: u32,
+    pub sleep_window_ms: u64,
+    pub window_ms: u64,
+    pub bucket_ms: u64,
+    pub half_open_max_probes: u32,
+    pub half_open_successes: u32,
+    /// Inclusive ranges of upstream statuses that count as failures.
+    pub failure_statuses: Vec<(u16, u16)>,
+    pub bypass_debug: bool,
+}
+
+/// `admin.*`: the admin listener (metrics, status).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AdminConfig {
+    pub listen: Addr,
+    /// A file holding the bearer token the admin listener requires
+    /// (`admin.tokenFile`); `None`: no token.
+    pub token_file: Option<PathBuf>,
+    /// The token read from `token_file` when the configuration was loaded.
+    pub token: Option<Secret>,
+    /// Log filter (`admin.logLevel`): `error`, `warn`, `info`, `debug`,
+    /// `trace`, or a tracing filter such as `info,limiter::proxy=debug`.
+    pub log_level: String,
+}
+
+impl Default for Config {
+    /// The empty file: every key at its table default.
+    fn default() -> Self {
+        Self::parse("", "<defaults>").expect("the key table's defaults are valid")
+    }
+}
+
+/// A configuration error: where, which key, what was wrong.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError {
+    /// The file (or `<config>` for text without a file).
+    pub file: String,
+    /// 1-based line; 0 when the error is about the file as a whole.
+    pub line: usize,
+    /// The full dotted key, when the error is about one.
+    pub key: Option<String>,
+    /// The value as written, when the error is about one.
+    pub value: Option<String>,
+    pub message: String,
+}
+
+impl ConfigError {
+    fn at(file: &str, line: usize, key: Option<&str>, value: Option<&str>, message: String) -> Self {
+        Self {
+            file: file.to_owned(),
+            line,
+            key: key.map(str::to_owned),
+            value: value.map(str::to_owned),
+            message,
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file)?;
+        if self.line > 0 {
+            write!(f, ":{}", self.line)?;
+        }
+        match (&self.key, &self.value) {
+            (Some(k), Some(v)) => write!(f, ": {k} = {v}")?,
+            (Some(k), None) => write!(f, ": {k}")?,
+            _ => {}
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// One key as a configuration has it, for `check-config`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Setting {
+    /// The concrete key (`kernel.port.8080.perSourceMax`).
+    pub key: String,
+    /// As the file wrote it, or the default (`None`: unset).
+    pub value: Option<String>,
+    /// The line that set it; `None`: the default.
+    pub line: Option<usize>,
+    pub reload: Reload,
+    pub doc: &'static str,
+}
+
+impl Config {
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let name = path.display().to_string();
+        let text = fs::read_to_string(path)
+            .map_err(|e| ConfigError::at(&name, 0, None, None, format!("cannot read the file: {e}")))?;
+        let mut config = Self::parse(&text, &name)?;
+        config.source = Some(path.to_path_buf());
+        Ok(config)
+    }
+
+    /// Parses and validates the text of a file called `name`.
+    pub fn parse(text: &str, name: &str) -> Result<Self, ConfigError> {
+        let mut config = Self {
+            source: None,
+            kernel: KernelConfig::default(),
+            http: HttpConfig::default(),
+            breaker: BreakerConfig::default(),
+            admin: AdminConfig::default(),
+            ignored: Vec::new(),
+            written: BTreeMap::new(),
+        };
+        let mut lines: BTreeMap<String, usize> = BTreeMap::new();
+        for entry in grammar::entries(text, name)? {
+            let err =
+                |message| ConfigError::at(name, entry.line, Some(&entry.key), Some(entry.value), message);
+            match keys::lookup(&entry.key).map_err(err)? {
+                Lookup::Runtime => config.ignored.push(entry.key),
+                Lookup::Daemon(key, port) => {
+                    match (key.set, port) {
+                        (Set::Plain(set), _) => set(&mut config, entry.value),
+                        (Set::PerPort(set), Some(port)) => set(&mut config, port, entry.value),
+                        (Set::PerPort(_), None) => unreachable!("lookup gives per-port keys their port"),
+                    }
+                    .map_err(err)?;
+                    lines.insert(key.name.to_owned(), entry.line);
+                    config
+                        .written
+                        .insert(entry.key, Written { line: entry.line, value: entry.value.to_owned() });
+                }
+            }
+        }
+        // What the file left out takes the table's default.
+        for key in KEYS.iter().filter(|k| !k.per_port() && !lines.contains_key(k.name)) {
+            if let (Some(value), Set::Plain(set)) = (key.default_value(), key.set) {
+                set(&mut config, &value).map_err(|message| {
+                    ConfigError::at(name, 0, Some(key.name), Some(&value), format!("the default: {message}"))
+                })?;
+            }
+        }
+        config.check().map_err(|(key, message)| {
+            let line = config.written.get(&key).map_or(0, |w| w.line);
+            ConfigError::at(name, line, Some(&key), None, message)
+        })?;
+        Ok(config)
+    }
+
+    /// Checks that involve more than one key; names the key to blame.
+    fn check(&self) -> Result<(), (String, String)> {
+        for (port, options) in &self.kernel.port_options {
+            if options.dry_run && options.per_source_max == 0 && !self.kernel.ports.contains_key(port) {
+                return Err((
+                    format!("kernel.port.{port}.dryRun"),
+                    format!(
+                        "port {port} has no limit to dry-run (set it in kernel.ports or kernel.port.{port}.perSourceMax)"
+                    ),
+                ));
+            }
+        }
+        let b = &self.breaker;
+        if b.bucket_ms > b.window_ms {
+            return Err((
+                "breaker.bucketMs".into(),
+                format!("{} ms buckets do not fit in a {} ms window", b.bucket_ms, b.window_ms),
+            ));
+        }
+        if !b.window_ms.is_multiple_of(b.bucket_ms) {
+            return Err((
+                "breaker.windowMs".into(),
+                format!("{} ms is not a whole number of {} ms buckets", b.window_ms, b.bucket_ms),
+            ));
+        }
+        if b.window_ms / b.bucket_ms > 3600 {
+            return Err(("breaker.windowMs".into(), "more than 3600 buckets; use larger buckets".into()));
+        }
+        if !self.kernel.enabled && self.http.upstream.is_none() {
+            return Err((
+                "kernel.enabled".into(),
+                "false, and no http.upstream: nothing to run (set http.upstream, or enable the kernel gate)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The value of a plain key here: as written, else its default
+    /// (`None`: unset).
+    fn value_of(&self, key: &Key) -> Option<String> {
+        self.written.get(key.name).map(|w| w.value.clone()).or_else(|| key.default_value())
+    }
+
+    /// Every key of the table as this configuration has it, in the table's
+    /// order (per-port keys once per port the file names).
+    pub fn settings(&self) -> Vec<Setting> {
+        let mut out = Vec::new();
+        for key in KEYS {
+            let mut push = |name: String| {
+                let written = self.written.get(&name);
+                out.push(Setting {
+                    value: written.map(|w| w.value.clone()).or_else(|| key.default_value()),
+                    line: written.map(|w| w.line),
+                    key: name,
+                    reload: key.reload,
+                    doc: key.doc,
+                });
+            };
+            if key.per_port() {
+                for port in self.kernel.port_options.keys() {
+                    let name = keys::concrete(key, Some(*port));
+                    if self.written.contains_key(&name) {
+                        push(name);
+                    }
+                }
+            } else {
+                push(key.name.to_owned());
+            }
+        }
+        out
+    }
+
+    /// What changed from `self` to `new`, key by key as the files wrote
+    /// them (`key: old -> new`; a key left out means its default). A token
+    /// file whose contents changed is named, its contents never shown.
+    pub fn changes_to(&self, new: &Config) -> Vec<String> {
+        let mut out = Vec::new();
+        let keys: std::collections::BTreeSet<&String> =
+            self.written.keys().chain(new.written.keys()).collect();
+        for key in keys {
+            let (a, b) = (self.written.get(key), new.written.get(key));
+            if a.map(|w| &w.value) != b.map(|w| &w.value) {
+                let show =
+                    |v: Option<&Written>| v.map_or_else(|| "(default)".to_owned(), |w| w.value.clone());
+                out.push(format!("{key}: {} -> {}", show(a), show(b)));
+            }
+        }
+        if self.admin.token_file == new.admin.token_file && self.admin.token != new.admin.token {
+            out.push("admin.tokenFile: (contents changed)".into());
+        }
+        out
+    }
+
+    /// The restart-only keys whose value differs in `new` (a reload that
+    /// finds any applies nothing).
+    pub fn restart_changes(&self, new: &Config) -> Vec<&'static str> {
+        KEYS.iter()
+            .filter(|k| k.reload == Reload::Restart && !k.per_port())
+            .filter(|k| self.value_of(k) != new.value_of(k))
+            .map(|k| k.name)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,116 @@
+//! The daemon as the admin listener sees it: [`Daemon`] implements
+//! [`Control`] (metrics, status, reload, breaker override, token).
+
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::SystemTime,
+};
+
+use super::gate::HeldGate;
+use crate::{
+    admin::{
+        Control,
+        api::{HttpStatus, KernelStatus, ReloadOutcome, Status},
+    },
+    breaker::{self, Mode},
+    config::{Config, Secret},
+    kernel::KernelError,
+    metrics::{self, Page},
+    proxy::Proxy,
+};
+
+/// What the admin listener, the signal handlers and the drain share.
+pub struct Daemon {
+    pub(super) config_path: PathBuf,
+    /// Set on SIGTERM: `/healthz` answers 503 so that load balancers and
+    /// readiness probes stop sending work while requests drain.
+    pub(super) draining: AtomicBool,
+    pub(super) gate: Option<HeldGate>,
+    /// `None`: no `http.upstream`, the kernel gate alone.
+    pub(super) proxy: Option<Arc<Proxy>>,
+    pub(super) config: Mutex<Config>,
+    pub(super) started: SystemTime,
+    pub(super) reloads_ok: AtomicU64,
+    pub(super) reloads_failed: AtomicU64,
+}
+
+impl Control for Daemon {
+    fn metrics(&self) -> Result<String, KernelError> {
+        let mut page = Page::default();
+        page.family("limiter_build_info", "gauge", "Version of the running daemon.").sample(
+            "limiter_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))],
+            1,
+        );
+        if let Some(g) = &self.gate {
+            let snap = g.lock().snapshot()?;
+            metrics::kernel::write(&mut page, &snap);
+        }
+        if let Some(proxy) = &self.proxy {
+            metrics::http::write(&mut page, &proxy.admission.snapshot(), &proxy.counters);
+            metrics::breaker::write(&mut page, &proxy.breaker.snapshot());
+        }
+        page.family("limiter_config_reloads_total", "counter", "Configuration reloads by result.")
+            .sample(
+                "limiter_config_reloads_total",
+                &[("result", "applied")],
+                self.reloads_ok.load(Ordering::Relaxed),
+            )
+            .sample(
+                "limiter_config_reloads_total",
+                &[("result", "rejected")],
+                self.reloads_failed.load(Ordering::Relaxed),
+            );
+        Ok(page.finish())
+    }
+
+    fn status(&self) -> Result<Status, KernelError> {
+        let kernel = match &self.gate {
+            Some(g) => {
+                Some(KernelStatus { origin: g.origin, target: g.target.clone(), gate: g.lock().snapshot()? })
+            }
+            None => None,
+        };
+        let http = self.proxy.as_ref().map(|p| HttpStatus {
+            upstream: p.upstream().to_owned(),
+            pools: p.admission.snapshot(),
+            refused_breaker: p.counters.refused_breaker.load(Ordering::Relaxed),
+            breaker: p.breaker.snapshot(),
+            time_to_503_p99_bound_seconds: p.counters.time_to_503.quantile_bound(0.99),
+        });
+        let config = self.config.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Ok(Status {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            pid: std::process::id(),
+            started_unix: self.started.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            config: config.source.clone(),
+            kernel,
+            http,
+        })
+    }
+
+    fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    fn reload(&self) -> ReloadOutcome {
+        Daemon::reload(self)
+    }
+
+    fn breaker(&self, mode: Option<Mode>) -> Option<breaker::Snapshot> {
+        let proxy = self.proxy.as_ref()?;
+        if let Some(mode) = mode {
+            tracing::warn!(mode = mode.as_str(), "circuit breaker mode set on the admin listener");
+            proxy.breaker.set_mode(mode);
+        }
+        Some(proxy.breaker.snapshot())
+    }
+
+    fn token(&self) -> Option<Secret> {
+        self.config.lock().unwrap_or_else(std::sync::PoisonError::into_inner).admin.token.clone()
+    }
+}

@@ -1,0 +1,64 @@
+//! The kernel gate as the daemon holds it: started (loaded or adopted) at
+//! start-up, with what it did logged.
+
+use std::sync::Mutex;
+
+use crate::{
+    admin::api::GateOrigin,
+    config::KernelConfig,
+    kernel::{self, Gate, KernelError, Origin, Target},
+};
+
+pub struct HeldGate {
+    /// Map handles; a mutex because reload writes while metrics read, and
+    /// each operation is a few syscalls.
+    pub gate: Mutex<Gate>,
+    pub target: Target,
+    pub origin: GateOrigin,
+}
+
+impl HeldGate {
+    /// Loads or adopts the gate `config` describes, logging what was done.
+    pub fn start(config: &KernelConfig) -> Result<Self, KernelError> {
+        let kernel::Started { gate, origin, target, changes, xdp, walked } = Gate::start(config)?;
+        let origin = match origin {
+            Origin::Loaded { mounted_bpffs } => {
+                tracing::info!(
+                    pin_path = %config.pin_path.display(),
+                    cgroup = %target.cgroup.display(),
+                    netns = %target.netns.display(),
+                    netns_cookie = target.netns_cookie,
+                    mounted_bpffs,
+                    preexisting_connections_counted = walked,
+                    "kernel gate loaded and attached"
+                );
+                GateOrigin::Loaded
+            }
+            Origin::Adopted => {
+                tracing::info!(
+                    pin_path = %config.pin_path.display(),
+                    "kernel gate adopted: it was pinned and enforcing; nothing re-attached"
+                );
+                GateOrigin::Adopted
+            }
+        };
+        for x in &xdp {
+            match &x.fallback_reason {
+                None => tracing::info!(interface = %x.interface, mode = x.mode, "XDP refusal attached"),
+                Some(why) => tracing::info!(
+                    interface = %x.interface,
+                    mode = x.mode,
+                    driver_mode_error = %why,
+                    "XDP refusal attached in generic mode (the driver has no native XDP)"
+                ),
+            }
+        }
+        let ports: Vec<String> = changes.iter().map(ToString::to_string).collect();
+        tracing::info!(changes = %ports.join(" "), "kernel gate enforcing");
+        Ok(Self { gate: Mutex::new(gate), target, origin })
+    }
+
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, Gate> {
+        self.gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

@@ -1,0 +1,232 @@
+//! `limiter run`: start (or adopt) the kernel gate, serve the HTTP proxy
+//! and the admin listener, reload on request, drain and stop on shutdown
+//! leaving the gate pinned and enforcing (unless `--unload-on-exit`).
+//!
+//! Start-up is two steps, so that privileges can be dropped between them:
+//! [`prepare`] does everything that needs them (binds the listeners, loads
+//! or adopts the gate) before any other thread exists; [`run`] serves. Its
+//! inputs are a stream of reload requests and a shutdown future, so the
+//! command line passes signals ([`signals`]) and a test passes its own.
+//!
+//! - [`control`]: the [`Daemon`] the admin listener controls;
+//! - [`reload`]: applying a re-read configuration, whole or not at all;
+//! - [`gate`]: the kernel gate as the daemon holds it;
+//! - [`privileges`], [`logging`], [`signals`]: process set-up.
+
+pub mod control;
+pub mod gate;
+pub mod logging;
+pub mod privileges;
+pub mod reload;
+pub mod signals;
+
+use std::{
+    future::Future,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Instant, SystemTime},
+};
+
+use tokio::{
+    net::TcpListener,
+    sync::{mpsc, watch},
+};
+
+pub use self::control::Daemon;
+use self::gate::HeldGate;
+use crate::{
+    config::{Config, ConfigError, Upstream},
+    kernel::{self, KernelError},
+    proxy::{self, Proxy},
+};
+
+/// Why the daemon could not start or had to stop.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error("{key} {addr}: cannot listen: {source}")]
+    Listen { key: &'static str, addr: SocketAddr, source: std::io::Error },
+    #[error("starting the sample upstream: {0}")]
+    Sample(std::io::Error),
+}
+
+/// How `run` was asked to behave.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The file a reload re-reads.
+    pub config_path: PathBuf,
+    /// Remove the gate when the daemon stops (demos and tests).
+    pub unload_on_exit: bool,
+}
+
+/// What [`prepare`] set up with the privileges the daemon starts with.
+pub struct Prepared {
+    config: Config,
+    options: RunOptions,
+    admin: std::net::TcpListener,
+    /// One per worker; `None` without a proxy.
+    http: Option<Vec<std::net::TcpListener>>,
+    gate: Option<HeldGate>,
+}
+
+impl Prepared {
+    /// The kernel gate's pin directory, when the gate runs.
+    pub fn pin_path(&self) -> Option<&Path> {
+        self.gate.as_ref().map(|_| self.config.kernel.pin_path.as_path())
+    }
+
+    /// Where the admin listener listens.
+    pub fn admin_addr(&self) -> std::io::Result<SocketAddr> {
+        self.admin.local_addr()
+    }
+
+    /// Where the proxy listens, if there is one.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http.as_ref().and_then(|l| l.first()).and_then(|l| l.local_addr().ok())
+    }
+}
+
+fn listen_error(key: &'static str, addr: SocketAddr) -> impl FnOnce(std::io::Error) -> DaemonError {
+    move |source| DaemonError::Listen { key, addr, source }
+}
+
+/// The privileged part of start-up, run before any other thread exists (so
+/// that dropping privileges afterwards covers every thread): bind the
+/// listeners, load or adopt the kernel gate.
+pub fn prepare(config: Config, options: RunOptions) -> Result<Prepared, DaemonError> {
+    for key in &config.ignored {
+        tracing::debug!(key, "ignored: belongs to the business runtime");
+    }
+    let admin_addr = config.admin.listen.0;
+    let admin = std::net::TcpListener::bind(admin_addr)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(listen_error("admin.listen", admin_addr))?;
+    let http = match &config.http.upstream {
+        Some(_) => {
+            let addr = config.http.listen.0;
+            Some(proxy::bind(addr, config.http.workers).map_err(listen_error("http.listen", addr))?)
+        }
+        None => None,
+    };
+    let gate = if config.kernel.enabled { Some(HeldGate::start(&config.kernel)?) } else { None };
+    match (&gate, &http) {
+        (None, _) => tracing::info!("kernel.enabled = false: HTTP proxy only, no kernel gate"),
+        (Some(_), None) => tracing::info!(
+            "no http.upstream: the kernel gate and the admin listener only, no HTTP proxy (gate-only mode)"
+        ),
+        (Some(_), Some(_)) => {}
+    }
+    Ok(Prepared { config, options, admin, http, gate })
+}
+
+/// Serves until `shutdown` resolves, then drains: reloads whenever
+/// `reloads` yields.
+pub async fn run(
+    prepared: Prepared,
+    mut reloads: mpsc::UnboundedReceiver<()>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DaemonError> {
+    let Prepared { config, options, admin, http: http_listeners, gate } = prepared;
+    let admin_addr = config.admin.listen.0;
+    let admin = TcpListener::from_std(admin).map_err(listen_error("admin.listen", admin_addr))?;
+
+    let proxy = match &config.http.upstream {
+        None => None,
+        Some(upstream) => {
+            let upstream = match upstream {
+                Upstream::At(addr) => addr.clone(),
+                Upstream::Sample => {
+                    let addr = proxy::sample::start().await.map_err(DaemonError::Sample)?;
+                    tracing::info!(%addr, "http.upstream = sample: forwarding to the built-in sample upstream (GET /slow?ms=N answers slowly)");
+                    addr.to_string()
+                }
+            };
+            Some(Proxy::new(&config, upstream))
+        }
+    };
+    if let (Some(proxy), Some(listeners)) = (&proxy, &http_listeners) {
+        let limits = proxy.admission.limits();
+        tracing::info!(
+            listen = %listeners[0].local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            workers = listeners.len(),
+            upstream = proxy.upstream(),
+            normal = limits.normal,
+            debug = limits.debug_reserved,
+            per_session = limits.per_session,
+            web = limits.web,
+            dry_run = limits.dry_run,
+            admin = %admin.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            "HTTP proxy serving"
+        );
+    } else {
+        tracing::info!(admin = %admin.local_addr().map(|a| a.to_string()).unwrap_or_default(), "admin listener serving");
+    }
+
+    let pin_path = config.kernel.pin_path.clone();
+    let daemon = Arc::new(Daemon {
+        config_path: options.config_path.clone(),
+        draining: AtomicBool::new(false),
+        gate,
+        proxy: proxy.clone(),
+        config: Mutex::new(config),
+        started: SystemTime::now(),
+        reloads_ok: AtomicU64::new(0),
+        reloads_failed: AtomicU64::new(0),
+    });
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
+    let admin_task = tokio::spawn(crate::admin::serve(admin, daemon.clone(), admin_stop_rx));
+    let workers = match (&proxy, http_listeners) {
+        (Some(proxy), Some(listeners)) => proxy::run_workers(listeners, proxy.clone(), stop_rx),
+        _ => Vec::new(),
+    };
+
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            Some(()) = reloads.recv() => {
+                let daemon = daemon.clone();
+                let _ = tokio::task::spawn_blocking(move || daemon.reload()).await;
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    // Drain: stop accepting, let requests in flight finish (up to
+    // http.drainTimeoutMs), keep the admin listener up meanwhile so
+    // /healthz can say so; the kernel gate stays pinned and enforcing.
+    daemon.draining.store(true, Ordering::Relaxed);
+    if let Some(proxy) = &proxy {
+        let drain = proxy.tuning().drain_timeout;
+        tracing::info!(
+            open_connections = proxy.counters.connections_open.load(Ordering::Relaxed),
+            timeout_ms = drain.as_millis() as u64,
+            "draining: no new HTTP connections; requests in flight may finish"
+        );
+    }
+    let _ = stop_tx.send(true);
+    let started = Instant::now();
+    let _ = tokio::task::spawn_blocking(move || workers.into_iter().for_each(|w| drop(w.join()))).await;
+    if let Some(proxy) = &proxy {
+        proxy.counters.refusal_log.flush();
+        let left = proxy.counters.connections_open.load(Ordering::Relaxed);
+        tracing::info!(took_ms = started.elapsed().as_millis() as u64, connections_cut = left, "drained");
+    }
+    let _ = admin_stop_tx.send(true);
+    let _ = admin_task.await;
+    let had_gate = daemon.gate.is_some();
+    drop(daemon);
+    if had_gate && options.unload_on_exit {
+        let out = kernel::unload(&pin_path)?;
+        tracing::info!(removed = out.removed.len(), "kernel gate unloaded (--unload-on-exit)");
+    } else if had_gate {
+        tracing::info!(pin_path = %pin_path.display(), "stopped; the kernel gate stays pinned and enforcing");
+    }
+    Ok(())
+}

@@ -1,0 +1,105 @@
+//! The HTTP proxy's families.
+
+use std::sync::atomic::Ordering;
+
+use super::Page;
+use crate::{
+    admission::{self, Refusal},
+    proxy::{Counters, Reason},
+};
+
+/// Writes the proxy's families: admission's pools and refusals (with the
+/// breaker's refusals, counted by the proxy), responses, upstream errors,
+/// bad requests, connections, latencies.
+pub fn write(page: &mut Page, a: &admission::Snapshot, c: &Counters) {
+    page.family("limiter_http_in_flight", "gauge", "Requests holding a permit, by pool.")
+        .sample("limiter_http_in_flight", &[("pool", "normal")], a.normal_in_use)
+        .sample("limiter_http_in_flight", &[("pool", "debug")], a.debug_in_use)
+        .sample("limiter_http_in_flight", &[("pool", "web")], a.web_in_use);
+    page.family("limiter_http_pool_limit", "gauge", "Size of each pool (0 = unlimited).")
+        .sample("limiter_http_pool_limit", &[("pool", "normal")], a.normal_limit)
+        .sample("limiter_http_pool_limit", &[("pool", "debug")], a.debug_limit)
+        .sample("limiter_http_pool_limit", &[("pool", "web")], a.web_limit)
+        .sample("limiter_http_pool_limit", &[("pool", "session")], a.session_limit);
+    page.family(
+        "limiter_http_sessions",
+        "gauge",
+        "Sessions with a request in flight (kept only while limited).",
+    )
+    .sample("limiter_http_sessions", &[], a.sessions);
+    page.family("limiter_http_admitted_total", "counter", "Requests admitted, by pool asked for.")
+        .sample("limiter_http_admitted_total", &[("pool", "normal")], a.admitted_normal)
+        .sample("limiter_http_admitted_total", &[("pool", "debug")], a.admitted_debug);
+    page.family("limiter_http_refused_total", "counter", "Requests answered 503 by admission, by reason.");
+    for reason in Reason::ALL {
+        let n = match reason {
+            Reason::Admission(r) => a.refused[r as usize],
+            Reason::Breaker => c.refused_breaker.load(Ordering::Relaxed),
+        };
+        page.sample("limiter_http_refused_total", &[("reason", reason.as_str())], n);
+    }
+    page.family(
+        "limiter_http_would_refuse_total",
+        "counter",
+        "Requests http.dryRun admitted that a limit would have refused, by reason.",
+    );
+    for (i, refusal) in Refusal::ALL.iter().enumerate() {
+        page.sample("limiter_http_would_refuse_total", &[("reason", refusal.as_str())], a.would_refuse[i]);
+    }
+    page.family("limiter_http_responses_total", "counter", "Responses sent to clients, by status class.");
+    for (i, class) in ["1xx", "2xx", "3xx", "4xx", "5xx"].iter().enumerate() {
+        page.sample(
+            "limiter_http_responses_total",
+            &[("class", class)],
+            c.responses[i].load(Ordering::Relaxed),
+        );
+    }
+    page.family("limiter_http_upstream_errors_total", "counter", "Upstream failures, by kind.")
+        .sample(
+            "limiter_http_upstream_errors_total",
+            &[("kind", "connect")],
+            c.upstream_connect_errors.load(Ordering::Relaxed),
+        )
+        .sample(
+            "limiter_http_upstream_errors_total",
+            &[("kind", "timeout")],
+            c.upstream_timeouts.load(Ordering::Relaxed),
+        )
+        .sample(
+            "limiter_http_upstream_errors_total",
+            &[("kind", "reset")],
+            c.upstream_resets.load(Ordering::Relaxed),
+        );
+    page.family("limiter_http_bad_requests_total", "counter", "Client connections closed for a bad request head, by kind (malformed includes framing conflicts, also counted alone).")
+        .sample("limiter_http_bad_requests_total", &[("kind", "header_timeout")], c.header_timeouts.load(Ordering::Relaxed))
+        .sample("limiter_http_bad_requests_total", &[("kind", "too_large")], c.heads_too_large.load(Ordering::Relaxed))
+        .sample("limiter_http_bad_requests_total", &[("kind", "malformed")], c.malformed.load(Ordering::Relaxed))
+        .sample("limiter_http_bad_requests_total", &[("kind", "framing_conflict")], c.framing_conflicts.load(Ordering::Relaxed))
+        .sample("limiter_http_bad_requests_total", &[("kind", "body")], c.client_body_errors.load(Ordering::Relaxed));
+    page.family("limiter_http_connections", "gauge", "Client connections open.").sample(
+        "limiter_http_connections",
+        &[],
+        c.connections_open.load(Ordering::Relaxed),
+    );
+    page.family("limiter_http_connections_total", "counter", "Client connections accepted.").sample(
+        "limiter_http_connections_total",
+        &[],
+        c.connections_total.load(Ordering::Relaxed),
+    );
+    page.family(
+        "limiter_http_upgrades_total",
+        "counter",
+        "Connections switched to another protocol (WebSocket).",
+    )
+    .sample("limiter_http_upgrades_total", &[], c.upgrades.load(Ordering::Relaxed));
+    c.upstream_latency.write(
+        page,
+        "limiter_http_upstream_latency_seconds",
+        "From the request sent upstream to the upstream's response head.",
+    );
+    c.time_to_503.write(
+        page,
+        "limiter_http_time_to_503_seconds",
+        "From the request head parsed to the admission 503 handed to the connection.",
+    );
+}

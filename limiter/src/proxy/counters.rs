@@ -1,0 +1,44 @@
+//! Counters of the proxy itself (admission and the breaker keep their
+//! own), rendered by `metrics::http`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hyper::StatusCode;
+
+use super::refusal_log::RefusalLog;
+use crate::metrics::Histogram;
+
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Rate-limited log lines for 503 refusals.
+    pub refusal_log: RefusalLog,
+    /// Responses sent by status class, 1xx..5xx.
+    pub responses: [AtomicU64; 5],
+    /// Requests refused because the breaker is open (the pools count
+    /// theirs).
+    pub refused_breaker: AtomicU64,
+    pub upstream_latency: Histogram,
+    pub time_to_503: Histogram,
+    pub upstream_connect_errors: AtomicU64,
+    pub upstream_timeouts: AtomicU64,
+    pub upstream_resets: AtomicU64,
+    /// Connections closed by hyper for a bad request head, by kind.
+    pub header_timeouts: AtomicU64,
+    pub heads_too_large: AtomicU64,
+    pub malformed: AtomicU64,
+    /// Heads refused for carrying both Content-Length and Transfer-Encoding.
+    pub framing_conflicts: AtomicU64,
+    /// Request bodies that failed or stalled on the client's side.
+    pub client_body_errors: AtomicU64,
+    pub connections_open: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub upgrades: AtomicU64,
+}
+
+impl Counters {
+    /// Counts a response by its status class.
+    pub fn status(&self, status: StatusCode) {
+        let class = usize::from(status.as_u16() / 100).clamp(1, 5) - 1;
+        self.responses[class].fetch_add(1, Ordering::Relaxed);
+    }
+}

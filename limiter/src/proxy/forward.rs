@@ -1,0 +1,182 @@
+//! Forwarding an admitted request: the request goes to the upstream in
+//! origin form with hop-by-hop headers removed and forwarding headers
+//! added; the response comes back carrying the permit, or the proxy
+//! answers 502/504/400 itself. The breaker's ticket records the result.
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, atomic::Ordering},
+    time::{Duration, Instant},
+};
+
+use http_body_util::BodyExt as _;
+use hyper::{
+    Request, Response, StatusCode,
+    body::Incoming,
+    header::{self, HeaderValue},
+};
+use hyper_util::rt::TokioIo;
+
+use super::{
+    Proxy,
+    body::{Progress, ProxyBody, Stall},
+    headers::{add_forwarded, is_upgrade, strip_hop_by_hop},
+    respond,
+    upstream::{Pool, Timeouts, UpstreamError},
+};
+use crate::{admission::Permit, breaker::ticket::Ticket};
+
+pub(super) async fn forward(
+    mut req: Request<Incoming>,
+    permit: Permit,
+    ticket: Option<Ticket>,
+    proxy: &Arc<Proxy>,
+    pool: &Pool,
+    peer: SocketAddr,
+) -> Response<ProxyBody> {
+    let tuning = proxy.tuning();
+    let upgrade = is_upgrade(req.headers());
+    // Any Upgrade header stops the framing watch (the connection may become
+    // a tunnel), so unless an upgrade really happens this connection closes.
+    let close_after = req.headers().contains_key(header::UPGRADE);
+    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let (mut parts, body) = req.into_parts();
+    // Origin form towards the upstream, whatever form the client used.
+    let mut target = hyper::Uri::builder();
+    if let Some(pq) = parts.uri.path_and_query() {
+        target = target.path_and_query(pq.clone());
+    } else {
+        target = target.path_and_query("/");
+    }
+    let Ok(uri) = target.build() else {
+        return respond::own(
+            proxy,
+            StatusCode::BAD_REQUEST,
+            "400 Bad Request: unusable request target\n",
+            true,
+        );
+    };
+    strip_hop_by_hop(&mut parts.headers, upgrade);
+    let host = match parts.headers.get(header::HOST) {
+        Some(host) => Some(host.clone()),
+        None => {
+            // HTTP/1.0 without Host: name the upstream, as HTTP/1.1 needs one.
+            let upstream = HeaderValue::from_str(proxy.upstream()).ok();
+            if let Some(h) = &upstream {
+                parts.headers.insert(header::HOST, h.clone());
+            }
+            None
+        }
+    };
+    add_forwarded(&mut parts.headers, peer, host.as_ref());
+    parts.uri = uri;
+    parts.version = hyper::Version::HTTP_11;
+    let progress = Arc::new(Progress::default());
+    let upstream_req =
+        Request::from_parts(parts, Stall::with_progress(body, tuning.idle_timeout, progress.clone()));
+
+    let sent = Instant::now();
+    let timeouts = Timeouts { connect: tuning.connect_timeout, idle: tuning.idle_timeout };
+    let result = answer_within(pool.send(upstream_req, timeouts), &progress, tuning.upstream_timeout).await;
+    let mut response = match result {
+        Err(_) => {
+            if let Some(t) = ticket {
+                t.record(false)
+            }
+            proxy.counters.upstream_timeouts.fetch_add(1, Ordering::Relaxed);
+            return respond::own(
+                proxy,
+                StatusCode::GATEWAY_TIMEOUT,
+                "504 Gateway Timeout: the upstream did not answer in time\n",
+                true,
+            );
+        }
+        Ok(Err(UpstreamError::Send(e))) if e.is_user() => {
+            // The client's body failed (aborted, or stalled past
+            // http.idleTimeoutMs): not the upstream's fault, not a result.
+            drop(ticket);
+            proxy.counters.client_body_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!("request body failed: {e:?}");
+            return respond::own(
+                proxy,
+                StatusCode::BAD_REQUEST,
+                "400 Bad Request: the request body failed or stalled\n",
+                true,
+            );
+        }
+        Ok(Err(e)) => {
+            if let Some(t) = ticket {
+                t.record(false)
+            }
+            let (counter, text) = match e {
+                UpstreamError::Connect(_) => (
+                    &proxy.counters.upstream_connect_errors,
+                    "502 Bad Gateway: cannot connect to the upstream\n",
+                ),
+                UpstreamError::Send(_) => {
+                    (&proxy.counters.upstream_resets, "502 Bad Gateway: the upstream closed the connection\n")
+                }
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!("upstream request failed: {e:?}");
+            return respond::own(proxy, StatusCode::BAD_GATEWAY, text, true);
+        }
+        Ok(Ok(response)) => response,
+    };
+    proxy.counters.upstream_latency.record(sent.elapsed());
+    if let Some(ticket) = ticket {
+        ticket.record(!tuning.is_failure(response.status().as_u16()));
+    }
+
+    if let Some(client_upgrade) = client_upgrade
+        && response.status() == StatusCode::SWITCHING_PROTOCOLS
+    {
+        let upstream_upgrade = hyper::upgrade::on(&mut response);
+        proxy.counters.upgrades.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            let (Ok(client), Ok(upstream)) = tokio::join!(client_upgrade, upstream_upgrade) else {
+                return;
+            };
+            let _ =
+                tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut TokioIo::new(upstream)).await;
+        });
+        proxy.counters.status(response.status());
+        // The upgrade is complete: the permit goes back now, the
+        // tunnel is not an HTTP request any more.
+        drop(permit);
+        return response.map(|_| ProxyBody::empty());
+    }
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers, false);
+    if close_after {
+        // Refused upgrade: the framing watch stopped at the Upgrade head,
+        // so this connection must not carry another request.
+        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    proxy.counters.status(parts.status);
+    let body = ProxyBody::boxed(Stall::new(body, tuning.idle_timeout).boxed_unsync()).with_permit(permit);
+    Response::from_parts(parts, body)
+}
+
+/// Waits for the upstream's response head: at most `timeout` after the
+/// request (body included) was fully sent. While the body is still
+/// streaming, its own stall timeout applies instead.
+async fn answer_within<F: std::future::Future>(
+    send: F,
+    progress: &Progress,
+    timeout: Duration,
+) -> Result<F::Output, ()> {
+    tokio::pin!(send);
+    loop {
+        let deadline =
+            progress.done_at().map_or_else(|| tokio::time::Instant::now() + timeout, |t| t + timeout);
+        tokio::select! {
+            out = &mut send => return Ok(out),
+            () = tokio::time::sleep_until(deadline) => {
+                if progress.done_at().is_some_and(|t| t + timeout <= tokio::time::Instant::now()) {
+                    return Err(());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! One request, from its head to its response: the breaker, then the
+//! pools, web-client and session limits, then the upstream.
+//!
+//! Lifetimes, all visible here: the breaker's [`Ticket`] is taken first
+//! and reports the upstream's result (dropped unrecorded if the request is
+//! refused or the client goes away); the admission [`Permit`] is taken
+//! next and travels with the response body, so it returns when the body
+//! has been handed to the client connection (or the client is gone).
+//!
+//! [`Permit`]: crate::admission::Permit
+
+use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Instant};
+
+use hyper::{Method, Request, Response, StatusCode, body::Incoming, header};
+
+use super::{Proxy, body::ProxyBody, forward::forward, respond, upstream::Pool};
+use crate::{
+    admission::{Ask, Refusal},
+    breaker::{Decision, State, ticket::Ticket},
+};
+
+/// Why the proxy refused a request with a 503 (labels of
+/// `limiter_http_refused_total` and `X-Limiter-Refused`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// A limit of the pools, web clients or sessions.
+    Admission(Refusal),
+    /// The breaker is open (or half-open with its probes out).
+    Breaker,
+}
+
+impl Reason {
+    /// Every reason, in the order metrics list them.
+    pub const ALL: [Reason; 5] = [
+        Reason::Admission(Refusal::ALL[0]),
+        Reason::Admission(Refusal::ALL[1]),
+        Reason::Admission(Refusal::ALL[2]),
+        Reason::Admission(Refusal::ALL[3]),
+        Reason::Breaker,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Admission(r) => r.as_str(),
+            Self::Breaker => "breaker",
+        }
+    }
+}
+
+/// hyper's service function for one client request.
+pub(super) async fn handle(
+    req: Request<Incoming>,
+    proxy: Arc<Proxy>,
+    pool: Arc<Pool>,
+    peer: SocketAddr,
+) -> Result<Response<ProxyBody>, Infallible> {
+    let started = Instant::now();
+    if req.method() == Method::CONNECT {
+        return Ok(respond::own(
+            &proxy,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "CONNECT is not supported by this proxy\n",
+            true,
+        ));
+    }
+    let debug = is_debug_path(req.uri().path());
+    // 1. The breaker, before any permit is taken.
+    let ticket = if debug {
+        // Diagnostics are never results; they pass an open breaker unless
+        // breaker.bypassDebug = false, and then never consume a probe.
+        if !proxy.tuning().bypass_debug
+            && proxy.breaker.state() != State::Closed
+            && let Decision::Refuse { retry_after_ms } = proxy.breaker.admit_passive()
+        {
+            return Ok(respond::refuse_breaker(&proxy, retry_after_ms, started));
+        }
+        None
+    } else {
+        match proxy.breaker.admit() {
+            Decision::Admit(kind) => Some(Ticket::new(proxy.breaker.clone(), kind)),
+            Decision::Refuse { retry_after_ms } => {
+                return Ok(respond::refuse_breaker(&proxy, retry_after_ms, started));
+            }
+        }
+    };
+    // 2-4. Pools, web clients, sessions.
+    let headers = req.headers();
+    let ask = Ask {
+        debug,
+        web: headers.contains_key("x-client-id"),
+        session: headers.get(header::AUTHORIZATION).map(header::HeaderValue::as_bytes),
+    };
+    match proxy.admission.admit(ask) {
+        Ok(permit) => Ok(forward(req, permit, ticket, &proxy, &pool, peer).await),
+        // The ticket is dropped unrecorded: a refusal is not a result.
+        Err(refusal) => Ok(respond::refuse(&proxy, Reason::Admission(refusal), started)),
+    }
+}
+
+/// Whether a path is a diagnostic one: `/debug/...` with no dot-segment
+/// (`/debug/../api` would reach `/api` at an upstream that normalises
+/// paths, with the privileges of a diagnostic request) and no encoded dot
+/// or slash.
+pub fn is_debug_path(path: &str) -> bool {
+    if !path.starts_with("/debug/") {
+        return false;
+    }
+    let lower = path.to_ascii_lowercase();
+    if lower.contains("%2e") || lower.contains("%2f") || lower.contains("%5c") || path.contains('\\') {
+        return false;
+    }
+    !path.split('/').any(|seg| seg == "." || seg == "..")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_paths_cannot_climb_out() {
+        assert!(is_debug_path("/debug/pprof"));
+        assert!(is_debug_path("/debug/a.b/c..d"));
+        for path in [
+            "/debug/../api",
+            "/debug/./x",
+            "/debug/..",
+            "/debug/%2e%2e/api",
+            "/debug/x%2Fy",
+            "/debugx",
+            "/api/debug/x",
+        ] {
+            assert!(!is_debug_path(path), "{path}");
+        }
+    }
+
+    #[test]
+    fn reasons_are_the_pools_then_the_breaker_each_once() {
+        let names: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(names, ["normal", "debug", "web", "session", "breaker"]);
+    }
+}

@@ -1,0 +1,64 @@
+//! Responses the proxy writes itself: admission and breaker 503s (with
+//! `Retry-After`, `Connection: close` and the reason), and its own errors.
+
+use std::{sync::Arc, sync::atomic::Ordering, time::Instant};
+
+use hyper::{
+    Response, StatusCode,
+    header::{self, HeaderValue},
+};
+
+use super::{Proxy, Reason, body::ProxyBody};
+use crate::admission::Refusal;
+
+/// A response of the proxy's own, counted by status; `close` ends the
+/// connection after it.
+pub(super) fn own(proxy: &Proxy, status: StatusCode, text: &'static str, close: bool) -> Response<ProxyBody> {
+    proxy.counters.status(status);
+    let mut response = Response::new(ProxyBody::full(text));
+    *response.status_mut() = status;
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    if close {
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// The breaker's 503: its `Retry-After` says when the next probe may be
+/// tried, plus up to 10 % (at least a second) of jitter so that refused
+/// clients do not all return in the same second.
+pub(super) fn refuse_breaker(
+    proxy: &Arc<Proxy>,
+    retry_after_ms: u64,
+    started: Instant,
+) -> Response<ProxyBody> {
+    proxy.counters.refused_breaker.fetch_add(1, Ordering::Relaxed);
+    let secs = retry_after_ms.div_ceil(1000).max(1);
+    let jitter = fastrand::u64(0..=(secs / 10).max(1));
+    let mut response = refuse(proxy, Reason::Breaker, started);
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs + jitter));
+    response
+}
+
+/// The admission 503 (counted by whoever refused: the pools, or
+/// [`refuse_breaker`]).
+pub(super) fn refuse(proxy: &Arc<Proxy>, reason: Reason, started: Instant) -> Response<ProxyBody> {
+    let text: &'static str = match reason {
+        Reason::Admission(Refusal::Normal) => "503 Service Unavailable: the server is at its request limit\n",
+        Reason::Admission(Refusal::Debug) => "503 Service Unavailable: no diagnostic slot is free\n",
+        Reason::Admission(Refusal::Web) => "503 Service Unavailable: the web-client limit is reached\n",
+        Reason::Admission(Refusal::Session) => {
+            "503 Service Unavailable: this session has too many requests in flight\n"
+        }
+        Reason::Breaker => "503 Service Unavailable: the upstream is failing; retry later\n",
+    };
+    proxy.counters.refusal_log.note(reason.as_str());
+    let mut response = own(proxy, StatusCode::SERVICE_UNAVAILABLE, text, true);
+    let h = response.headers_mut();
+    h.insert(header::RETRY_AFTER, HeaderValue::from(proxy.tuning().retry_after_secs));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert("x-limiter-refused", HeaderValue::from_static(reason.as_str()));
+    let counters = proxy.counters.clone();
+    response.map(|body| body.on_end(Box::new(move || counters.time_to_503.record(started.elapsed()))))
+}

@@ -1,0 +1,62 @@
+//! What every worker thread of the proxy shares.
+
+use std::sync::{Arc, RwLock};
+
+use super::{Counters, Tuning, upstream::Pool};
+use crate::{
+    admission::{Admission, Limits},
+    breaker::{self, Breaker, MonotonicClock},
+    config::Config,
+};
+
+pub struct Proxy {
+    /// The pools, web-client and session limits: one lock for all workers,
+    /// held for a few integer operations per request.
+    pub admission: Arc<Admission>,
+    pub breaker: Arc<Breaker>,
+    pub counters: Arc<Counters>,
+    /// Replaced whole on reload; each connection and request takes the
+    /// current one (a reference count, not a copy).
+    tuning: RwLock<Arc<Tuning>>,
+    upstream: String,
+}
+
+impl Proxy {
+    pub fn new(config: &Config, upstream: String) -> Arc<Self> {
+        Arc::new(Self {
+            admission: Admission::new(Limits::from_config(&config.http)),
+            breaker: Arc::new(Breaker::new(
+                breaker::Policy::from_config(&config.breaker),
+                MonotonicClock::default(),
+                breaker::events::log(),
+            )),
+            counters: Arc::new(Counters::default()),
+            tuning: RwLock::new(Arc::new(Tuning::from_config(config))),
+            upstream,
+        })
+    }
+
+    /// `host:port` requests go to.
+    pub fn upstream(&self) -> &str {
+        &self.upstream
+    }
+
+    /// The values in force now.
+    pub fn tuning(&self) -> Arc<Tuning> {
+        self.tuning.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// A pool of upstream connections for the calling worker's runtime.
+    pub(super) fn pool(&self) -> Arc<Pool> {
+        Arc::new(Pool::new(self.upstream.clone()))
+    }
+
+    /// Applies a reloaded configuration's live keys (limits, timeouts,
+    /// breaker policy); what is in flight keeps what it started with.
+    pub fn reload(&self, config: &Config) {
+        self.admission.set_limits(Limits::from_config(&config.http));
+        self.breaker.set_policy(breaker::Policy::from_config(&config.breaker));
+        *self.tuning.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Arc::new(Tuning::from_config(config));
+    }
+}

@@ -1,0 +1,47 @@
+//! The proxy's values that a reload may change, read once per connection
+//! or per request (so a reload applies to what comes next).
+
+use std::time::Duration;
+
+use crate::config::Config;
+
+#[derive(Clone, Debug)]
+pub struct Tuning {
+    pub retry_after_secs: u64,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub upstream_timeout: Duration,
+    pub linger: Duration,
+    pub max_header_bytes: usize,
+    /// Upstream statuses that count as breaker failures.
+    pub failure_statuses: Vec<(u16, u16)>,
+    /// `/debug/` requests pass an open breaker.
+    pub bypass_debug: bool,
+    /// On shutdown, how long requests in flight may take to finish.
+    pub drain_timeout: Duration,
+}
+
+impl Tuning {
+    pub fn from_config(config: &Config) -> Self {
+        let http = &config.http;
+        let ms = Duration::from_millis;
+        Self {
+            retry_after_secs: http.retry_after_ms.div_ceil(1000),
+            header_read_timeout: ms(http.header_read_timeout_ms),
+            idle_timeout: ms(http.idle_timeout_ms),
+            connect_timeout: ms(http.connect_timeout_ms),
+            upstream_timeout: ms(http.upstream_timeout_ms),
+            linger: ms(http.linger_ms),
+            max_header_bytes: http.max_header_bytes as usize,
+            failure_statuses: config.breaker.failure_statuses.clone(),
+            bypass_debug: config.breaker.bypass_debug,
+            drain_timeout: ms(http.drain_timeout_ms),
+        }
+    }
+
+    /// Whether the upstream's `status` counts as a breaker failure.
+    pub fn is_failure(&self, status: u16) -> bool {
+        self.failure_statuses.iter().any(|&(lo, hi)| (lo..=hi).contains(&status))
+    }
+}
