@@ -37,6 +37,9 @@ struct Shared {
     failing: std::sync::atomic::AtomicBool,
     flap_hits: AtomicU64,
     holding: AtomicU64,
+    /// `/slowhead` requests in progress now, and the most at once.
+    slow_now: AtomicU64,
+    slow_peak: AtomicU64,
     release: Notify,
 }
 
@@ -68,6 +71,11 @@ impl Upstream {
             }
         });
         Self { addr, shared, _runtime: runtime }
+    }
+
+    /// The most `/slowhead` requests the upstream had in progress at once.
+    pub fn slow_peak(&self) -> u64 {
+        self.shared.slow_peak.load(Ordering::SeqCst)
     }
 
     /// Requests that reached the upstream.
@@ -167,6 +175,15 @@ async fn answer(mut req: Request<Incoming>, s: Arc<Shared>) -> Result<Response<B
             Response::new(full(format!("{n}\n")))
         }
         "/slowhead" => {
+            struct InProgress<'a>(&'a AtomicU64);
+            impl Drop for InProgress<'_> {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+            let now = s.slow_now.fetch_add(1, Ordering::SeqCst) + 1;
+            s.slow_peak.fetch_max(now, Ordering::SeqCst);
+            let _in_progress = InProgress(&s.slow_now);
             tokio::time::sleep(Duration::from_millis(query("ms").unwrap_or(1000))).await;
             Response::new(full("late\n"))
         }

@@ -32,6 +32,8 @@ fn threads(pid: i32) -> Vec<String> {
 }
 
 #[test]
+
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn the_gate_daemon_keeps_cap_bpf_alone_in_every_thread_and_runs_as_the_user() {
     require_kernel!();
     let p = free_port();
@@ -88,6 +90,8 @@ fn the_gate_daemon_keeps_cap_bpf_alone_in_every_thread_and_runs_as_the_user() {
 }
 
 #[test]
+
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn without_the_gate_the_daemon_keeps_no_capability() {
     let dir = std::env::temp_dir().join(format!("lp-{}", std::process::id()));
     let (config, proxy) = client::http_config(&dir, None, "http.upstream = sample\n");

@@ -34,6 +34,8 @@ fn reload(daemon: &Daemon, config: &std::path::Path, base: &str, extra: &str) {
 }
 
 #[test]
+
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn per_source_max_changes_live() {
     require_kernel!();
     let p = free_port();
@@ -58,6 +60,8 @@ fn per_source_max_changes_live() {
 }
 
 #[test]
+
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn dry_run_ports_change_live() {
     require_kernel!();
     let p = free_port();
@@ -82,6 +86,8 @@ fn dry_run_ports_change_live() {
 }
 
 #[test]
+
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn trusted_reserve_changes_live() {
     require_kernel!();
     let p = free_port();

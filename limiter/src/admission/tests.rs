@@ -175,24 +175,36 @@ fn dry_run_counts_would_be_refusals_and_refuses_nothing() {
 
 #[test]
 fn concurrent_admissions_never_exceed_the_pool() {
-    let a = Admission::new(limits(8, 0, 0));
-    let peak = Arc::new(std::sync::atomic::AtomicU32::new(0));
-    let threads: Vec<_> = (0..8)
-        .map(|_| {
-            let (a, peak) = (a.clone(), peak.clone());
-            std::thread::spawn(move || {
-                for _ in 0..20_000 {
-                    if let Ok(p) = a.admit(Ask::default()) {
-                        peak.fetch_max(a.snapshot().normal_in_use, std::sync::atomic::Ordering::Relaxed);
-                        drop(p);
+    // Four times as many threads as slots, each holding its permit a moment:
+    // without the limit, up to 16 would be held at once.
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+    let a = Admission::new(limits(4, 0, 0));
+    let (holding, peak, refused) = (AtomicU32::new(0), AtomicU32::new(0), AtomicU32::new(0));
+    let start = std::sync::Barrier::new(16);
+    std::thread::scope(|scope| {
+        for _ in 0..16 {
+            scope.spawn(|| {
+                start.wait();
+                for _ in 0..2_000 {
+                    match a.admit(Ask::default()) {
+                        Ok(p) => {
+                            let now = holding.fetch_add(1, SeqCst) + 1;
+                            peak.fetch_max(now, SeqCst);
+                            std::thread::yield_now();
+                            holding.fetch_sub(1, SeqCst);
+                            drop(p);
+                        }
+                        Err(_) => {
+                            refused.fetch_add(1, SeqCst);
+                        }
                     }
                 }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
-    assert!(peak.load(std::sync::atomic::Ordering::Relaxed) <= 8);
-    assert_eq!(a.snapshot().normal_in_use, 0);
+            });
+        }
+    });
+    assert_eq!(peak.load(SeqCst), 4, "the pool filled, and no further");
+    assert!(refused.load(SeqCst) > 0, "the threads contended for the slots");
+    let s = a.snapshot();
+    assert_eq!(s.normal_in_use, 0);
+    assert_eq!(u64::from(refused.load(SeqCst)), s.refused[0], "every refusal counted once");
 }

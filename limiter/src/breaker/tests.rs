@@ -140,15 +140,41 @@ fn open_refusals_say_when_to_come_back() {
 #[test]
 fn concurrent_probes_are_capped() {
     let f = fixture(Policy { half_open_max_probes: 2, ..settings() });
-    f.trip();
-    f.clock.advance(30_000);
-    let first = probe(f.breaker.admit());
-    let _second = probe(f.breaker.admit());
-    assert!(matches!(f.breaker.admit(), Decision::Refuse { .. }));
-    // An abandoned probe frees its slot without deciding anything.
-    f.breaker.abandon(first);
-    assert_eq!(f.breaker.state(), State::HalfOpen);
-    assert!(matches!(f.breaker.admit(), Decision::Admit(TicketKind::Probe(_))));
+    for round in 0..50 {
+        f.trip();
+        f.clock.advance(30_000);
+        // Eight threads ask at once as the sleep window ends: exactly two
+        // become probes, whichever thread moves it to half-open.
+        let start = std::sync::Barrier::new(8);
+        let probes: Vec<TicketKind> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    scope.spawn(|| {
+                        start.wait();
+                        f.breaker.admit()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .filter_map(|h| match h.join().unwrap() {
+                    Decision::Admit(kind @ TicketKind::Probe(_)) => Some(kind),
+                    Decision::Admit(other) => panic!("round {round}: a non-probe admitted: {other:?}"),
+                    Decision::Refuse { .. } => None,
+                })
+                .collect()
+        });
+        assert_eq!(probes.len(), 2, "round {round}");
+        assert_eq!(f.breaker.snapshot().probes_in_flight, 2);
+        // An abandoned probe frees its slot without deciding anything.
+        f.breaker.abandon(probes[0]);
+        assert_eq!(f.breaker.state(), State::HalfOpen);
+        let third = probe(f.breaker.admit());
+        // A failure re-opens it for the next round.
+        f.breaker.record(third, false);
+        f.breaker.abandon(probes[1]);
+        assert_eq!(f.breaker.state(), State::Open);
+    }
 }
 
 #[test]

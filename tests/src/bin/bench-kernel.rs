@@ -47,7 +47,9 @@ const CLIENT_THREADS: usize = 2;
 const HIGH_LIMIT: u32 = 1_000_000;
 
 fn main() -> Result<()> {
-    ensure!(limiter_tests::kernel_tests_allowed(), "the benchmark needs root");
+    if let Some(why) = limiter_tests::kernel_tests_blocked() {
+        anyhow::bail!("the benchmark: {why}");
+    }
     if std::env::var_os("BENCH_XDP_ONLY").is_some() {
         // Part (e) alone, printed, BENCHMARKS.md untouched: for quick A/B
         // runs of the XDP program.
