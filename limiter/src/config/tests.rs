@@ -284,22 +284,24 @@ fn bad_kernel_options_name_what_is_wrong() {
 }
 
 #[test]
-fn the_readme_key_table_lists_exactly_the_table_keys_with_their_defaults() {
+fn the_readme_key_table_lists_exactly_the_table_keys_with_their_defaults_and_reload() {
     let readme = include_str!("../../../README.md");
-    let start = readme.find("| key | default | meaning |").expect("the README has a key table");
+    let start = readme.find("| key | default | reload | meaning |").expect("the README has a key table");
     let rows: Vec<&str> = readme[start..].lines().skip(2).take_while(|l| l.starts_with("| `")).collect();
-    let mut documented: BTreeMap<String, String> = BTreeMap::new();
+    let mut documented: BTreeMap<String, (String, String)> = BTreeMap::new();
     for row in rows {
         let cells: Vec<&str> = row.split(" | ").collect();
         let key = cells[0].trim_start_matches("| ").trim_matches('`').to_owned();
-        assert!(documented.insert(key.clone(), cells[1].to_owned()).is_none(), "{key} has two README rows");
+        let row = (cells[1].to_owned(), cells[2].to_owned());
+        assert!(documented.insert(key.clone(), row).is_none(), "{key} has two README rows");
     }
     let table: BTreeMap<String, &Key> = KEYS.iter().map(|k| (k.name.to_owned(), k)).collect();
     let missing: Vec<&String> = table.keys().filter(|k| !documented.contains_key(*k)).collect();
     let extra: Vec<&String> = documented.keys().filter(|k| !table.contains_key(*k)).collect();
     assert!(missing.is_empty() && extra.is_empty(), "README lacks {missing:?}; README has unknown {extra:?}");
     for (name, key) in &table {
-        let cell = &documented[name];
+        let (cell, reload) = &documented[name];
+        assert_eq!(reload, key.reload.as_str(), "{name}: README says {reload}, the table {:?}", key.reload);
         match key.default {
             keys::Default::Value(v) => {
                 let shown = format!("`{v}`");
