@@ -18,6 +18,7 @@
 //!   views), with [`kernel::env`] probing privileges, kernel, cgroup v2,
 //!   bpffs;
 //! - [`metrics`]: Prometheus text, one module per part's families;
+//! - [`histogram`]: the latency histogram the proxy records into;
 //! - [`config`]: the file's grammar, the one key table, the typed
 //!   configuration everything above reads.
 // Denied, not forbidden: `kernel::sys` holds the two bpf(2) calls aya does
@@ -30,6 +31,7 @@ pub mod breaker;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod histogram;
 pub mod kernel;
 pub mod metrics;
 pub mod proxy;

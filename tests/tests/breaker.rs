@@ -10,7 +10,6 @@ fn status(proxy: std::net::SocketAddr, path: &str) -> client::Reply {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn the_upstream_sees_nothing_while_open_exactly_the_probes_half_open_and_traffic_after_recovery() {
     let upstream = Upstream::start();
@@ -121,7 +120,6 @@ fn the_upstream_sees_nothing_while_open_exactly_the_probes_half_open_and_traffic
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn bypass_debug_off_subjects_diagnostics_to_the_open_breaker() {
     let upstream = Upstream::start();

@@ -39,7 +39,6 @@ fn verify_units(dir: &Path, edit: impl Fn(&str) -> String) -> (bool, String) {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn the_systemd_units_pass_systemd_analyze_verify() {
     let dir = scratch("units");
@@ -76,7 +75,6 @@ fn validate(manifest: &Path) -> (bool, String) {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn the_kubernetes_manifest_passes_schema_validation_and_ships_a_valid_config() {
     let manifest = workspace().join("deploy/kubernetes/limiter.yaml");

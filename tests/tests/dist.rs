@@ -6,7 +6,6 @@
 use std::{path::PathBuf, process::Command};
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn the_release_tarball_runs_from_a_clean_directory() {
     let tarball = PathBuf::from(

@@ -94,7 +94,6 @@ fn assert_503(reply: &Reply, reason: &str) {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn a_full_pool_answers_503_at_once_without_reaching_the_upstream() {
     let s = setup("http.maxThreads = 20\n");
@@ -118,7 +117,6 @@ fn a_full_pool_answers_503_at_once_without_reaching_the_upstream() {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn debug_requests_use_reserved_slots_then_free_normal_ones() {
     let s = setup("http.maxThreads = 13\nhttp.maxSessionConnections = 1\n");
@@ -158,7 +156,6 @@ fn debug_requests_use_reserved_slots_then_free_normal_ones() {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn session_and_web_limits_count_exactly_and_name_the_first_failing_check() {
     let s = setup("http.maxSessionConnections = 2\nhttp.maxWebConnections = 3\n");
@@ -186,7 +183,6 @@ fn session_and_web_limits_count_exactly_and_name_the_first_failing_check() {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn the_503_arrives_intact_after_an_unread_1mb_post() {
     let s = setup("http.maxThreads = 12\n");
@@ -212,7 +208,6 @@ fn the_503_arrives_intact_after_an_unread_1mb_post() {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn client_aborts_return_their_permits() {
     let s = setup("http.maxThreads = 15\n");
@@ -261,7 +256,6 @@ fn client_aborts_return_their_permits() {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn ten_thousand_sessions_leave_no_entries_and_tokens_never_show() {
     let s = setup("http.maxSessionConnections = 1\n");
@@ -286,7 +280,6 @@ fn ten_thousand_sessions_leave_no_entries_and_tokens_never_show() {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn streaming_256_mb_each_way_keeps_the_daemon_small() {
     let s = setup("");
@@ -330,7 +323,6 @@ fn streaming_256_mb_each_way_keeps_the_daemon_small() {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn slow_headers_are_cut_off_and_take_no_permit() {
     let s = setup("http.headerReadTimeoutMs = 500\nhttp.maxThreads = 12\n");
@@ -348,7 +340,6 @@ fn slow_headers_are_cut_off_and_take_no_permit() {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn upstream_failures_are_502_and_504() {
     // Timeout: the upstream's head comes too late.
@@ -387,7 +378,6 @@ fn upstream_failures_are_502_and_504() {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn malformed_oversized_and_smuggling_requests_are_refused_before_admission() {
     let s = setup("http.maxHeaderBytes = 8192\n");
@@ -425,7 +415,6 @@ fn malformed_oversized_and_smuggling_requests_are_refused_before_admission() {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn hop_by_hop_headers_go_and_forwarding_headers_come() {
     let s = setup("");
@@ -455,7 +444,6 @@ fn hop_by_hop_headers_go_and_forwarding_headers_come() {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn upgrades_pass_through_and_give_their_permit_back() {
     let s = setup("http.maxThreads = 12\n");
@@ -477,7 +465,6 @@ fn upgrades_pass_through_and_give_their_permit_back() {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn dry_run_counts_and_refuses_nothing() {
     let s = setup("http.maxThreads = 12\nhttp.dryRun = true\n");
@@ -493,7 +480,6 @@ fn dry_run_counts_and_refuses_nothing() {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn dump_shows_the_pools_and_reload_changes_them_live() {
     let s = setup("http.maxThreads = 20\n");
@@ -517,7 +503,6 @@ fn dump_shows_the_pools_and_reload_changes_them_live() {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn the_example_configuration_is_valid() {
     let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/limiter.ini");

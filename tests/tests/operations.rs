@@ -65,7 +65,6 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn sigterm_drains_requests_in_flight_then_exits_and_new_connections_are_refused() {
     let mut s = setup("http.drainTimeoutMs = 10000\n");
@@ -96,7 +95,6 @@ fn sigterm_drains_requests_in_flight_then_exits_and_new_connections_are_refused(
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn a_drain_that_outlives_its_timeout_cuts_what_is_left_and_says_so() {
     let mut s = setup("http.drainTimeoutMs = 300\n");
@@ -115,7 +113,6 @@ fn a_drain_that_outlives_its_timeout_cuts_what_is_left_and_says_so() {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn reload_through_the_admin_listener_under_load_is_atomic_and_names_what_blocks_it() {
     let s = setup("http.maxThreads = 14\n");
@@ -193,7 +190,6 @@ fn reload_through_the_admin_listener_under_load_is_atomic_and_names_what_blocks_
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn the_admin_token_guards_everything_but_healthz_and_no_credential_is_logged() {
     let dir = std::env::temp_dir().join(format!("lo-token-{}", std::process::id()));
@@ -236,7 +232,6 @@ fn the_admin_token_guards_everything_but_healthz_and_no_credential_is_logged() {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn refusal_logs_are_rate_limited_and_account_for_every_refusal() {
     // The upstream may take as long as the refusals do (a 504 would free the

@@ -32,7 +32,6 @@ fn threads(pid: i32) -> Vec<String> {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn the_gate_daemon_keeps_cap_bpf_alone_in_every_thread_and_runs_as_the_user() {
     require_kernel!();
@@ -90,7 +89,6 @@ fn the_gate_daemon_keeps_cap_bpf_alone_in_every_thread_and_runs_as_the_user() {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn without_the_gate_the_daemon_keeps_no_capability() {
     let dir = std::env::temp_dir().join(format!("lp-{}", std::process::id()));

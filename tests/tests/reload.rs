@@ -34,7 +34,6 @@ fn reload(daemon: &Daemon, config: &std::path::Path, base: &str, extra: &str) {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn per_source_max_changes_live() {
     require_kernel!();
@@ -60,7 +59,6 @@ fn per_source_max_changes_live() {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn dry_run_ports_change_live() {
     require_kernel!();
@@ -86,7 +84,6 @@ fn dry_run_ports_change_live() {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn trusted_reserve_changes_live() {
     require_kernel!();

@@ -23,7 +23,6 @@ fn row(screen: &str, port: u16) -> Vec<String> {
 }
 
 #[test]
-
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn top_in_a_real_terminal_shows_what_the_dump_shows() {
     require_kernel!();

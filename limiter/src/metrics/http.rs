@@ -92,14 +92,14 @@ pub fn write(page: &mut Page, a: &admission::Snapshot, c: &Counters) {
         "Connections switched to another protocol (WebSocket).",
     )
     .sample("limiter_http_upgrades_total", &[], c.upgrades.load(Ordering::Relaxed));
-    c.upstream_latency.write(
-        page,
+    page.histogram(
         "limiter_http_upstream_latency_seconds",
         "From the request sent upstream to the upstream's response head.",
+        &c.upstream_latency,
     );
-    c.time_to_503.write(
-        page,
+    page.histogram(
         "limiter_http_time_to_503_seconds",
         "From the request head parsed to the admission 503 handed to the connection.",
+        &c.time_to_503,
     );
 }

@@ -1,12 +1,11 @@
 //! Prometheus metrics: [`page`] writes the text format; one module per part
-//! of the daemon renders its families from that part's own snapshot
-//! ([`kernel`], [`http`], [`breaker`]); [`histogram`] is the latency type
-//! they record into.
+//! of the daemon renders its families from that part's own snapshot or
+//! counters ([`kernel`], [`http`], [`breaker`]). Nothing here is called by
+//! the parts it renders.
 
 pub mod breaker;
-pub mod histogram;
 pub mod http;
 pub mod kernel;
 pub mod page;
 
-pub use self::{histogram::Histogram, page::Page};
+pub use self::page::Page;

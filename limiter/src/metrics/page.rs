@@ -3,6 +3,8 @@
 
 use std::fmt::Write as _;
 
+use crate::histogram::Histogram;
+
 /// A page of metric families being written.
 #[derive(Default)]
 pub struct Page {
@@ -39,6 +41,20 @@ impl Page {
         self
     }
 
+    /// A histogram family: `_bucket{le}` (cumulative), `_sum`, `_count`.
+    pub fn histogram(&mut self, name: &str, help: &str, h: &Histogram) -> &mut Self {
+        self.family(name, "histogram", help);
+        let bucket = format!("{name}_bucket");
+        let mut count = 0;
+        for (bound, cumulative) in h.cumulative() {
+            let le = bound.map_or("+Inf".to_owned(), |b| b.to_string());
+            self.sample(&bucket, &[("le", &le)], cumulative);
+            count = cumulative;
+        }
+        self.sample(&format!("{name}_sum"), &[], h.sum_seconds());
+        self.sample(&format!("{name}_count"), &[], count)
+    }
+
     pub fn finish(self) -> String {
         self.out
     }
@@ -50,7 +66,27 @@ fn escape(v: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+
+    #[test]
+    fn histograms_are_written_cumulative_with_sum_and_count() {
+        let h = Histogram::default();
+        for us in [10, 40, 40, 900, 3000] {
+            h.record(Duration::from_micros(us));
+        }
+        let mut page = Page::default();
+        page.histogram("t_seconds", "T.", &h);
+        let text = page.finish();
+        assert!(text.starts_with("# HELP t_seconds T.\n# TYPE t_seconds histogram\n"), "{text}");
+        assert!(text.contains("t_seconds_bucket{le=\"0.000025\"} 1\n"), "{text}");
+        assert!(text.contains("t_seconds_bucket{le=\"0.00005\"} 3\n"), "{text}");
+        assert!(text.contains("t_seconds_bucket{le=\"0.001\"} 4\n"), "{text}");
+        assert!(text.contains("t_seconds_bucket{le=\"+Inf\"} 5\n"), "{text}");
+        assert!(text.contains("t_seconds_sum 0.00399\n"), "{text}");
+        assert!(text.contains("t_seconds_count 5\n"), "{text}");
+    }
 
     #[test]
     fn labels_are_escaped_and_lines_well_formed() {

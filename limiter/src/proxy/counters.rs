@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use hyper::StatusCode;
 
 use super::refusal_log::RefusalLog;
-use crate::metrics::Histogram;
+use crate::histogram::Histogram;
 
 #[derive(Debug, Default)]
 pub struct Counters {

@@ -1,12 +1,10 @@
-//! A fixed-bucket latency histogram with lock-free recording, exported in
-//! Prometheus form (`_bucket{le}`, `_sum`, `_count`).
+//! A fixed-bucket latency histogram with lock-free recording (the proxy
+//! records into it; `metrics::page` writes it in Prometheus form).
 
 use std::{
     sync::atomic::{AtomicU64, Ordering},
     time::Duration,
 };
-
-use super::Page;
 
 /// Upper bounds in seconds: fine below a millisecond (time-to-503), wide
 /// above (upstream latency).
@@ -52,18 +50,23 @@ impl Histogram {
         None
     }
 
-    /// Writes the family `name` with its help text.
-    pub fn write(&self, page: &mut Page, name: &str, help: &str) {
-        page.family(name, "histogram", help);
-        let bucket = format!("{name}_bucket");
-        let mut cumulative = 0;
-        for (i, c) in self.counts.iter().enumerate() {
-            cumulative += c.load(Ordering::Relaxed);
-            let le = BOUNDS.get(i).map_or("+Inf".to_owned(), |b| b.to_string());
-            page.sample(&bucket, &[("le", &le)], cumulative);
-        }
-        page.sample(&format!("{name}_sum"), &[], self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9);
-        page.sample(&format!("{name}_count"), &[], cumulative);
+    /// `(upper bound, samples at or below it)` per bucket, the last bound
+    /// `None` (+Inf).
+    pub fn cumulative(&self) -> Vec<(Option<f64>, u64)> {
+        let mut total = 0;
+        self.counts
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                total += c.load(Ordering::Relaxed);
+                (BOUNDS.get(i).copied(), total)
+            })
+            .collect()
+    }
+
+    /// The sum of every sample, in seconds.
+    pub fn sum_seconds(&self) -> f64 {
+        self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9
     }
 }
 
@@ -77,14 +80,13 @@ mod tests {
         for us in [10, 40, 40, 900, 3000] {
             h.record(Duration::from_micros(us));
         }
-        let mut page = Page::default();
-        h.write(&mut page, "t_seconds", "T.");
-        let text = page.finish();
-        assert!(text.contains("t_seconds_bucket{le=\"0.000025\"} 1\n"), "{text}");
-        assert!(text.contains("t_seconds_bucket{le=\"0.00005\"} 3\n"), "{text}");
-        assert!(text.contains("t_seconds_bucket{le=\"0.001\"} 4\n"), "{text}");
-        assert!(text.contains("t_seconds_bucket{le=\"+Inf\"} 5\n"), "{text}");
-        assert!(text.contains("t_seconds_count 5\n"), "{text}");
+        let c = h.cumulative();
+        assert_eq!(c[0], (Some(0.000_025), 1));
+        assert_eq!(c[1], (Some(0.000_05), 3));
+        assert_eq!(c[5], (Some(0.001), 4));
+        assert_eq!(c[BOUNDS.len()], (None, 5));
+        assert_eq!(h.count(), 5);
+        assert!((h.sum_seconds() - 0.00399).abs() < 1e-9);
         assert_eq!(h.quantile_bound(0.5), Some(0.000_05));
         assert_eq!(h.quantile_bound(0.99), Some(0.005));
     }
