@@ -5,7 +5,7 @@
 //!
 //! | pin | what |
 //! |---|---|
-//! | `LIMITER_CONFIG` | array, index 0: [`Settings`] (layout version, netns cookie) |
+//! | `LIMITER_CONFIG` | array, index 0: [`GateConfig`] (layout version, netns cookie) |
 //! | `LIMITER_LIMITS` | array, index port → [`PortLimit`]: read on every SYN |
 //! | `LIMITER_LISTED` | hash [`PortKey`] → [`PortLimit`]: the enforced ports (readers' index) |
 //! | `LIMITER_STATS` | array, index port → [`PortStats`]: counters of every local port |
@@ -46,7 +46,7 @@ use aya::{
     programs::{CgroupAttachMode, Iter, SkLookup, SockOps, Xdp, XdpMode, links::FdLink, links::PinnedLink},
 };
 use limiter_common::{
-    GateCounters, IfMac, LAYOUT_VERSION, PortKey, PortLimit, PortStats, Refusals, Settings, SourceSlot,
+    GateConfig, GateCounters, IfMac, LAYOUT_VERSION, PortKey, PortLimit, PortStats, Refusals, SourceSlot,
     map_names, path as refusal_path, program_names, reason, source,
 };
 use serde::Serialize;
@@ -78,7 +78,7 @@ pub const OWN_PINS: [&str; 14] = [
     map_names::ACTIVE,
     map_names::REFUSED,
     map_names::SOCKS,
-    map_names::SETTINGS,
+    map_names::CONFIG,
 ];
 
 /// Errors of the kernel gate; each renders as one sentence that says what
@@ -310,7 +310,7 @@ pub struct Gate {
     stats: Array<MapData, PortStats>,
     active: HashMap<MapData, PortKey, u32>,
     refused: PerCpuHashMap<MapData, PortKey, Refusals>,
-    settings: Array<MapData, Settings>,
+    settings: Array<MapData, GateConfig>,
     trusted: LpmTrie<MapData, [u8; 16], u32>,
     counters: PerCpuArray<MapData, GateCounters>,
     sources: Array<MapData, SourceSlot>,
@@ -517,10 +517,10 @@ impl Gate {
             .load(EBPF_OBJECT)
             .map_err(KernelError::load)?;
         {
-            let map = ebpf.map_mut(map_names::SETTINGS).ok_or_else(|| missing(map_names::SETTINGS))?;
-            let mut settings: Array<&mut MapData, Settings> =
+            let map = ebpf.map_mut(map_names::CONFIG).ok_or_else(|| missing(map_names::CONFIG))?;
+            let mut settings: Array<&mut MapData, GateConfig> =
                 Array::try_from(map).map_err(KernelError::map("opening the settings map"))?;
-            let value = Settings {
+            let value = GateConfig {
                 layout_version: LAYOUT_VERSION,
                 netns_cookie: target.netns_cookie,
                 cgroup_id: target.cgroup_id,
@@ -529,7 +529,7 @@ impl Gate {
                 prefix_v4: config.source_prefix_v4,
                 prefix_v6: config.source_prefix_v6,
                 trusted_reserve: config.trusted_reserve,
-                ..Settings::default()
+                ..GateConfig::default()
             };
             settings.set(0, value, 0).map_err(KernelError::map("writing the settings map"))?;
         }
@@ -606,7 +606,7 @@ impl Gate {
 
     /// Opens the maps pinned in `pin_dir`, checking their layout.
     pub fn open(pin_dir: &Path) -> Result<Self, KernelError> {
-        if !pin_dir.join(map_names::SETTINGS).exists() {
+        if !pin_dir.join(map_names::CONFIG).exists() {
             return Err(KernelError::NotLoaded(pin_dir.to_path_buf()));
         }
         let incompatible =
@@ -626,11 +626,11 @@ impl Gate {
             })?;
             Map::from_map_data(data).map_err(|e| incompatible(format!("map {name}: {e}")))
         };
-        let settings_map = open(map_names::SETTINGS)?;
+        let settings_map = open(map_names::CONFIG)?;
         // Older layouts had a smaller settings value: say "incompatible",
         // not "wrong size".
-        let settings: Array<MapData, Settings> = Array::try_from(settings_map)
-            .map_err(|e| incompatible(format!("map {}: {e} (an older layout)", map_names::SETTINGS)))?;
+        let settings: Array<MapData, GateConfig> = Array::try_from(settings_map)
+            .map_err(|e| incompatible(format!("map {}: {e} (an older layout)", map_names::CONFIG)))?;
         let value = settings.get(&0, 0).map_err(KernelError::map("reading the settings map"))?;
         if value.layout_version != LAYOUT_VERSION {
             return Err(incompatible(format!(
@@ -663,7 +663,7 @@ impl Gate {
         })
     }
 
-    pub fn settings(&self) -> Result<Settings, KernelError> {
+    pub fn settings(&self) -> Result<GateConfig, KernelError> {
         self.settings.get(&0, 0).map_err(KernelError::map("reading the settings map"))
     }
 
@@ -685,7 +685,7 @@ impl Gate {
         let old_trusted = self.trusted_prefixes()?;
         let changes = self.set_limits(&config.port_limits())?;
         let result = self.set_trusted(&old_trusted, &config.trusted).and_then(|()| {
-            let settings = Settings {
+            let settings = GateConfig {
                 trusted_reserve: config.trusted_reserve,
                 trusted_count: config.trusted.len() as u32,
                 ..old_settings
@@ -1066,7 +1066,7 @@ fn prefix_of(len: u32, data: [u8; 16]) -> Prefix {
 }
 
 /// A group as a prefix: `192.0.2.0/24`, `2001:db8::/64`.
-fn group_name(key: &limiter_common::SourceKey, settings: &Settings) -> String {
+fn group_name(key: &limiter_common::SourceKey, settings: &GateConfig) -> String {
     if key.family == 4 {
         format!("{}/{}", std::net::Ipv4Addr::from(key.addr[0]), settings.prefix_v4)
     } else {
