@@ -407,13 +407,14 @@ pub struct SockOffsets {
 /// another key while a program still points at it).
 ///
 /// A slot's `word` holds `count` (bits 0-31), `state` (bits 32-33) and a
-/// generation (bits 34-63). A group is looked up in [`PROBES`] slots from
-/// its hash. A slot is reclaimed for another group only when its count is 0,
-/// by a compare-and-swap that bumps the generation and moves it to
-/// [`CLAIMING`]; the key is written, then the slot becomes [`LIVE`] with
-/// count 1. Incrementing is a compare-and-swap on the word a reader saw, so
-/// it fails if the slot was reclaimed meanwhile; decrementing is an atomic
-/// subtract on the slot the socket remembers. Two racing first connections
+/// generation (bits 34-63). A group is looked up in
+/// [`PROBES`](source::PROBES) slots from its hash. A slot is reclaimed for
+/// another group only when its count is 0, by a compare-and-swap that bumps
+/// the generation and moves it to [`CLAIMING`](source::CLAIMING); the key
+/// is written, then the slot becomes [`LIVE`](source::LIVE) with count 1.
+/// Incrementing is a compare-and-swap on the word a reader saw, so it fails
+/// if the slot was reclaimed meanwhile; decrementing is an atomic subtract
+/// on the slot the socket remembers. Two racing first connections
 /// of one group may claim two slots: readers sum every live slot of a group,
 /// so the count stays exact.
 pub mod source {

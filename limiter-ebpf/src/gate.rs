@@ -55,9 +55,10 @@ impl Client {
 
 const NONE: usize = usize::MAX;
 
-/// Decides an attempt to open a connection to local `port` from `client`. Returns the refusal reason to refuse. On `sk_lookup` the
-/// refusal (or would-be refusal, trusted admission) is counted here; XDP
-/// counts its refusal with [`count_refusal`] once the RST is on its way.
+/// Decides an attempt to open a connection to local `port` from `client`.
+/// Returns the refusal reason to refuse. On `sk_lookup` the refusal (or
+/// would-be refusal, trusted admission) is counted here; XDP counts its
+/// refusal with [`count_refusal`] once the RST is on its way.
 #[inline(always)]
 pub fn refuse(port: Port, client: &Client, path: usize) -> Option<usize> {
     let limit = LIMITER_LIMITS.get(port.index())?;

@@ -1,7 +1,7 @@
 //! The kernel gate: loading, pinning, adopting and unloading the eBPF
 //! programs and maps, and reading and writing the maps.
 //!
-//! - [`env`]: what is probed before touching the kernel (privileges,
+//! - [`env`](mod@env): what is probed before touching the kernel (privileges,
 //!   kernel version, cgroup v2, bpffs, the target namespace);
 //! - `load`: [`Gate::start`], adopting a pinned gate or loading a new one,
 //!   one sequence for both;
