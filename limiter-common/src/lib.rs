@@ -6,8 +6,8 @@
 //! `bytemuck` derives refuse to compile if a hidden padding byte appears.
 //!
 //! Byte order: every port stored in a map is in **host order**. The kernel
-//! programs convert at the boundary; nothing else ever sees a network-order
-//! port.
+//! programs convert each port once, where they read it, into a [`Port`];
+//! nothing past that boundary ever sees a network-order port.
 
 #![no_std]
 #![deny(missing_docs)]
@@ -15,7 +15,7 @@
 use bytemuck::{Pod, Zeroable};
 
 /// Version of the pinned layout (map set, key and value shapes). A daemon
-/// refuses to adopt pins whose [`Settings::layout_version`] differs.
+/// refuses to adopt pins whose [`GateConfig::layout_version`] differs.
 ///
 /// 1: port counts and refusals. 2: per-source caps, trusted prefixes,
 /// refusals by reason and path, XDP, pre-existing connections.
@@ -37,8 +37,8 @@ pub mod map_names {
     pub const ACTIVE: &str = "LIMITER_ACTIVE";
     /// Per-CPU hash [`super::PortKey`] → [`super::Refusals`].
     pub const REFUSED: &str = "LIMITER_REFUSED";
-    /// `u32` index 0 → [`super::Settings`].
-    pub const SETTINGS: &str = "LIMITER_CONFIG";
+    /// `u32` index 0 → [`super::GateConfig`].
+    pub const CONFIG: &str = "LIMITER_CONFIG";
     /// Socket-local storage → [`super::SockMark`]: which sockets were counted.
     pub const SOCKS: &str = "LIMITER_SOCKS";
     /// Array of [`super::SourceSlot`]: established connections per client
@@ -56,7 +56,7 @@ pub mod map_names {
     pub const IFMAC: &str = "LIMITER_IFMAC";
     /// Every map the daemon pins, in the order it pins them.
     pub const ALL: [&str; 12] =
-        [SETTINGS, LIMITS, LISTED, STATS, ACTIVE, REFUSED, SOCKS, SOURCES, TRUSTED, COUNTERS, WALK, IFMAC];
+        [CONFIG, LIMITS, LISTED, STATS, ACTIVE, REFUSED, SOCKS, SOURCES, TRUSTED, COUNTERS, WALK, IFMAC];
 }
 
 /// Names of the programs (the function names in `limiter-ebpf`).
@@ -69,6 +69,72 @@ pub mod program_names {
     pub const XDP: &str = "limiter_xdp";
     /// The `iter/tcp` program that counts connections older than the gate.
     pub const WALK: &str = "limiter_walk";
+}
+
+/// `AF_INET` (`sa_family_t`), as sockets and the kernel's contexts give it.
+pub const AF_INET: u16 = 2;
+/// `AF_INET6` (`sa_family_t`).
+pub const AF_INET6: u16 = 10;
+/// `IPPROTO_TCP`, as `bpf_sk_lookup.protocol` and the IP headers give it.
+pub const IPPROTO_TCP: u8 = 6;
+
+/// A TCP port in host byte order: the only form a port takes past the
+/// point where a kernel program reads it (maps, the admission decision,
+/// the daemon).
+///
+/// The kernel hands a program its ports in three byte orders, and each
+/// hook converts once, where it reads the port, with the constructor for
+/// its case:
+///
+/// | where the port comes from | byte order | constructor |
+/// |---|---|---|
+/// | `bpf_sock_ops.local_port`, `bpf_sk_lookup.local_port` (`u32`); `skc_num` | host order, low 16 bits | [`Port::from_host`] |
+/// | `bpf_sock_ops.remote_port` (`u32`) | network order in the upper 16 bits (little-endian hosts) | [`Port::from_sock_ops_remote`] |
+/// | `bpf_sk_lookup.remote_port` (`__be16`); a TCP header's ports, read as a `u16` from the packet | network order | [`Port::from_be`] |
+///
+/// Map keys and values store [`Port::get`]; [`Port::to_be`] gives the
+/// network-order value back for a packet or a helper's parameters.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Port(u16);
+
+impl Port {
+    /// A port the kernel gives in host order in (the low half of) a `u32`.
+    #[inline(always)]
+    pub const fn from_host(field: u32) -> Self {
+        Self(field as u16)
+    }
+
+    /// `bpf_sock_ops.remote_port`: the network-order port in the upper
+    /// half of a `u32` (so `u32::from_be` of the whole field is the port).
+    #[inline(always)]
+    pub const fn from_sock_ops_remote(field: u32) -> Self {
+        Self(u32::from_be(field) as u16)
+    }
+
+    /// A network-order (`__be16`) port, as it lies in memory.
+    #[inline(always)]
+    pub const fn from_be(raw: u16) -> Self {
+        Self(u16::from_be(raw))
+    }
+
+    /// The port number (host order).
+    #[inline(always)]
+    pub const fn get(self) -> u16 {
+        self.0
+    }
+
+    /// The port as an index into the arrays indexed by port.
+    #[inline(always)]
+    pub const fn index(self) -> u32 {
+        self.0 as u32
+    }
+
+    /// The port in network order, as a packet or `bpf_fib_lookup` holds it.
+    #[inline(always)]
+    pub const fn to_be(self) -> u16 {
+        self.0.to_be()
+    }
 }
 
 /// Number of ports: the arrays are indexed by port, so lookups on the SYN
@@ -131,8 +197,8 @@ pub struct PortLimit {
     pub max_established: u32,
     /// `LIMIT_FLAG_*` bits.
     pub flags: u32,
-    /// At most this many from one client group ([`Settings::prefix_v4`],
-    /// [`Settings::prefix_v6`]); 0: no per-source cap.
+    /// At most this many from one client group ([`GateConfig::prefix_v4`],
+    /// [`GateConfig::prefix_v6`]); 0: no per-source cap.
     pub per_source_max: u32,
     /// Explicit padding; always zero.
     pub _pad: u32,
@@ -196,11 +262,13 @@ impl Refusals {
     }
 }
 
-/// Gate-wide settings. Written only by the daemon (the kernel programs
-/// count into [`GateCounters`]), so a reload can rewrite the whole value.
+/// The gate's own configuration (the [`map_names::CONFIG`] map): what it
+/// was created with and what a reload changes. Written only by the daemon
+/// (the kernel programs count into [`GateCounters`]), so a reload can
+/// rewrite the whole value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
-pub struct Settings {
+pub struct GateConfig {
     /// [`LAYOUT_VERSION`] of the daemon that created the pins.
     pub layout_version: u32,
     /// Reserved; zero.
@@ -339,17 +407,18 @@ pub struct SockOffsets {
 /// another key while a program still points at it).
 ///
 /// A slot's `word` holds `count` (bits 0-31), `state` (bits 32-33) and a
-/// generation (bits 34-63). A group is looked up in [`PROBES`] slots from
-/// its hash. A slot is reclaimed for another group only when its count is 0,
-/// by a compare-and-swap that bumps the generation and moves it to
-/// [`CLAIMING`]; the key is written, then the slot becomes [`LIVE`] with
-/// count 1. Incrementing is a compare-and-swap on the word a reader saw, so
-/// it fails if the slot was reclaimed meanwhile; decrementing is an atomic
-/// subtract on the slot the socket remembers. Two racing first connections
+/// generation (bits 34-63). A group is looked up in
+/// [`PROBES`](source::PROBES) slots from its hash. A slot is reclaimed for
+/// another group only when its count is 0, by a compare-and-swap that bumps
+/// the generation and moves it to [`CLAIMING`](source::CLAIMING); the key
+/// is written, then the slot becomes [`LIVE`](source::LIVE) with count 1.
+/// Incrementing is a compare-and-swap on the word a reader saw, so it fails
+/// if the slot was reclaimed meanwhile; decrementing is an atomic subtract
+/// on the slot the socket remembers. Two racing first connections
 /// of one group may claim two slots: readers sum every live slot of a group,
 /// so the count stays exact.
 pub mod source {
-    use super::SourceKey;
+    use super::{Port, SourceKey};
 
     /// Slots probed per group.
     pub const PROBES: u32 = 8;
@@ -405,14 +474,14 @@ pub mod source {
     /// IPv4-mapped IPv6 addresses become IPv4, so a dual-stack listener and
     /// the refusal paths agree.
     #[inline(always)]
-    pub fn key_v4(v4_be: u32, port: u16, prefix: u32) -> SourceKey {
+    pub fn key_v4(v4_be: u32, port: Port, prefix: u32) -> SourceKey {
         let addr = u32::from_be(v4_be) & mask(prefix);
-        SourceKey { addr: [addr, 0, 0, 0], port, family: 4, _pad: 0 }
+        SourceKey { addr: [addr, 0, 0, 0], port: port.get(), family: 4, _pad: 0 }
     }
 
     /// See [`key_v4`].
     #[inline(always)]
-    pub fn key_v6(v6_be: [u32; 4], port: u16, prefix_v4: u32, prefix_v6: u32) -> SourceKey {
+    pub fn key_v6(v6_be: [u32; 4], port: Port, prefix_v4: u32, prefix_v6: u32) -> SourceKey {
         let w =
             [u32::from_be(v6_be[0]), u32::from_be(v6_be[1]), u32::from_be(v6_be[2]), u32::from_be(v6_be[3])];
         if w[0] == 0 && w[1] == 0 && w[2] == 0xffff {
@@ -425,7 +494,7 @@ pub mod source {
             w[2] & mask(p.saturating_sub(64)),
             w[3] & mask(p.saturating_sub(96)),
         ];
-        SourceKey { addr, port, family: 6, _pad: 0 }
+        SourceKey { addr, port: port.get(), family: 6, _pad: 0 }
     }
 
     /// A mask of the leading `bits` bits of a word (all of them from 32).
@@ -470,7 +539,7 @@ const _: () = {
     assert!(size_of::<PortLimit>() == 16);
     assert!(size_of::<PortStats>() == 24);
     assert!(size_of::<Refusals>() == 80);
-    assert!(size_of::<Settings>() == 48);
+    assert!(size_of::<GateConfig>() == 48);
     assert!(size_of::<GateCounters>() == 24);
     assert!(size_of::<SockMark>() == 16);
     assert!(size_of::<SourceKey>() == 20);
@@ -499,7 +568,7 @@ mod user {
     // SAFETY: as above.
     unsafe impl aya::Pod for Refusals {}
     // SAFETY: as above.
-    unsafe impl aya::Pod for Settings {}
+    unsafe impl aya::Pod for GateConfig {}
     // SAFETY: as above.
     unsafe impl aya::Pod for SockMark {}
     // SAFETY: as above.
@@ -518,26 +587,45 @@ mod user {
 
 #[cfg(test)]
 mod tests {
-    use super::source::*;
+    use super::{Port, source::*};
+
+    const P80: Port = Port::from_host(80);
+    const P443: Port = Port::from_host(443);
+
+    #[test]
+    fn each_byte_order_converts_to_the_same_host_order_port() {
+        // 8080 = 0x1f90; on the wire (network order) the bytes 0x1f 0x90.
+        let wire = [0x1f, 0x90];
+        assert_eq!(Port::from_be(u16::from_ne_bytes(wire)).get(), 8080, "__be16 / TCP header");
+        // sock_ops remote_port: the __be16 shifted into the upper half.
+        let remote = u32::from(u16::from_ne_bytes(wire)) << 16;
+        assert_eq!(Port::from_sock_ops_remote(remote).get(), 8080, "bpf_sock_ops.remote_port");
+        // local_port fields: host order, only the low 16 bits count.
+        assert_eq!(Port::from_host(8080).get(), 8080);
+        assert_eq!(Port::from_host(0x0001_1f90).get(), 8080);
+        // And back: what a packet or bpf_fib_lookup holds, and the array index.
+        assert_eq!(Port::from_host(8080).to_be().to_ne_bytes(), wire);
+        assert_eq!(Port::from_host(65_535).index(), 65_535);
+    }
 
     #[test]
     fn client_groups_mask_and_normalise() {
         let v4 = u32::from_ne_bytes([192, 0, 2, 77]);
-        assert_eq!(key_v4(v4, 80, 24).addr, [0xc000_0200, 0, 0, 0]);
-        assert_eq!(key_v4(v4, 80, 32).addr, [0xc000_024d, 0, 0, 0]);
+        assert_eq!(key_v4(v4, P80, 24).addr, [0xc000_0200, 0, 0, 0]);
+        assert_eq!(key_v4(v4, P80, 32).addr, [0xc000_024d, 0, 0, 0]);
         // ::ffff:192.0.2.77 is the IPv4 client, grouped by the IPv4 prefix.
         let mapped = [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff]), v4];
-        assert_eq!(key_v6(mapped, 80, 24, 64), key_v4(v4, 80, 24));
+        assert_eq!(key_v6(mapped, P80, 24, 64), key_v4(v4, P80, 24));
         let v6 = [
             u32::from_ne_bytes([0x20, 0x01, 0x0d, 0xb8]),
             u32::from_ne_bytes([0, 1, 0, 2]),
             u32::from_ne_bytes([0, 3, 0, 4]),
             u32::from_ne_bytes([0, 5, 0, 6]),
         ];
-        let k = key_v6(v6, 443, 32, 56);
+        let k = key_v6(v6, P443, 32, 56);
         assert_eq!((k.family, k.port), (6, 443));
         assert_eq!(k.addr, [0x2001_0db8, 0x0001_0000, 0, 0]);
-        assert_eq!(key_v6(v6, 443, 32, 128).addr, [0x2001_0db8, 0x0001_0002, 0x0003_0004, 0x0005_0006]);
+        assert_eq!(key_v6(v6, P443, 32, 128).addr, [0x2001_0db8, 0x0001_0002, 0x0003_0004, 0x0005_0006]);
         assert_eq!((mask(0), mask(1), mask(32), mask(200)), (0, 0x8000_0000, u32::MAX, u32::MAX));
     }
 
@@ -556,7 +644,7 @@ mod tests {
         // Decrementing a count is a plain subtract of the word.
         assert_eq!(two - 1, with_count(live, 1));
         // The hash depends on the seed.
-        let k = key_v4(1, 80, 32);
+        let k = key_v4(1, P80, 32);
         assert_ne!(hash(&k, 1), hash(&k, 2));
     }
 }

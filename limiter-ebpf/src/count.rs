@@ -10,7 +10,7 @@ use aya_ebpf::{
     bindings::{BPF_NOEXIST, BPF_SK_STORAGE_GET_F_CREATE},
     helpers::generated::bpf_sk_storage_get,
 };
-use limiter_common::{PortKey, Settings, SockMark, SourceKey};
+use limiter_common::{GateConfig, Port, PortKey, SockMark, SourceKey};
 
 use crate::{
     atomic,
@@ -44,20 +44,20 @@ const UNTRACKED: u32 = u32::MAX;
 #[inline(always)]
 pub fn count(
     mark: *mut SockMark,
-    port: u16,
+    port: Port,
     group: impl FnOnce() -> SourceKey,
-    settings: &Settings,
+    config: &GateConfig,
     handshake: bool,
 ) {
-    let Some(stats) = LIMITER_STATS.get_ptr_mut(u32::from(port)) else {
+    let Some(stats) = LIMITER_STATS.get_ptr_mut(port.index()) else {
         return;
     };
-    let capped = LIMITER_LIMITS.get(u32::from(port)).is_some_and(|l| l.per_source_max != 0);
+    let capped = LIMITER_LIMITS.get(port.index()).is_some_and(|l| l.per_source_max != 0);
     // SAFETY: `mark` is this socket's storage, valid while the socket lives;
     // the callers hold the socket lock, so its close cannot run meanwhile.
     unsafe {
         if ptr::addr_of!((*mark).counted).read_volatile() == 0 {
-            (*mark).port = port;
+            (*mark).port = port.get();
             if !atomic::cas32(ptr::addr_of_mut!((*mark).counted), 0, 1) {
                 return;
             }
@@ -68,21 +68,21 @@ pub fn count(
             if handshake {
                 if atomic::add(ptr::addr_of_mut!((*stats).admitted), 1) == 0 {
                     // Once per port ever: tell readers this port has counters.
-                    let _ = LIMITER_ACTIVE.insert(PortKey::new(port), 1, BPF_NOEXIST.into());
+                    let _ = LIMITER_ACTIVE.insert(PortKey::new(port.get()), 1, BPF_NOEXIST.into());
                 }
             } else {
-                let _ = LIMITER_ACTIVE.insert(PortKey::new(port), 1, BPF_NOEXIST.into());
+                let _ = LIMITER_ACTIVE.insert(PortKey::new(port.get()), 1, BPF_NOEXIST.into());
                 if let Some(c) = counters() {
                     (*c).walked += 1;
                 }
             }
-        } else if (*mark).port != port {
+        } else if (*mark).port != port.get() {
             return;
         }
         if !capped || ptr::addr_of!((*mark).slot).read_volatile() != 0 {
             return;
         }
-        match sources::acquire(&group(), settings.hash_seed, settings.source_mask) {
+        match sources::acquire(&group(), config.hash_seed, config.source_mask) {
             Some(idx) => ptr::addr_of_mut!((*mark).slot).write_volatile(idx + 1),
             None => {
                 // Remembered, so a second walk pass does not try (and count

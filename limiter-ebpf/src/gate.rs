@@ -9,7 +9,7 @@
 //! they would refuse and refuse nothing.
 
 use aya_ebpf::{bindings::BPF_NOEXIST, btf_maps::lpm_trie::Key};
-use limiter_common::{LIMIT_FLAG_DRY_RUN, PortKey, Refusals, SourceKey, reason, source};
+use limiter_common::{LIMIT_FLAG_DRY_RUN, Port, PortKey, Refusals, SourceKey, reason, source};
 
 use crate::{
     maps::{LIMITER_CONFIG, LIMITER_LIMITS, LIMITER_REFUSED, LIMITER_STATS, LIMITER_TRUSTED},
@@ -26,7 +26,7 @@ pub enum Client {
 
 impl Client {
     #[inline(always)]
-    fn group(&self, port: u16, prefix_v4: u32, prefix_v6: u32) -> SourceKey {
+    fn group(&self, port: Port, prefix_v4: u32, prefix_v6: u32) -> SourceKey {
         match *self {
             Self::V4(a) => source::key_v4(a, port, prefix_v4),
             Self::V6(a) => source::key_v6(a, port, prefix_v4, prefix_v6),
@@ -55,19 +55,18 @@ impl Client {
 
 const NONE: usize = usize::MAX;
 
-/// Decides an attempt to open a connection to local `port` (host order)
-/// from `client`. Returns the refusal reason to refuse. On `sk_lookup` the
-/// refusal (or would-be refusal, trusted admission) is counted here; XDP
-/// counts its refusal with [`count_refusal`] once the RST is on its way.
+/// Decides an attempt to open a connection to local `port` from `client`.
+/// Returns the refusal reason to refuse. On `sk_lookup` the refusal (or
+/// would-be refusal, trusted admission) is counted here; XDP counts its
+/// refusal with [`count_refusal`] once the RST is on its way.
 #[inline(always)]
-pub fn refuse(port: u16, client: &Client, path: usize) -> Option<usize> {
-    let limit = LIMITER_LIMITS.get(u32::from(port))?;
+pub fn refuse(port: Port, client: &Client, path: usize) -> Option<usize> {
+    let limit = LIMITER_LIMITS.get(port.index())?;
     if !limit.enforced() {
         // Not enforced: the common case for most ports, one array load.
         return None;
     }
-    let (Some(stats), Some(settings)) = (LIMITER_STATS.get_ptr(u32::from(port)), LIMITER_CONFIG.get(0))
-    else {
+    let (Some(stats), Some(config)) = (LIMITER_STATS.get_ptr(port.index()), LIMITER_CONFIG.get(0)) else {
         return None;
     };
     // Written by other CPUs with atomic adds; an aligned 8-byte load cannot
@@ -79,8 +78,8 @@ pub fn refuse(port: u16, client: &Client, path: usize) -> Option<usize> {
     if max != 0 && established >= max {
         why = reason::PORT;
     } else if limit.per_source_max != 0 {
-        let group = client.group(port, settings.prefix_v4, settings.prefix_v6);
-        let usage = sources::usage(&group, settings.hash_seed, settings.source_mask);
+        let group = client.group(port, config.prefix_v4, config.prefix_v6);
+        let usage = sources::usage(&group, config.hash_seed, config.source_mask);
         if usage.count >= limit.per_source_max {
             why = reason::SOURCE;
         } else if usage.count == 0 && !usage.room {
@@ -90,7 +89,7 @@ pub fn refuse(port: u16, client: &Client, path: usize) -> Option<usize> {
     if why == NONE {
         return None;
     }
-    let key = PortKey::new(port);
+    let key = PortKey::new(port.get());
     let dry_run = limit.flags & LIMIT_FLAG_DRY_RUN != 0;
     // What XDP lets through meets sk_lookup in the stack, which decides
     // again: only refusals are counted at XDP, so a dry-run or trusted
@@ -98,8 +97,8 @@ pub fn refuse(port: u16, client: &Client, path: usize) -> Option<usize> {
     if path == limiter_common::path::XDP && dry_run {
         return None;
     }
-    if settings.trusted_count != 0
-        && (why != reason::PORT || established < max + u64::from(settings.trusted_reserve))
+    if config.trusted_count != 0
+        && (why != reason::PORT || established < max + u64::from(config.trusted_reserve))
         && client.trusted()
     {
         if path == limiter_common::path::XDP {
@@ -130,8 +129,8 @@ pub fn refuse(port: u16, client: &Client, path: usize) -> Option<usize> {
 
 /// Counts one refusal of `port` for reason `why` on `path`.
 #[inline(always)]
-pub fn count_refusal(port: u16, path: usize, why: usize) {
-    if let Some(r) = refusals_for(PortKey::new(port)) {
+pub fn count_refusal(port: Port, path: usize, why: usize) {
+    if let Some(r) = refusals_for(PortKey::new(port.get())) {
         // This CPU's own counter: a plain add, no other CPU writes it and
         // the program cannot migrate while it runs.
         // SAFETY: a live per-CPU map value; the index is checked.

@@ -9,7 +9,7 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use limiter_common::{
-    GateCounters, IfMac, MAX_PORTS, PortKey, PortLimit, PortStats, Refusals, Settings, SockMark, SourceSlot,
+    GateConfig, GateCounters, IfMac, MAX_PORTS, PortKey, PortLimit, PortStats, Refusals, SockMark, SourceSlot,
 };
 
 /// Limit of every port, indexed by port; written only by the daemon.
@@ -33,9 +33,9 @@ pub static LIMITER_ACTIVE: HashMap<PortKey, u32, { MAX_PORTS as usize }> = HashM
 #[btf_map]
 pub static LIMITER_REFUSED: PerCpuHashMap<PortKey, Refusals, { MAX_PORTS as usize }> = PerCpuHashMap::new();
 
-/// Index 0: gate-wide settings.
+/// Index 0: the gate's configuration.
 #[btf_map]
-pub static LIMITER_CONFIG: Array<Settings, 1> = Array::new();
+pub static LIMITER_CONFIG: Array<GateConfig, 1> = Array::new();
 
 /// Per-socket mark: set when a socket is counted, cleared when it is
 /// decremented. Freed by the kernel with the socket.

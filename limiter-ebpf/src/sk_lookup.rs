@@ -15,19 +15,16 @@ use aya_ebpf::{
     macros::sk_lookup,
     programs::SkLookupContext,
 };
-use limiter_common::path;
+use limiter_common::{AF_INET, IPPROTO_TCP, Port, path};
 
 use crate::gate::{self, Client};
-
-const IPPROTO_TCP: u32 = 6;
-const AF_INET: u32 = 2;
 
 #[sk_lookup]
 pub fn limiter_refuse(ctx: SkLookupContext) -> u32 {
     // SAFETY: reading fields of the context the kernel passed.
     let (protocol, family, local_port) =
         unsafe { ((*ctx.lookup).protocol, (*ctx.lookup).family, (*ctx.lookup).local_port) };
-    if protocol != IPPROTO_TCP {
+    if protocol != u32::from(IPPROTO_TCP) {
         return SK_PASS;
     }
     // Each field read on its own at its constant offset (volatile): the
@@ -35,7 +32,7 @@ pub fn limiter_refuse(ctx: SkLookupContext) -> u32 {
     // SAFETY: as above; remote addresses are network order in memory.
     let client = unsafe {
         let l = ctx.lookup;
-        if family == AF_INET {
+        if family == u32::from(AF_INET) {
             Client::V4(ptr::addr_of!((*l).remote_ip4).read_volatile())
         } else {
             Client::V6([
@@ -47,7 +44,7 @@ pub fn limiter_refuse(ctx: SkLookupContext) -> u32 {
         }
     };
     // local_port is host order in sk_lookup (DESIGN.md).
-    if gate::refuse((local_port & 0xffff) as u16, &client, path::SK_LOOKUP).is_some() {
+    if gate::refuse(Port::from_host(local_port), &client, path::SK_LOOKUP).is_some() {
         SK_DROP
     } else {
         SK_PASS

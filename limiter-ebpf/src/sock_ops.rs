@@ -24,15 +24,12 @@ use aya_ebpf::{
     macros::sock_ops,
     programs::SockOpsContext,
 };
-use limiter_common::source;
+use limiter_common::{AF_INET, AF_INET6, Port, source};
 
 use crate::{
     count,
     maps::{LIMITER_CONFIG, counters},
 };
-
-const AF_INET: u32 = 2;
-const AF_INET6: u32 = 10;
 
 #[sock_ops]
 pub fn limiter_count(ctx: SockOpsContext) -> u32 {
@@ -59,25 +56,25 @@ fn on_close(ctx: &SockOpsContext) {
 
 fn on_established(ctx: &SockOpsContext) {
     let family = ctx.family();
-    if family != AF_INET && family != AF_INET6 {
+    if family != u32::from(AF_INET) && family != u32::from(AF_INET6) {
         return;
     }
-    let Some(settings) = LIMITER_CONFIG.get(0) else {
+    let Some(config) = LIMITER_CONFIG.get(0) else {
         return;
     };
     // SAFETY: the helper only reads the context pointer the kernel gave us.
-    if unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } != settings.netns_cookie {
+    if unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } != config.netns_cookie {
         return;
     }
-    // local_port is host order in sock_ops (DESIGN.md); ports fit in 16 bits.
-    let port = ctx.local_port() as u16;
+    // local_port is host order in sock_ops (DESIGN.md).
+    let port = Port::from_host(ctx.local_port());
     // remote addresses are network order in memory; read only for a port
     // with a per-source cap.
     let group = || {
-        if family == AF_INET {
-            source::key_v4(ctx.remote_ip4(), port, settings.prefix_v4)
+        if family == u32::from(AF_INET) {
+            source::key_v4(ctx.remote_ip4(), port, config.prefix_v4)
         } else {
-            source::key_v6(ctx.remote_ip6(), port, settings.prefix_v4, settings.prefix_v6)
+            source::key_v6(ctx.remote_ip6(), port, config.prefix_v4, config.prefix_v6)
         }
     };
     // SAFETY: reading the `sk` field of the context the kernel passed.
@@ -97,7 +94,7 @@ fn on_established(ctx: &SockOpsContext) {
         untracked();
         return;
     };
-    count::count(mark, port, group, settings, true);
+    count::count(mark, port, group, config, true);
 }
 
 /// Counts a socket the gate could not track.

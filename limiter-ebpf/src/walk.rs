@@ -30,7 +30,7 @@ use aya_ebpf::{
     bindings::BPF_SOCK_OPS_STATE_CB_FLAG,
     helpers::generated::{bpf_getsockopt, bpf_probe_read_kernel, bpf_setsockopt, bpf_skc_to_tcp_sock},
 };
-use limiter_common::{SockOffsets, source};
+use limiter_common::{AF_INET, Port, SockOffsets, source};
 
 use crate::{
     count,
@@ -60,7 +60,6 @@ pub struct IterTcp {
     uid: u32,
 }
 
-const AF_INET: u16 = 2;
 const SOL_TCP: i32 = 6;
 /// `TCP_BPF_SOCK_OPS_CB_FLAGS` (include/uapi/linux/bpf.h, kernel 6.10).
 const TCP_BPF_SOCK_OPS_CB_FLAGS: i32 = 1008;
@@ -133,9 +132,10 @@ pub extern "C" fn limiter_walk(ctx: *mut IterTcp) -> i32 {
     let off = unsafe { ptr::addr_of!(LIMITER_OFFSETS).read_volatile() };
     let base = skc.cast::<u8>().cast_const();
     let state: u8 = read(base, off.state);
-    let port: u16 = read(base, off.num);
+    // skc_num: the local port, host order.
+    let port = Port::from_host(u32::from(read::<u16>(base, off.num)));
     if state == TCP_LISTEN {
-        if let Some(seen) = LIMITER_WALK.get_ptr_mut(u32::from(port)) {
+        if let Some(seen) = LIMITER_WALK.get_ptr_mut(port.index()) {
             // SAFETY: array value.
             unsafe { *seen = 1 };
         }
@@ -147,23 +147,23 @@ pub extern "C" fn limiter_walk(ctx: *mut IterTcp) -> i32 {
     ) {
         return 0;
     }
-    if LIMITER_WALK.get(u32::from(port)).copied() != Some(1) {
+    if LIMITER_WALK.get(port.index()).copied() != Some(1) {
         return 0;
     }
-    let Some(settings) = LIMITER_CONFIG.get(0) else {
+    let Some(config) = LIMITER_CONFIG.get(0) else {
         return 0;
     };
     // Only sockets whose close limiter_count will see: those of the gated
     // cgroup or a cgroup below it.
-    if !in_cgroup(base, &off, settings.cgroup_id) {
+    if !in_cgroup(base, &off, config.cgroup_id) {
         return 0;
     }
     let family: u16 = read(base, off.family);
     let group = || {
         if family == AF_INET {
-            source::key_v4(read(base, off.daddr), port, settings.prefix_v4)
+            source::key_v4(read(base, off.daddr), port, config.prefix_v4)
         } else {
-            source::key_v6(read(base, off.v6_daddr), port, settings.prefix_v4, settings.prefix_v6)
+            source::key_v6(read(base, off.v6_daddr), port, config.prefix_v4, config.prefix_v6)
         }
     };
     // SAFETY: `skc` is the iterator's socket; NULL unless a full TCP socket.
@@ -190,6 +190,6 @@ pub extern "C" fn limiter_walk(ctx: *mut IterTcp) -> i32 {
             return 0;
         }
     }
-    count::count(mark, port, group, settings, false);
+    count::count(mark, port, group, config, false);
     0
 }

@@ -28,7 +28,7 @@ use aya_ebpf::{
     macros::xdp,
     programs::XdpContext,
 };
-use limiter_common::path;
+use limiter_common::{AF_INET, AF_INET6, IPPROTO_TCP, Port, path};
 
 use crate::{
     gate::{self, Client},
@@ -41,7 +41,6 @@ const IP6_LEN: usize = 40;
 const TCP_LEN: usize = 20;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
-const IPPROTO_TCP: u8 = 6;
 const FIN: u8 = 0x01;
 const SYN: u8 = 0x02;
 const RST: u8 = 0x04;
@@ -66,9 +65,6 @@ pub fn limiter_xdp(ctx: XdpContext) -> u32 {
     verdict
 }
 
-const AF_INET: u8 = 2;
-const AF_INET6: u8 = 10;
-
 /// Whether the SYN is addressed to this host: the interface's own MAC and
 /// a local address.
 #[inline(always)]
@@ -90,7 +86,7 @@ fn for_this_host(ctx: &XdpContext, syn: &Syn) -> bool {
     fib.ifindex = ifindex;
     if syn.v6 {
         let Some(ip) = at(ctx, ETH_LEN, IP6_LEN) else { return false };
-        fib.family = AF_INET6;
+        fib.family = AF_INET6 as u8;
         // SAFETY: 40 bytes checked; the unions hold plain integers.
         unsafe {
             fib.__bindgen_anon_3.ipv6_src = ip.add(8).cast::<[u32; 4]>().read_unaligned();
@@ -98,7 +94,7 @@ fn for_this_host(ctx: &XdpContext, syn: &Syn) -> bool {
         }
     } else {
         let Some(ip) = at(ctx, ETH_LEN, IP4_LEN) else { return false };
-        fib.family = AF_INET;
+        fib.family = AF_INET as u8;
         // SAFETY: 20 bytes checked; the unions hold plain integers.
         unsafe {
             fib.__bindgen_anon_1.tot_len = be16(ip, 2).to_be();
@@ -118,8 +114,8 @@ fn for_this_host(ctx: &XdpContext, syn: &Syn) -> bool {
 struct Syn {
     v6: bool,
     client: Client,
-    sport: u16,
-    dport: u16,
+    sport: Port,
+    dport: Port,
     /// SEG.SEQ + SEG.LEN (the SYN flag and any data).
     ack: u32,
 }
@@ -138,6 +134,13 @@ fn at(ctx: &XdpContext, offset: usize, len: usize) -> Option<*mut u8> {
 fn be16(p: *const u8, offset: usize) -> u16 {
     // SAFETY: callers checked the bounds with `at`.
     unsafe { u16::from_be_bytes(p.add(offset).cast::<[u8; 2]>().read_unaligned()) }
+}
+
+/// A port field of a header, converted once, here.
+#[inline(always)]
+fn port(p: *const u8, offset: usize) -> Port {
+    // SAFETY: callers checked the bounds with `at`.
+    Port::from_be(unsafe { p.add(offset).cast::<u16>().read_unaligned() })
 }
 
 #[inline(always)]
@@ -197,8 +200,8 @@ fn syn(ctx: &XdpContext) -> Option<Syn> {
     Some(Syn {
         v6,
         client,
-        sport: be16(tcp, 0),
-        dport: be16(tcp, 2),
+        sport: port(tcp, 0),
+        dport: port(tcp, 2),
         ack: be32(tcp, 4).wrapping_add(1).wrapping_add(data),
     })
 }
@@ -297,8 +300,8 @@ fn reset(ctx: &XdpContext, syn: &Syn) -> u32 {
             put16(ip, 10, 0);
             put16(ip, 10, fold(sum16(ip, IP4_LEN, 0)));
         }
-        put16(tcp, 0, syn.dport);
-        put16(tcp, 2, syn.sport);
+        put16(tcp, 0, syn.dport.get());
+        put16(tcp, 2, syn.sport.get());
         put32(tcp, 4, 0);
         put32(tcp, 8, syn.ack);
         put16(tcp, 12, (5 << 12) | u16::from(RST | ACK));

@@ -30,6 +30,7 @@ pub mod bpf;
 pub mod client;
 pub mod packet;
 pub mod peer;
+pub mod process;
 pub mod upstream;
 
 use anyhow::{Context as _, Result, bail, ensure};

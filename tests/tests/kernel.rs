@@ -8,7 +8,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter_tests::*;
+use limiter_tests::{
+    process::{DEADLINE, limiter_with_deadline, run_with_deadline, terminate, wait_for},
+    *,
+};
 use nix::sys::signal::Signal;
 
 const P: u16 = 7100;
@@ -36,15 +39,44 @@ fn attachments(sb: &Sandbox) -> (usize, usize) {
     (sock_ops, sk_lookup)
 }
 
+/// Samples `port`'s established count for `window` and fails if it ever
+/// differs from `want` (a decrement that comes twice or late).
+fn stays_established(sb: &Sandbox, p: u16, want: u64, window: Duration) {
+    let until = Instant::now() + window;
+    while Instant::now() < until {
+        let now = port(&dump(&sb.pin_path), p).established;
+        assert_eq!(now, want, "port {p}: the count moved after settling");
+    }
+}
+
+/// Waits until every non-blocking connect of `burst` has connected or
+/// failed (the kernel answers each SYN with a SYN-ACK or a RST); returns
+/// how many connected.
+fn settled(burst: &[socket2::Socket]) -> u64 {
+    let mut outcome: Vec<Option<bool>> = vec![None; burst.len()];
+    wait_for("every connect of the burst connected or was refused", Duration::from_secs(5), || {
+        for (s, o) in burst.iter().zip(outcome.iter_mut()).filter(|(_, o)| o.is_none()) {
+            if s.peer_addr().is_ok() {
+                *o = Some(true);
+            } else if matches!(s.take_error(), Ok(Some(_))) {
+                *o = Some(false);
+            }
+        }
+        outcome.iter().all(Option::is_some)
+    });
+    outcome.iter().filter(|o| **o == Some(true)).count() as u64
+}
+
 #[test]
 fn count_is_exact_whichever_way_connections_end() {
     require_kernel!();
     let sb = Sandbox::new().unwrap();
-    let _daemon = Daemon::start(&sb.config(&format!("{P}:100000"), ""), &[]).unwrap();
+    let daemon = Daemon::start(&sb.config(&format!("{P}:100000"), ""), &[]).unwrap();
     let per_mode = 250;
-    let mut admitted = 0;
+    let modes = ["client FIN first", "server FIN first", "client RST", "server RST", "never accepted"];
 
-    for mode in ["client FIN first", "server FIN first", "client RST", "server RST", "never accepted"] {
+    for mode in modes {
+        let before = port(&dump(&sb.pin_path), P).admitted;
         let listener = sb.listen(&addr(P), 1024);
         let mut pairs = Vec::new();
         for _ in 0..per_mode {
@@ -55,9 +87,8 @@ fn count_is_exact_whichever_way_connections_end() {
                 pairs.push((client, Some(listener.accept().unwrap().0)));
             }
         }
-        admitted += per_mode as u64;
         let row = wait_established(&sb.pin_path, P, per_mode as u64);
-        assert_eq!(row.admitted, admitted, "{mode}");
+        assert_eq!(row.admitted - before, per_mode as u64, "{mode}: every handshake counted once");
         for (client, server) in pairs {
             match mode {
                 "client FIN first" => {
@@ -84,12 +115,14 @@ fn count_is_exact_whichever_way_connections_end() {
         }
         drop(listener);
         let row = wait_established(&sb.pin_path, P, 0);
-        assert_eq!(row.admitted, admitted, "{mode}");
+        assert_eq!(row.admitted - before, per_mode as u64, "{mode}: a close counted as a handshake");
         // And it stays exact: nothing decrements twice or late.
-        std::thread::sleep(Duration::from_millis(200));
-        assert_eq!(port(&dump(&sb.pin_path), P).established, 0, "{mode}: count moved after settling");
+        stays_established(&sb, P, 0, Duration::from_millis(200));
     }
-    assert_eq!(admitted, 1250);
+    // The daemon's own counter says the same as the pinned maps.
+    let line = format!("limiter_kernel_admitted_total{{port=\"{P}\"}} {}", per_mode * modes.len());
+    let metrics = daemon.metrics();
+    assert!(metrics.lines().any(|l| l == line), "missing `{line}` in\n{metrics}");
 }
 
 #[test]
@@ -142,9 +175,9 @@ fn burst_overshoot_stays_within_the_documented_bound() {
     for round in 0..20 {
         let listener = sb.listen(&addr(P), 4096);
         let burst = sb.connect_burst(&addr(P), 200);
-        std::thread::sleep(Duration::from_millis(100));
-        let connected = burst.iter().filter(|s| s.peer_addr().is_ok()).count() as u64;
-        let row = port(&dump(&sb.pin_path), P);
+        let connected = settled(&burst);
+        // The gate counted exactly the handshakes that completed.
+        let row = wait_established(&sb.pin_path, P, connected);
         highest = highest.max(row.high_watermark);
         assert!(connected <= bound, "round {round}: {connected} connected, bound {bound}");
         assert!(connected >= limit, "round {round}: only {connected} connected under limit {limit}");
@@ -263,8 +296,9 @@ fn unlisted_ports_udp_outgoing_and_ipv6() {
     let outside = sb.listen_uncounted(&addr(free));
     let out = sb.connect_from_cgroup(&addr(free)).expect("outgoing connection");
     let ephemeral = out.local_addr().unwrap().port();
+    // Nothing to wait for: sock_ops runs inside the handshake, before
+    // connect() and accept() return.
     let _accepted = accept_n(&outside, 1);
-    std::thread::sleep(Duration::from_millis(100));
     let d = dump(&sb.pin_path);
     assert_eq!(
         port(&d, ephemeral),
@@ -304,7 +338,7 @@ fn kill_9_and_restart_keep_enforcing_with_one_attachment() {
     drop(clients.pop());
     drop(servers.pop());
     wait_established(&sb.pin_path, P, 1);
-    let table = limiter(&["dump", "--config", config.to_str().unwrap()]);
+    let table = limiter_with_deadline(&["dump", "--config", config.to_str().unwrap()], DEADLINE);
     assert!(String::from_utf8_lossy(&table.stdout).contains("daemon not running"));
     let _third = sb.connect(&addr(P)).expect("slot freed while the daemon was down");
     servers.extend(accept_n(&listener, 1));
@@ -315,7 +349,7 @@ fn kill_9_and_restart_keep_enforcing_with_one_attachment() {
     let row = port(&dump(&sb.pin_path), P);
     assert_eq!((row.established, row.admitted, row.refused), (2, 3, 1));
     assert_eq!(sb.connect(&addr(P)).unwrap_err().kind(), ErrorKind::ConnectionRefused);
-    let table = limiter(&["dump", "--config", config.to_str().unwrap()]);
+    let table = limiter_with_deadline(&["dump", "--config", config.to_str().unwrap()], DEADLINE);
     assert!(String::from_utf8_lossy(&table.stdout).contains("daemon running"));
 }
 
@@ -329,8 +363,7 @@ fn sigterm_leaves_the_gate_and_unload_removes_only_its_own_pins() {
     let _c = sb.connect(&addr(P)).unwrap();
     let _s = accept_n(&listener, 1);
     wait_established(&sb.pin_path, P, 1);
-    daemon.signal(Signal::SIGTERM);
-    assert_eq!(daemon.wait(), Some(0));
+    assert_eq!(terminate(&mut daemon, DEADLINE), Some(0));
     assert_eq!(sb.connect(&addr(P)).unwrap_err().kind(), ErrorKind::ConnectionRefused);
     assert_eq!(attachments(&sb), (1, 1));
 
@@ -354,7 +387,7 @@ fn sigterm_leaves_the_gate_and_unload_removes_only_its_own_pins() {
         ],
     )
     .unwrap();
-    let out = limiter(&["unload", "--config", config.to_str().unwrap()]);
+    let out = limiter_with_deadline(&["unload", "--config", config.to_str().unwrap()], DEADLINE);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(foreign.exists(), "unload removed a pin that was not limiter's");
     let left: Vec<_> = std::fs::read_dir(&sb.pin_path).unwrap().flatten().map(|e| e.file_name()).collect();
@@ -362,7 +395,7 @@ fn sigterm_leaves_the_gate_and_unload_removes_only_its_own_pins() {
     assert_eq!(attachments(&sb), (0, 0));
     let _more = sb.connect(&addr(P)).expect("no gate after unload");
     // A second unload has nothing of ours to remove.
-    let again = limiter(&["unload", "--config", config.to_str().unwrap()]);
+    let again = limiter_with_deadline(&["unload", "--config", config.to_str().unwrap()], DEADLINE);
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("no gate is pinned"));
 }
@@ -379,7 +412,7 @@ fn bad_environments_get_one_clear_sentence() {
             c.args(&wrapper[1..]).arg(limiter_bin());
             c
         };
-        let out = cmd.arg("run").arg("--config").arg(config).output().unwrap();
+        let out = run_with_deadline(cmd.arg("run").arg("--config").arg(config), DEADLINE);
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr).trim().to_owned();
         assert_eq!(err.lines().count(), 1, "not one line: {err}");
@@ -420,8 +453,7 @@ fn bad_environments_get_one_clear_sentence() {
 
     // A gate adopted under another kernel.cgroup would count the old one.
     let mut daemon = Daemon::start(&config, &[]).unwrap();
-    daemon.signal(Signal::SIGTERM);
-    daemon.wait();
+    assert_eq!(terminate(&mut daemon, DEADLINE), Some(0));
     let other = sb.cgroup.with_extension("other");
     std::fs::create_dir(&other).unwrap();
     let moved = sb.dir.join("moved.ini");
@@ -477,14 +509,15 @@ fn dump_and_metrics_agree_with_what_was_opened() {
         PortView { limit: None, established: 7, high_watermark: 7, admitted: 7, refused: 0 }
     );
     assert_eq!(d["kernel"]["layout_version"], 2);
-    let with_daemon = limiter(&["dump", "--json", "--config", config.to_str().unwrap()]);
+    let with_daemon =
+        limiter_with_deadline(&["dump", "--json", "--config", config.to_str().unwrap()], DEADLINE);
     let with_daemon: serde_json::Value = serde_json::from_slice(&with_daemon.stdout).unwrap();
     assert_eq!(with_daemon["daemon"]["running"], true);
     assert_eq!(with_daemon["daemon"]["status"]["pid"], daemon.pid().as_raw());
     assert_eq!(with_daemon["kernel"]["ports"], d["kernel"]["ports"]);
 
-    let table = String::from_utf8_lossy(&limiter(&["dump", "--config", config.to_str().unwrap()]).stdout)
-        .into_owned();
+    let table = limiter_with_deadline(&["dump", "--config", config.to_str().unwrap()], DEADLINE);
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
     let row: Vec<&str> = table
         .lines()
         .find(|l| l.trim_start().starts_with(&P.to_string()))
@@ -519,39 +552,57 @@ fn count_returns_to_zero_after_a_reset_flood_that_races_the_listeners_close() {
     let _daemon = Daemon::start(&sb.config(&format!("{P}:1000000"), ""), &[]).unwrap();
     let mut total = 0;
     for round in 0..3 {
+        let before = port(&dump(&sb.pin_path), P).admitted;
         let listener = sb.listen(&addr(P), 4096);
         listener.set_nonblocking(true).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let connected = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
         let clients: Vec<_> = (0..2)
             .map(|_| {
-                let (stop, connected, netns) = (stop.clone(), connected.clone(), sb.netns_file());
+                let (stop, connected, failed) = (stop.clone(), connected.clone(), failed.clone());
+                let netns = sb.netns_file();
                 std::thread::spawn(move || {
                     nix::sched::setns(std::os::fd::AsFd::as_fd(&netns), nix::sched::CloneFlags::CLONE_NEWNET)
                         .unwrap();
                     while !stop.load(Ordering::Relaxed) {
-                        if let Ok(s) = TcpStream::connect(addr(P)) {
-                            reset_on_close(&s);
-                            connected.fetch_add(1, Ordering::Relaxed);
+                        match TcpStream::connect(addr(P)) {
+                            Ok(s) => {
+                                reset_on_close(&s);
+                                connected.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(_) => {
+                                failed.fetch_add(1, Ordering::Relaxed);
+                            }
                         }
                     }
                 })
             })
             .collect();
+        let mut accepted = 0u64;
         let deadline = Instant::now() + Duration::from_millis(1500);
         while Instant::now() < deadline {
             if let Ok((s, _)) = listener.accept() {
+                accepted += 1;
                 drop(s);
             }
         }
-        // The listener closes while connects are still arriving.
+        // The listener closes while connects are still arriving: go on
+        // until a good number of them met the closed port.
         drop(listener);
-        std::thread::sleep(Duration::from_millis(200));
+        let at_close = failed.load(Ordering::Relaxed);
+        wait_for("connects refused after the listener closed", Duration::from_secs(5), || {
+            failed.load(Ordering::Relaxed) >= at_close + 100
+        });
         stop.store(true, Ordering::Relaxed);
         clients.into_iter().for_each(|c| c.join().unwrap());
         total += connected.load(Ordering::Relaxed);
         let row = wait_established(&sb.pin_path, P, 0);
-        assert!(row.admitted > 0, "round {round}: nothing was counted");
+        // Every connection the server accepted was counted this round (and
+        // more reached the queue without being accepted).
+        assert!(accepted > 0, "round {round}: the server accepted nothing");
+        let counted = row.admitted - before;
+        assert!(counted >= accepted, "round {round}: {counted} counted, {accepted} accepted");
     }
     eprintln!("{total} connections, count back to 0 after each round");
 }

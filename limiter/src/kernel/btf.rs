@@ -3,9 +3,36 @@
 //! (`/sys/kernel/btf/vmlinux`). Layouts differ between kernel builds; BTF
 //! says what this one uses, so no offsets are compiled in.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, io};
 
 use limiter_common::SockOffsets;
+
+/// Where the running kernel's BTF is.
+const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+
+/// Why the walk's offsets could not be read from the kernel's BTF.
+#[derive(Debug, thiserror::Error)]
+pub enum BtfError {
+    #[error("reading {path}: {source} (limiter needs a kernel with BTF)")]
+    Read { path: &'static str, source: io::Error },
+    #[error("{path}: {source}")]
+    Malformed { path: &'static str, source: MalformedBtf },
+    #[error("the kernel's BTF has no struct {0}")]
+    NoStruct(String),
+    #[error("struct {strukt} has no {field} in this kernel")]
+    NoField { strukt: &'static str, field: &'static str },
+}
+
+/// What is wrong with bytes that should be BTF.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MalformedBtf {
+    #[error("not BTF (bad magic)")]
+    BadMagic,
+    #[error("truncated or malformed BTF")]
+    Truncated,
+    #[error("unknown BTF kind {0}")]
+    UnknownKind(u32),
+}
 
 const MAGIC: u16 = 0xeb9f;
 const KIND_INT: u32 = 1;
@@ -61,10 +88,10 @@ fn u32_at(b: &[u8], at: usize) -> Option<u32> {
 
 impl Btf {
     /// Parses raw BTF (little-endian, as the kernel exposes it here).
-    pub fn parse(data: &[u8]) -> Result<Self, String> {
-        let bad = || "truncated or malformed BTF".to_owned();
+    pub fn parse(data: &[u8]) -> Result<Self, MalformedBtf> {
+        let bad = || MalformedBtf::Truncated;
         if u16_at(data, 0) != Some(MAGIC) {
-            return Err("not BTF (bad magic)".into());
+            return Err(MalformedBtf::BadMagic);
         }
         let hdr_len = u32_at(data, 4).ok_or_else(bad)? as usize;
         let type_off = u32_at(data, 8).ok_or_else(bad)? as usize;
@@ -103,7 +130,7 @@ impl Btf {
                 KIND_DATASEC | KIND_ENUM64 => at += 12 * vlen,
                 KIND_PTR | KIND_FWD | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT
                 | KIND_FUNC | KIND_FLOAT | KIND_TYPE_TAG => {}
-                other => return Err(format!("unknown BTF kind {other}")),
+                other => return Err(MalformedBtf::UnknownKind(other)),
             }
             types.push(Type { kind, name, ty: size_or_type, members });
         }
@@ -118,12 +145,12 @@ impl Btf {
 
     /// Byte offsets of every named member of struct `name`, looking through
     /// anonymous structs and unions.
-    pub fn member_offsets(&self, name: &str) -> Result<HashMap<String, u32>, String> {
+    pub fn member_offsets(&self, name: &str) -> Result<HashMap<String, u32>, BtfError> {
         let id = self
             .types
             .iter()
             .position(|t| t.kind == KIND_STRUCT && self.name(t.name) == name)
-            .ok_or_else(|| format!("the kernel's BTF has no struct {name}"))?;
+            .ok_or_else(|| BtfError::NoStruct(name.to_owned()))?;
         let mut out = HashMap::new();
         self.collect(id, 0, &mut out, 0);
         Ok(out)
@@ -166,19 +193,15 @@ impl Btf {
 }
 
 /// The offsets the walk needs, from the running kernel's BTF.
-pub fn sock_offsets() -> Result<SockOffsets, String> {
-    let path = "/sys/kernel/btf/vmlinux";
-    let data =
-        std::fs::read(path).map_err(|e| format!("reading {path}: {e} (limiter needs a kernel with BTF)"))?;
-    offsets_from(&Btf::parse(&data).map_err(|e| format!("{path}: {e}"))?)
+pub fn sock_offsets() -> Result<SockOffsets, BtfError> {
+    let path = VMLINUX;
+    let data = std::fs::read(path).map_err(|source| BtfError::Read { path, source })?;
+    offsets_from(&Btf::parse(&data).map_err(|source| BtfError::Malformed { path, source })?)
 }
 
-fn offsets_from(btf: &Btf) -> Result<SockOffsets, String> {
-    let field = |strukt: &str, name: &str| -> Result<u32, String> {
-        btf.member_offsets(strukt)?
-            .get(name)
-            .copied()
-            .ok_or_else(|| format!("struct {strukt} has no {name} in this kernel"))
+fn offsets_from(btf: &Btf) -> Result<SockOffsets, BtfError> {
+    let field = |strukt: &'static str, field: &'static str| -> Result<u32, BtfError> {
+        btf.member_offsets(strukt)?.get(field).copied().ok_or(BtfError::NoField { strukt, field })
     };
     Ok(SockOffsets {
         daddr: field("sock_common", "skc_daddr")?,
@@ -203,7 +226,7 @@ mod tests {
         // skc_daddr, skc_num, skc_family and skc_state have sat at these
         // offsets since the struct was introduced; finding them proves the
         // reader walks anonymous unions correctly.
-        let Ok(data) = std::fs::read("/sys/kernel/btf/vmlinux") else {
+        let Ok(data) = std::fs::read(VMLINUX) else {
             panic!("this machine has no /sys/kernel/btf/vmlinux; limiter's kernel gate needs BTF");
         };
         let off = offsets_from(&Btf::parse(&data).unwrap()).unwrap();
@@ -215,9 +238,16 @@ mod tests {
 
     #[test]
     fn garbage_is_refused_with_a_reason() {
-        assert!(Btf::parse(b"nope").unwrap_err().contains("magic"));
+        assert_eq!(Btf::parse(b"nope").unwrap_err(), MalformedBtf::BadMagic);
         let mut header = vec![0x9f, 0xeb, 1, 0, 24, 0, 0, 0];
         header.extend_from_slice(&[0, 0, 0, 0, 100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
-        assert!(Btf::parse(&header).unwrap_err().contains("truncated"));
+        let e = BtfError::Malformed { path: VMLINUX, source: Btf::parse(&header).unwrap_err() };
+        assert_eq!(e.to_string(), "/sys/kernel/btf/vmlinux: truncated or malformed BTF");
+        let missing = Btf::parse(&real_btf()).unwrap().member_offsets("no_such_struct").unwrap_err();
+        assert_eq!(missing.to_string(), "the kernel's BTF has no struct no_such_struct");
+    }
+
+    fn real_btf() -> Vec<u8> {
+        std::fs::read(VMLINUX).expect("this machine has /sys/kernel/btf/vmlinux")
     }
 }

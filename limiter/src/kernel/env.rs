@@ -18,7 +18,7 @@ use nix::{
     },
 };
 
-use super::KernelError;
+use super::{InterfaceError, KernelError};
 
 /// The oldest kernel the gate runs on: the TCP socket iterator locks each
 /// socket it visits since 5.19 (the start-up walk relies on it);
@@ -99,7 +99,11 @@ fn fs_type(path: &Path) -> Option<i64> {
 /// The first cgroup v2 mount in `/proc/self/mounts` (here
 /// `/sys/fs/cgroup/unified`, on others `/sys/fs/cgroup`).
 pub fn cgroup2_mount() -> Result<PathBuf, KernelError> {
-    let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    cgroup2_in(&fs::read_to_string("/proc/self/mounts").unwrap_or_default())
+}
+
+/// The first cgroup v2 mount point in a mount table (`/proc/self/mounts`).
+fn cgroup2_in(mounts: &str) -> Result<PathBuf, KernelError> {
     mounts
         .lines()
         .find_map(|line| {
@@ -141,14 +145,12 @@ pub fn open_cgroup(path: &Path) -> Result<File, KernelError> {
 
 /// Opens a network namespace file (`/proc/self/ns/net`, `/var/run/netns/NAME`).
 pub fn open_netns(path: &Path) -> Result<File, KernelError> {
-    let file = File::open(path).map_err(|e| KernelError::NetnsMissing(path.to_path_buf(), e.to_string()))?;
+    let file =
+        File::open(path).map_err(|source| KernelError::NetnsOpen { path: path.to_path_buf(), source })?;
     // A wrong path (a plain file) would only fail later inside setns; say
     // it now. The namespace type is checked by setns(CLONE_NEWNET).
     if fs_type(path) != Some(NSFS_MAGIC) {
-        return Err(KernelError::NetnsMissing(
-            path.to_path_buf(),
-            "not a namespace file (expected /proc/PID/ns/net or /var/run/netns/NAME)".into(),
-        ));
+        return Err(KernelError::NotNetns(path.to_path_buf()));
     }
     Ok(file)
 }
@@ -163,37 +165,56 @@ pub fn netns_inode(netns: &File) -> u64 {
 /// A socket must be created inside the namespace to ask; a namespace
 /// switch is per thread, so a short-lived thread does it.
 pub fn netns_cookie(netns: &File) -> Result<u64, KernelError> {
-    let netns = netns.try_clone().map_err(|e| KernelError::io("duplicating the netns fd".into(), e))?;
+    let netns = netns.try_clone().map_err(|e| KernelError::io("duplicating the netns fd", e))?;
     std::thread::spawn(move || -> Result<u64, KernelError> {
         setns(netns.as_fd(), CloneFlags::CLONE_NEWNET)
-            .map_err(|e| KernelError::io("entering the target network namespace".into(), e.into()))?;
-        let sock =
-            socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).map_err(|e| {
-                KernelError::io("creating a socket in the target network namespace".into(), e.into())
-            })?;
+            .map_err(|e| KernelError::io("entering the target network namespace", e.into()))?;
+        let sock = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)
+            .map_err(|e| KernelError::io("creating a socket in the target network namespace", e.into()))?;
         getsockopt(&sock, NetnsCookie)
-            .map_err(|e| KernelError::io("reading SO_NETNS_COOKIE (kernel >= 5.14)".into(), e.into()))
+            .map_err(|e| KernelError::io("reading SO_NETNS_COOKIE (kernel >= 5.14)", e.into()))
     })
     .join()
-    .unwrap_or_else(|_| Err(KernelError::io("netns cookie thread".into(), std::io::Error::other("panicked"))))
+    .unwrap_or_else(|_| Err(KernelError::io("netns cookie thread", std::io::Error::other("panicked"))))
 }
 
 /// Runs `f` on this thread inside `netns`, then returns the thread to the
 /// namespace it was in (a namespace switch is per thread). Used for what
-/// resolves names or picks its namespace from the caller: XDP attachment
-/// (interface names) and the socket iterator.
-pub fn in_netns<T>(netns: &File, f: impl FnOnce() -> T) -> Result<T, KernelError> {
+/// resolves names or picks its namespace from the caller: interface names
+/// (XDP attachment, MACs) and the socket iterator. Failing to enter the
+/// namespace is an error of `f`'s type, so the caller decides whether it
+/// is fatal.
+pub fn in_netns<T, E: From<KernelError>>(netns: &File, f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
     let home = File::open("/proc/thread-self/ns/net")
-        .map_err(|e| KernelError::io("opening this thread's network namespace".into(), e))?;
+        .map_err(|e| KernelError::io("opening this thread's network namespace", e))?;
     setns(netns.as_fd(), CloneFlags::CLONE_NEWNET)
-        .map_err(|e| KernelError::io("entering the target network namespace".into(), e.into()))?;
+        .map_err(|e| KernelError::io("entering the target network namespace", e.into()))?;
     let out = f();
     if let Err(e) = setns(home.as_fd(), CloneFlags::CLONE_NEWNET) {
         // Staying in the target namespace would bind the daemon's later
         // sockets there; better to stop.
         panic!("could not return to the daemon's network namespace: {e}");
     }
-    Ok(out)
+    out
+}
+
+/// Whether the gated namespace has an interface called `name`.
+pub fn has_interface(netns: &File, name: &str) -> Result<bool, KernelError> {
+    in_netns(netns, || Ok::<_, KernelError>(nix::net::if_::if_nametoindex(name).is_ok()))
+}
+
+/// The ifindex and MAC of `interface`, as the gated namespace sees them.
+pub fn interface_mac(netns: &File, interface: &str) -> Result<(u32, [u8; 6]), KernelError> {
+    let fail = |source| KernelError::Interface { interface: interface.to_owned(), source };
+    in_netns(netns, || {
+        let index = nix::net::if_::if_nametoindex(interface).map_err(|e| fail(InterfaceError::Index(e)))?;
+        let mac = nix::ifaddrs::getifaddrs()
+            .map_err(|e| fail(InterfaceError::Addresses(e)))?
+            .filter(|a| a.interface_name == interface)
+            .find_map(|a| a.address.as_ref().and_then(|s| s.as_link_addr()).and_then(|l| l.addr()))
+            .ok_or_else(|| fail(InterfaceError::NoMac))?;
+        Ok((index, mac))
+    })
 }
 
 /// Makes `pin_dir` an existing directory on bpffs (mode 0700), mounting
@@ -215,7 +236,7 @@ pub fn ensure_bpffs(pin_dir: &Path) -> Result<bool, KernelError> {
         fs::create_dir_all(parent)
             .map_err(|e| KernelError::io(format!("creating {} to mount bpffs on", parent.display()), e))?;
         mount(Some("bpf"), parent, Some("bpf"), MsFlags::empty(), Some("mode=0700"))
-            .map_err(|e| KernelError::MountBpffs(parent.to_path_buf(), e.desc().to_owned()))?;
+            .map_err(|source| KernelError::MountBpffs { dir: parent.to_path_buf(), source })?;
         mounted = true;
     }
     fs::DirBuilder::new()
@@ -235,6 +256,10 @@ mod tests {
         assert_eq!(parse_release("6.18.44-fc-v657"), Some((6, 18)));
         assert_eq!(parse_release("5.15.0-91-generic"), Some((5, 15)));
         assert_eq!(parse_release("4.19"), Some((4, 19)));
+        assert_eq!(parse_release("6.1"), Some((6, 1)));
+        assert_eq!(parse_release("6"), None);
+        assert_eq!(parse_release("6.x"), None);
+        assert_eq!(parse_release(""), None);
         assert_eq!(parse_release("garbage"), None);
     }
 
@@ -255,5 +280,20 @@ mod tests {
     fn mount_points_unescape() {
         assert_eq!(unescape_mount("/sys/fs/cgroup/unified"), "/sys/fs/cgroup/unified");
         assert_eq!(unescape_mount("/mnt/a\\040b"), "/mnt/a b");
+        // Tab, newline and the backslash itself, as the kernel writes them.
+        assert_eq!(unescape_mount("/mnt/t\\011n\\012b\\134x"), "/mnt/t\tn\nb\\x");
+        // Not an octal escape: left as it is.
+        assert_eq!(unescape_mount("/mnt/a\\9zz"), "/mnt/a\\9zz");
+    }
+
+    #[test]
+    fn the_first_cgroup2_mount_is_the_one_used() {
+        let mounts = "sysfs /sys sysfs rw 0 0\n\
+                      cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n\
+                      none /sys/fs/cgroup/my\\040unified cgroup2 rw 0 0\n\
+                      none /other cgroup2 rw 0 0\n";
+        assert_eq!(cgroup2_in(mounts).unwrap(), PathBuf::from("/sys/fs/cgroup/my unified"));
+        let e = cgroup2_in("sysfs /sys sysfs rw 0 0\n").unwrap_err();
+        assert!(e.to_string().starts_with("no cgroup v2 is mounted"), "{e}");
     }
 }

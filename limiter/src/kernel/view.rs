@@ -1,0 +1,212 @@
+//! The read-only view of a gate that `limiter dump`, `limiter top` and
+//! `/metrics` show: one row per port, the links, the busiest client groups.
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use limiter_common::{
+    GateConfig, LIMIT_FLAG_DRY_RUN, PortLimit, PortStats, Refusals, SourceKey, path, reason,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    Gate, KernelError,
+    pins::{self, LINK_COUNT, LINK_REFUSE},
+};
+
+/// How many groups a snapshot lists.
+pub const TOP_SOURCES: usize = 20;
+
+/// Refusals of one port, by reason and by path.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusalRow {
+    pub port_full: u64,
+    pub source_full: u64,
+    pub source_table_full: u64,
+    pub sk_lookup: u64,
+    pub xdp: u64,
+}
+
+/// The state of one local port, as `dump` and `/metrics` show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortRow {
+    pub port: u16,
+    /// `None`: no cap on the port as a whole.
+    pub limit: Option<u32>,
+    /// `None`: no per-source cap.
+    pub per_source_max: Option<u32>,
+    pub dry_run: bool,
+    pub established: u64,
+    pub high_watermark: u64,
+    pub admitted: u64,
+    /// All refusals (both paths, every reason).
+    pub refused: u64,
+    pub refused_by: RefusalRow,
+    /// Refusals by `[path][reason]` (`limiter_common::path`, `reason`).
+    pub refused_matrix: [[u64; reason::COUNT]; path::COUNT],
+    /// Would-be refusals of a dry-run port, every reason.
+    pub would_refuse: u64,
+    pub would_refuse_by: RefusalRow,
+    /// Attempts from trusted prefixes admitted past a cap.
+    pub trusted_admitted: u64,
+    /// Client groups with connections on this port now.
+    pub sources: u64,
+}
+
+/// One pinned link and the program behind it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LinkRow {
+    pub pin: String,
+    pub link_id: Option<u32>,
+    pub program_id: Option<u32>,
+}
+
+/// A client group with connections now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceRow {
+    pub port: u16,
+    /// The group as a prefix, such as `192.0.2.0/24`.
+    pub group: String,
+    pub established: u64,
+}
+
+/// Everything the maps and link pins say.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub pin_path: PathBuf,
+    pub layout_version: u32,
+    pub netns_cookie: u64,
+    pub untracked_sockets: u64,
+    pub untracked_sources: u64,
+    /// Connections older than the gate, counted at start-up.
+    pub walked: u64,
+    pub source_prefix_v4: u32,
+    pub source_prefix_v6: u32,
+    pub source_slots: u64,
+    /// Slots counting a group with connections now.
+    pub source_slots_used: u64,
+    pub trusted: Vec<String>,
+    pub trusted_reserve: u32,
+    pub links: Vec<LinkRow>,
+    pub ports: Vec<PortRow>,
+    /// The groups with the most connections (at most [`TOP_SOURCES`]).
+    pub top_sources: Vec<SourceRow>,
+}
+
+impl Gate {
+    /// Reads every counter and link.
+    pub fn snapshot(&self) -> Result<Snapshot, KernelError> {
+        let config = self.config()?;
+        let limits = self.limits()?;
+        let refusals = self.refusals()?;
+        let counters = self.counters()?;
+        let (groups, slots_used) = self.source_groups();
+        let mut sources_per_port: BTreeMap<u16, u64> = BTreeMap::new();
+        for (key, _) in &groups {
+            *sources_per_port.entry(key.port).or_default() += 1;
+        }
+        let mut ports = self.active_ports()?;
+        ports.extend(limits.keys().chain(refusals.keys()));
+        ports.sort_unstable();
+        ports.dedup();
+        let mut rows = Vec::with_capacity(ports.len());
+        for port in ports {
+            let mut row = row(port, limits.get(&port), &self.port_stats(port)?, refusals.get(&port));
+            row.sources = sources_per_port.get(&port).copied().unwrap_or(0);
+            rows.push(row);
+        }
+        Ok(Snapshot {
+            pin_path: self.pin_dir().to_path_buf(),
+            layout_version: config.layout_version,
+            netns_cookie: config.netns_cookie,
+            untracked_sockets: counters.untracked_sockets,
+            untracked_sources: counters.untracked_sources,
+            walked: counters.walked,
+            source_prefix_v4: config.prefix_v4,
+            source_prefix_v6: config.prefix_v6,
+            source_slots: u64::from(self.source_slots()),
+            source_slots_used: slots_used,
+            trusted: self.trusted_prefixes()?.iter().map(ToString::to_string).collect(),
+            trusted_reserve: config.trusted_reserve,
+            links: self.links(),
+            ports: rows,
+            top_sources: top_sources(groups, &config),
+        })
+    }
+
+    /// The fixed links, then the XDP links.
+    fn links(&self) -> Vec<LinkRow> {
+        let mut names: Vec<String> = [LINK_COUNT, LINK_REFUSE].iter().map(|s| (*s).to_owned()).collect();
+        names.extend(pins::xdp_interfaces(self.pin_dir()).iter().map(|i| pins::xdp_link(i)));
+        names
+            .into_iter()
+            .map(|pin| {
+                let info = pins::link_info(&self.pin_dir().join(&pin));
+                LinkRow {
+                    pin,
+                    link_id: info.as_ref().map(|i| i.id()),
+                    program_id: info.as_ref().map(|i| i.program_id()),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The busiest groups, most connections first (ties by port, then group).
+fn top_sources(groups: Vec<(SourceKey, u64)>, config: &GateConfig) -> Vec<SourceRow> {
+    let mut top: Vec<SourceRow> = groups
+        .into_iter()
+        .map(|(key, n)| SourceRow { port: key.port, group: group_name(&key, config), established: n })
+        .collect();
+    top.sort_by(|a, b| {
+        b.established.cmp(&a.established).then(a.port.cmp(&b.port)).then(a.group.cmp(&b.group))
+    });
+    top.truncate(TOP_SOURCES);
+    top
+}
+
+/// A group as a prefix: `192.0.2.0/24`, `2001:db8::/64`.
+fn group_name(key: &SourceKey, config: &GateConfig) -> String {
+    if key.family == 4 {
+        format!("{}/{}", std::net::Ipv4Addr::from(key.addr[0]), config.prefix_v4)
+    } else {
+        let bits = key.addr.iter().fold(0u128, |acc, w| (acc << 32) | u128::from(*w));
+        format!("{}/{}", std::net::Ipv6Addr::from(bits), config.prefix_v6)
+    }
+}
+
+/// One port's row from its limit, counters and refusals (`sources` is
+/// filled in by the caller).
+fn row(port: u16, limit: Option<&PortLimit>, s: &PortStats, r: Option<&Refusals>) -> PortRow {
+    let r = r.copied().unwrap_or_default();
+    PortRow {
+        port,
+        limit: limit.map(|l| l.max_established).filter(|&m| m != 0),
+        per_source_max: limit.map(|l| l.per_source_max).filter(|&m| m != 0),
+        dry_run: limit.is_some_and(|l| l.flags & LIMIT_FLAG_DRY_RUN != 0),
+        established: s.established,
+        high_watermark: s.high_watermark,
+        admitted: s.admitted,
+        refused: r.refused.iter().sum(),
+        refused_by: RefusalRow {
+            port_full: r.by_reason(reason::PORT),
+            source_full: r.by_reason(reason::SOURCE),
+            source_table_full: r.by_reason(reason::TABLE),
+            sk_lookup: r.by_path(path::SK_LOOKUP),
+            xdp: r.by_path(path::XDP),
+        },
+        refused_matrix: std::array::from_fn(|p| std::array::from_fn(|q| r.refused[p * reason::COUNT + q])),
+        would_refuse: r.would_refuse.iter().sum(),
+        would_refuse_by: RefusalRow {
+            port_full: r.would_refuse[reason::PORT],
+            source_full: r.would_refuse[reason::SOURCE],
+            source_table_full: r.would_refuse[reason::TABLE],
+            sk_lookup: 0,
+            xdp: 0,
+        },
+        trusted_admitted: r.trusted_admitted,
+        sources: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests;
