@@ -54,9 +54,9 @@ pub fn limiter_bin() -> PathBuf {
         .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/limiter"), PathBuf::from)
 }
 
-/// Runs `limiter ARGS` to completion.
+/// Runs `limiter ARGS` to completion (within [`process::DEADLINE`]).
 pub fn limiter(args: &[&str]) -> Output {
-    Command::new(limiter_bin()).args(args).output().expect("run limiter")
+    process::limiter_with_deadline(args, process::DEADLINE)
 }
 
 /// Runs `f` on a short-lived thread that entered `netns` (a namespace
@@ -299,8 +299,10 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port()
 }
 
+/// Runs `cmd ARGS` to completion (within [`process::DEADLINE`]); its
+/// stdout, or its stderr as the error.
 pub fn run(cmd: &str, args: &[&str]) -> Result<String> {
-    let out = Command::new(cmd).args(args).output().with_context(|| format!("run {cmd}"))?;
+    let out = process::run_with_deadline(Command::new(cmd).args(args), process::DEADLINE);
     ensure!(out.status.success(), "{cmd} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -313,6 +315,38 @@ pub struct Daemon {
     log: PathBuf,
     /// The namespace the daemon itself runs in, when not the test's.
     netns: Option<File>,
+    /// Cleared before the child is reaped, so the watchdog never signals a
+    /// pid that may have been reused.
+    watched: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// How long a test may keep a daemon: a test still holding one after this
+/// is hung, and killing the daemon makes it fail (its sockets close)
+/// instead of hanging CI.
+pub const DAEMON_LIFETIME: Duration = Duration::from_secs(600);
+
+/// Kills `pid` after [`DAEMON_LIFETIME`] unless the returned flag is
+/// cleared first, and says so in the daemon's log.
+fn watchdog(pid: Pid, log: &Path) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    let watched = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (flag, log) = (watched.clone(), log.to_path_buf());
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + DAEMON_LIFETIME;
+        while Instant::now() < deadline {
+            if !flag.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        if flag.load(Ordering::SeqCst) {
+            let _ = kill(pid, Signal::SIGKILL);
+            if let Ok(mut f) = fs::OpenOptions::new().append(true).open(&log) {
+                let _ =
+                    writeln!(f, "test harness: killed the daemon after {DAEMON_LIFETIME:?} (a hung test)");
+            }
+        }
+    });
+    watched
 }
 
 impl Daemon {
@@ -354,7 +388,8 @@ impl Daemon {
         let log = config.with_extension(format!("log.{}", SEQ.fetch_add(1, Ordering::Relaxed)));
         let child =
             cmd.stdout(Stdio::null()).stderr(File::create(&log)?).env("LIMITER_LOG", "debug").spawn()?;
-        let mut daemon = Self { child, config: config.to_path_buf(), admin, log, netns };
+        let watched = watchdog(Pid::from_raw(child.id() as i32), &log);
+        let mut daemon = Self { child, config: config.to_path_buf(), admin, log, netns, watched };
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Some(status) = daemon.child.try_wait()? {
@@ -405,7 +440,16 @@ impl Daemon {
     }
 
     /// Waits for the daemon to exit and returns its status code.
+    /// Waits (at most [`process::DEADLINE`]) for the daemon to exit and
+    /// returns its status code.
     pub fn wait(&mut self) -> Option<i32> {
+        assert!(
+            process::exited_within(self.pid(), process::DEADLINE),
+            "the daemon did not exit within {:?}:\n{}",
+            process::DEADLINE,
+            self.log()
+        );
+        self.watched.store(false, Ordering::SeqCst);
         self.child.wait().ok().and_then(|s| s.code())
     }
 
@@ -416,6 +460,7 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        self.watched.store(false, Ordering::SeqCst);
         if matches!(self.child.try_wait(), Ok(None)) {
             let _ = self.child.kill();
             let _ = self.child.wait();

@@ -34,7 +34,10 @@ fn verify_units(dir: &Path, edit: impl Fn(&str) -> String) -> (bool, String) {
         std::fs::write(&path, text).unwrap();
         files.push(path);
     }
-    let out = Command::new("systemd-analyze").arg("verify").args(&files).current_dir(dir).output().unwrap();
+    let out = limiter_tests::process::run_with_deadline(
+        Command::new("systemd-analyze").arg("verify").args(&files).current_dir(dir),
+        limiter_tests::process::DEADLINE,
+    );
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
@@ -69,7 +72,10 @@ fn the_systemd_units_pass_systemd_analyze_verify() {
 fn validate(manifest: &Path) -> (bool, String) {
     let validator = workspace().join("target/tools/venv/bin/kubernetes-validate");
     assert!(validator.is_file(), "{} is missing: run `cargo xtask setup`", validator.display());
-    let out = Command::new(validator).args(["--strict"]).arg(manifest).output().unwrap();
+    let out = limiter_tests::process::run_with_deadline(
+        Command::new(validator).args(["--strict"]).arg(manifest),
+        limiter_tests::process::DEADLINE,
+    );
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)
 }

@@ -5,6 +5,8 @@
 
 use std::{path::PathBuf, process::Command};
 
+use limiter_tests::process::{DEADLINE, run_with_deadline};
+
 #[test]
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn the_release_tarball_runs_from_a_clean_directory() {
@@ -15,8 +17,8 @@ fn the_release_tarball_runs_from_a_clean_directory() {
     let dir = std::env::temp_dir().join(format!("limiter-dist-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let status = Command::new("tar").arg("-xzf").arg(&tarball).arg("-C").arg(&dir).status().unwrap();
-    assert!(status.success());
+    let out = run_with_deadline(Command::new("tar").arg("-xzf").arg(&tarball).arg("-C").arg(&dir), DEADLINE);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let root = std::fs::read_dir(&dir).unwrap().flatten().next().unwrap().path();
     for file in [
         "bin/limiter",
@@ -30,13 +32,14 @@ fn the_release_tarball_runs_from_a_clean_directory() {
         assert!(root.join(file).is_file(), "{file} is missing from {}", tarball.display());
     }
     let bare = |args: &[&str]| {
-        Command::new(root.join("bin/limiter"))
-            .args(args)
-            .current_dir(&root)
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .output()
-            .unwrap()
+        run_with_deadline(
+            Command::new(root.join("bin/limiter"))
+                .args(args)
+                .current_dir(&root)
+                .env_clear()
+                .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+            DEADLINE,
+        )
     };
     let out = bare(&["--version"]);
     assert!(out.status.success());

@@ -68,6 +68,7 @@ fn settled(burst: &[socket2::Socket]) -> u64 {
 }
 
 #[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn count_is_exact_whichever_way_connections_end() {
     require_kernel!();
     let sb = Sandbox::new().unwrap();
@@ -126,6 +127,7 @@ fn count_is_exact_whichever_way_connections_end() {
 }
 
 #[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn connection_past_the_limit_is_refused_at_once_and_established_ones_work() {
     require_kernel!();
     let sb = Sandbox::new().unwrap();
@@ -162,6 +164,7 @@ fn connection_past_the_limit_is_refused_at_once_and_established_ones_work() {
 }
 
 #[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn burst_overshoot_stays_within_the_documented_bound() {
     require_kernel!();
     // The documented bound (README, "Kernel gate"): handshakes in flight
@@ -190,6 +193,7 @@ fn burst_overshoot_stays_within_the_documented_bound() {
 }
 
 #[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn limits_change_live_and_reload_is_all_or_nothing() {
     require_kernel!();
     let q = P + 1;
@@ -263,6 +267,7 @@ fn limits_change_live_and_reload_is_all_or_nothing() {
 }
 
 #[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn unlisted_ports_udp_outgoing_and_ipv6() {
     require_kernel!();
     let (free, v6) = (P + 2, P + 3);
@@ -320,6 +325,7 @@ fn unlisted_ports_udp_outgoing_and_ipv6() {
 }
 
 #[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn kill_9_and_restart_keep_enforcing_with_one_attachment() {
     require_kernel!();
     let sb = Sandbox::new().unwrap();
@@ -354,6 +360,7 @@ fn kill_9_and_restart_keep_enforcing_with_one_attachment() {
 }
 
 #[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn sigterm_leaves_the_gate_and_unload_removes_only_its_own_pins() {
     require_kernel!();
     let sb = Sandbox::new().unwrap();
@@ -401,6 +408,7 @@ fn sigterm_leaves_the_gate_and_unload_removes_only_its_own_pins() {
 }
 
 #[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn bad_environments_get_one_clear_sentence() {
     require_kernel!();
     let sb = Sandbox::new().unwrap();
@@ -484,6 +492,7 @@ fn bad_environments_get_one_clear_sentence() {
 }
 
 #[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn dump_and_metrics_agree_with_what_was_opened() {
     require_kernel!();
     let other = P + 4;
@@ -542,6 +551,7 @@ fn dump_and_metrics_agree_with_what_was_opened() {
 }
 
 #[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn count_returns_to_zero_after_a_reset_flood_that_races_the_listeners_close() {
     require_kernel!();
     use std::sync::{

@@ -2,10 +2,7 @@
 //! match `limiter dump --json` taken at the same moment, and every line
 //! fits 80 columns; without a terminal it prints plain lines.
 
-use std::{
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use limiter_tests::*;
 
@@ -61,7 +58,7 @@ fn top_in_a_real_terminal_shows_what_the_dump_shows() {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let _ = Command::new("tmux").args(["kill-session", "-t", &session]).status();
+    let _ = run("tmux", &["kill-session", "-t", &session]);
     let d = dump(&sb.pin_path);
 
     for line in screen.lines() {

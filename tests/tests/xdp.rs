@@ -62,6 +62,7 @@ fn accept(l: &TcpListener) -> TcpStream {
 }
 
 #[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn xdp_refuses_at_the_driver_and_sk_lookup_never_sees_the_syn() {
     require_kernel!();
     let p = free_port();
@@ -123,6 +124,7 @@ fn xdp_refuses_at_the_driver_and_sk_lookup_never_sees_the_syn() {
 }
 
 #[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn the_crafted_rst_is_correct_on_the_wire_for_ipv4_and_ipv6() {
     require_kernel!();
     let p = free_port();
@@ -208,6 +210,7 @@ fn with_v6_extension(good6: &[u8], next: u8) -> Vec<u8> {
 }
 
 #[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn hostile_frames_pass_untouched_and_a_syn_to_a_full_port_becomes_a_rst() {
     require_kernel!();
     let p = free_port();
@@ -384,6 +387,7 @@ fn hostile_frames_pass_untouched_and_a_syn_to_a_full_port_becomes_a_rst() {
 }
 
 #[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn per_source_caps_and_trusted_prefixes_count_exactly_for_dual_stack_clients() {
     require_kernel!();
     let (p, q) = (free_port(), free_port());
@@ -472,6 +476,7 @@ fn per_source_caps_and_trusted_prefixes_count_exactly_for_dual_stack_clients() {
 }
 
 #[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn a_full_source_table_refuses_new_sources_over_100k_distinct_sources() {
     require_kernel!();
     raise_fd_limit();
@@ -552,6 +557,7 @@ fn a_full_source_table_refuses_new_sources_over_100k_distinct_sources() {
 }
 
 #[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn a_dry_run_port_refuses_nothing_and_counts_what_it_would_have() {
     require_kernel!();
     let p = free_port();
@@ -576,6 +582,7 @@ fn a_dry_run_port_refuses_nothing_and_counts_what_it_would_have() {
 }
 
 #[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn connections_older_than_the_gate_are_counted_and_uncounted() {
     require_kernel!();
     let p = free_port();
@@ -635,6 +642,7 @@ fn connections_older_than_the_gate_are_counted_and_uncounted() {
 }
 
 #[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn trusted_prefixes_reload_live_and_a_reshaped_gate_is_refused_at_restart() {
     require_kernel!();
     let p = free_port();
@@ -707,6 +715,7 @@ fn links(d: &Value) -> std::collections::BTreeMap<String, (u64, u64)> {
 }
 
 #[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn a_restart_swaps_the_programs_in_their_pinned_links_without_a_gap() {
     require_kernel!();
     let p = free_port();
