@@ -26,7 +26,7 @@ pub fn describe(c: &Config) -> String {
     text.push_str("\n  key                                 value                      from       reload\n");
     for s in c.settings() {
         let from = s.line.map_or_else(|| "default".to_owned(), |l| format!("line {l}"));
-        let value = s.value.unwrap_or_else(|| "(none)".to_owned());
+        let value = s.value.unwrap_or_else(|| s.unset.to_owned());
         text.push_str(&format!("  {:<35} {:<26} {:<10} {}\n", s.key, value, from, s.reload.as_str()));
     }
     text.push_str(&format!("\n  ignored keys       {} (the business runtime's)\n", c.ignored.len()));

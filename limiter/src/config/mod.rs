@@ -320,6 +320,8 @@ pub struct Setting {
     pub line: Option<usize>,
     pub reload: Reload,
     pub doc: &'static str,
+    /// What an unset value means (`(none)`, `the daemon's own`, ...).
+    pub unset: &'static str,
 }
 
 impl Config {
@@ -436,6 +438,10 @@ impl Config {
                     key: name,
                     reload: key.reload,
                     doc: key.doc,
+                    unset: match key.default {
+                        keys::Default::Unset(text) => text,
+                        _ => "(none)",
+                    },
                 });
             };
             if key.per_port() {
