@@ -41,11 +41,8 @@ pub struct Daemon {
 impl Control for Daemon {
     fn metrics(&self) -> Result<String, KernelError> {
         let mut page = Page::default();
-        page.family("limiter_build_info", "gauge", "Version of the running daemon.").sample(
-            "limiter_build_info",
-            &[("version", env!("CARGO_PKG_VERSION"))],
-            1,
-        );
+        let reloads = (self.reloads_ok.load(Ordering::Relaxed), self.reloads_failed.load(Ordering::Relaxed));
+        metrics::daemon::write(&mut page, reloads.0, reloads.1);
         if let Some(g) = &self.gate {
             let snap = g.lock().snapshot()?;
             metrics::kernel::write(&mut page, &snap);
@@ -54,17 +51,6 @@ impl Control for Daemon {
             metrics::http::write(&mut page, &proxy.admission.snapshot(), &proxy.counters);
             metrics::breaker::write(&mut page, &proxy.breaker.snapshot());
         }
-        page.family("limiter_config_reloads_total", "counter", "Configuration reloads by result.")
-            .sample(
-                "limiter_config_reloads_total",
-                &[("result", "applied")],
-                self.reloads_ok.load(Ordering::Relaxed),
-            )
-            .sample(
-                "limiter_config_reloads_total",
-                &[("result", "rejected")],
-                self.reloads_failed.load(Ordering::Relaxed),
-            );
         Ok(page.finish())
     }
 

@@ -1,9 +1,10 @@
 //! Prometheus metrics: [`page`] writes the text format; one module per part
 //! of the daemon renders its families from that part's own snapshot or
-//! counters ([`kernel`], [`http`], [`breaker`]). Nothing here is called by
+//! counters ([`daemon`], [`kernel`], [`http`], [`breaker`]). Nothing here is called by
 //! the parts it renders.
 
 pub mod breaker;
+pub mod daemon;
 pub mod http;
 pub mod kernel;
 pub mod page;
