@@ -1,7 +1,9 @@
 //! limiter: a node daemon that keeps servers alive under overload by
 //! admitting or refusing work from one set of limits.
 //!
-//! Layout (calls go down this list, never up):
+//! Layout (callers first; the leaves, `admission`, `breaker`, `histogram`
+//! and `config`, call nothing above them, and `metrics` only reads the
+//! parts it renders):
 //! - [`cli`]: one file per command-line verb (`main.rs` parses the command
 //!   line and calls these);
 //! - [`daemon`]: `limiter run`: start-up, serving, reload, drain, signals,

@@ -4,7 +4,7 @@
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
-use limiter::cli::{self, Target};
+use limiter::cli::{self, Access};
 
 /// mimalloc: per-thread free lists suit the one-thread-per-worker proxy
 /// better than glibc's arenas (fewer locked operations per request).
@@ -76,21 +76,21 @@ struct PinTarget {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let target = |t: &PinTarget| Target::resolve(t.config.as_deref(), t.pin_path.as_deref());
+    let access = |t: &PinTarget| Access::resolve(t.config.as_deref(), t.pin_path.as_deref());
     match cli.command {
         Command::Run { config, unload_on_exit, log_json, user } => {
             cli::run::main(cli::run::Args { config, unload_on_exit, log_json, user })
         }
         Command::CheckConfig { file } => cli::check_config::main(&file),
-        Command::Dump { json, target: t } => match target(&t) {
+        Command::Dump { json, target: t } => match access(&t) {
             Ok(t) => cli::dump::main(&t, json),
             Err(e) => cli::fail(e),
         },
-        Command::Top { target: t, interval_ms, once } => match target(&t) {
+        Command::Top { target: t, interval_ms, once } => match access(&t) {
             Ok(t) => cli::top::main(&t, Duration::from_millis(interval_ms), once),
             Err(e) => cli::fail(e),
         },
-        Command::Unload { target: t } => match target(&t) {
+        Command::Unload { target: t } => match access(&t) {
             Ok(t) => cli::unload::main(&t),
             Err(e) => cli::fail(e),
         },

@@ -28,6 +28,7 @@ use std::{
 pub mod bench;
 pub mod bpf;
 pub mod client;
+pub mod in_process;
 pub mod packet;
 pub mod peer;
 pub mod process;
@@ -280,7 +281,10 @@ impl Drop for Sandbox {
             }
             let _ = fs::remove_dir(&self.pin_path);
         }
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+        let _ = process::try_run_with_deadline(
+            Command::new("ip").args(["netns", "del", &self.name]),
+            process::DEADLINE,
+        );
         let _ = fs::remove_dir(&self.cgroup);
         let _ = fs::remove_dir_all(&self.dir);
     }

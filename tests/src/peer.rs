@@ -176,7 +176,10 @@ pub fn connect_from(dst: SocketAddr, src: Option<IpAddr>) -> io::Result<TcpStrea
 impl Drop for Peer {
     fn drop(&mut self) {
         // Deleting the namespace deletes its veth end, and with it the pair.
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+        let _ = crate::process::try_run_with_deadline(
+            Command::new("ip").args(["netns", "del", &self.ns]),
+            crate::process::DEADLINE,
+        );
     }
 }
 

@@ -44,6 +44,21 @@ pub fn wait_for(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
 /// open; wrappers such as `setpriv` and `nsenter` exec, so they do not.)
 pub fn run_with_deadline(cmd: &mut Command, within: Duration) -> Output {
     let what = format!("{cmd:?}");
+    match try_run_with_deadline(cmd, within) {
+        Ok(out) => out,
+        Err(out) => panic!(
+            "{what} did not finish within {within:?} and was killed\nstdout:\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// [`run_with_deadline`] without failing the test: `Err` holds what the
+/// process printed before it was killed (for clean-up in `Drop`, where a
+/// panic would abort).
+pub fn try_run_with_deadline(cmd: &mut Command, within: Duration) -> Result<Output, Output> {
+    let what = format!("{cmd:?}");
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -62,25 +77,23 @@ pub fn run_with_deadline(cmd: &mut Command, within: Duration) -> Output {
     let stderr = drain(Box::new(child.stderr.take().expect("piped stderr")));
     let deadline = Instant::now() + within;
     let status = loop {
-        if let Some(status) = child.try_wait().unwrap_or_else(|e| panic!("waiting for {what}: {e}")) {
-            break Some(status);
+        if let Ok(Some(status)) = child.try_wait() {
+            break Ok(status);
         }
         if Instant::now() >= deadline {
             let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
-            let _ = child.wait();
-            break None;
+            break Err(child.wait());
         }
         thread::sleep(POLL);
     };
     let stdout = stdout.join().expect("stdout reader");
     let stderr = stderr.join().expect("stderr reader");
     match status {
-        Some(status) => Output { status, stdout, stderr },
-        None => panic!(
-            "{what} did not finish within {within:?} and was killed\nstdout:\n{}\nstderr:\n{}",
-            String::from_utf8_lossy(&stdout),
-            String::from_utf8_lossy(&stderr)
-        ),
+        Ok(status) => Ok(Output { status, stdout, stderr }),
+        Err(killed) => {
+            let status = killed.unwrap_or_else(|e| panic!("waiting for {what}: {e}"));
+            Err(Output { status, stdout, stderr })
+        }
     }
 }
 

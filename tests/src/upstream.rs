@@ -10,6 +10,7 @@
 //! | `/slowhead?ms=N` | waits N ms before the response head |
 //! | `/upgrade` | `101 Switching Protocols`, then echoes bytes |
 //! | `/flap` | 500 while [`Upstream::set_failing`] is on, else 200 |
+//! | `/status?code=N` | answers with status N |
 //! | anything else | `200 ok` |
 
 use std::{
@@ -150,6 +151,14 @@ async fn answer(mut req: Request<Incoming>, s: Arc<Shared>) -> Result<Response<B
             if s.failing.load(Ordering::SeqCst) {
                 *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
             }
+            r
+        }
+        "/status" => {
+            let mut r = Response::new(full("status\n"));
+            *r.status_mut() = query("code")
+                .and_then(|c| u16::try_from(c).ok())
+                .and_then(|c| StatusCode::from_u16(c).ok())
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             r
         }
         "/headers" => {

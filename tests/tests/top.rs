@@ -40,8 +40,20 @@ fn top_in_a_real_terminal_shows_what_the_dump_shows() {
     }
 
     let session = format!("limiter-top-{}", std::process::id());
+    // `limiter top` runs until its session is killed: on every way out of
+    // this test, a panic included.
+    struct Session<'a>(&'a str);
+    impl Drop for Session<'_> {
+        fn drop(&mut self) {
+            let _ = limiter_tests::process::try_run_with_deadline(
+                std::process::Command::new("tmux").args(["kill-session", "-t", self.0]),
+                limiter_tests::process::DEADLINE,
+            );
+        }
+    }
     let command = format!("{} top --config {} --interval-ms 200", limiter_bin().display(), config.display());
     tmux(&["new-session", "-d", "-s", &session, "-x", "80", "-y", "24", &command]);
+    let running = Session(&session);
     // Until the view has refreshed once after its first block (a rate is
     // shown only from the second sample on).
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -58,7 +70,7 @@ fn top_in_a_real_terminal_shows_what_the_dump_shows() {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let _ = run("tmux", &["kill-session", "-t", &session]);
+    drop(running);
     let d = dump(&sb.pin_path);
 
     for line in screen.lines() {

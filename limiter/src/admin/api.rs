@@ -37,8 +37,10 @@ pub enum GateOrigin {
 pub struct KernelStatus {
     pub origin: GateOrigin,
     pub target: kernel::Target,
-    /// What the maps say now.
-    pub gate: kernel::Snapshot,
+    /// What the maps say now (`dump`, which reads the maps itself, leaves
+    /// it out of what it prints).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<kernel::Snapshot>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

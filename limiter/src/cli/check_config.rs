@@ -23,11 +23,20 @@ pub fn describe(c: &Config) -> String {
     let mut text =
         format!("{}: OK\n", c.source.as_ref().map_or("<config>".into(), |p| p.display().to_string()));
     text.push_str(&summary(c));
-    text.push_str("\n  key                                 value                      from       reload\n");
+    text.push_str(
+        "\n  key                                 value                      from       reload   meaning\n",
+    );
     for s in c.settings() {
         let from = s.line.map_or_else(|| "default".to_owned(), |l| format!("line {l}"));
         let value = s.value.unwrap_or_else(|| s.unset.to_owned());
-        text.push_str(&format!("  {:<35} {:<26} {:<10} {}\n", s.key, value, from, s.reload.as_str()));
+        text.push_str(&format!(
+            "  {:<35} {:<26} {:<10} {:<8} {}\n",
+            s.key,
+            value,
+            from,
+            s.reload.as_str(),
+            s.doc
+        ));
     }
     text.push_str(&format!("\n  ignored keys       {} (the business runtime's)\n", c.ignored.len()));
     text

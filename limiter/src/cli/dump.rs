@@ -4,14 +4,14 @@
 
 use std::{fmt::Write as _, path::Path, process::ExitCode};
 
-use super::{DaemonView, Target, fail, out};
+use super::{Access, DaemonView, fail, out};
 use crate::{
     admin::api::HttpStatus,
     kernel::{Gate, KernelError, Snapshot},
 };
 
 /// `limiter dump [--json]`.
-pub fn main(target: &Target, json: bool) -> ExitCode {
+pub fn main(target: &Access, json: bool) -> ExitCode {
     let daemon = DaemonView::fetch(target.admin, target.token.as_deref());
     let snap = match snapshot(&target.pin_path) {
         Ok(s) => Some(s),
@@ -36,10 +36,10 @@ pub fn snapshot(pin_dir: &Path) -> Result<Snapshot, KernelError> {
 pub fn json(snap: Option<&Snapshot>, daemon: &DaemonView) -> serde_json::Value {
     let daemon = match daemon {
         DaemonView::Running(status) => {
-            // The kernel part is already here, read from the pins.
-            let mut status = serde_json::to_value(status).unwrap_or_default();
-            if let Some(kernel) = status.get_mut("kernel").and_then(|k| k.as_object_mut()) {
-                kernel.remove("gate");
+            // The gate's maps are already here, read from the pins.
+            let mut status = status.as_ref().clone();
+            if let Some(kernel) = &mut status.kernel {
+                kernel.gate = None;
             }
             serde_json::json!({ "running": true, "status": status })
         }

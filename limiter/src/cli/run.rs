@@ -24,9 +24,13 @@ pub fn main(args: Args) -> ExitCode {
     // handlers instead of killing it.
     signals::block();
     let config = Config::load(&args.config);
-    // The level comes from the file; a bad file is reported just below.
-    let level = config.as_ref().map_or("info", |c| c.admin.log_level.as_str());
-    logging::init(args.log_json, level);
+    // The level comes from the file (a bad file is reported just below, at
+    // the default level).
+    let level = match &config {
+        Ok(c) => c.admin.log_level.clone(),
+        Err(_) => Config::default().admin.log_level,
+    };
+    logging::init(args.log_json, &level);
     let config = match config {
         Ok(c) => c,
         Err(e) => return fail(e),

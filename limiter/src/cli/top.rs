@@ -9,23 +9,19 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use super::{DaemonView, Target, dump};
-use crate::kernel::Snapshot;
+use super::{Access, DaemonView, dump};
+use crate::kernel::{KernelError, Snapshot};
 
 /// Everything one refresh read.
 pub struct Sample {
     at: Instant,
-    gate: Result<Snapshot, String>,
+    gate: Result<Snapshot, KernelError>,
     daemon: DaemonView,
 }
 
 /// Reads the pins and asks the daemon.
 pub fn sample(pin_dir: &Path, admin: SocketAddr, token: Option<&str>) -> Sample {
-    Sample {
-        at: Instant::now(),
-        gate: dump::snapshot(pin_dir).map_err(|e| e.to_string()),
-        daemon: DaemonView::fetch(admin, token),
-    }
+    Sample { at: Instant::now(), gate: dump::snapshot(pin_dir), daemon: DaemonView::fetch(admin, token) }
 }
 
 const WIDTH: usize = 80;
@@ -121,7 +117,7 @@ pub fn render(cur: &Sample, prev: Option<&Sample>) -> Vec<String> {
 }
 
 /// `limiter top`: runs the view until interrupted (or once).
-pub fn main(target: &Target, interval: Duration, once: bool) -> std::process::ExitCode {
+pub fn main(target: &Access, interval: Duration, once: bool) -> std::process::ExitCode {
     run(
         &target.pin_path,
         target.admin,

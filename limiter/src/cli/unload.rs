@@ -2,10 +2,10 @@
 
 use std::process::ExitCode;
 
-use super::{Target, fail};
+use super::{Access, fail};
 use crate::kernel;
 
-pub fn main(target: &Target) -> ExitCode {
+pub fn main(target: &Access) -> ExitCode {
     match kernel::unload(&target.pin_path) {
         Ok(out) => {
             for path in &out.removed {

@@ -37,7 +37,7 @@ impl Reload {
 
 /// A key's value when the file does not set it.
 #[derive(Clone, Copy, Debug)]
-pub enum Default {
+pub enum DefaultValue {
     /// This text, parsed like a value from the file.
     Value(&'static str),
     /// No value; the text says what that means (as the README writes it).
@@ -60,7 +60,7 @@ pub(super) enum Set {
 pub struct Key {
     /// The dotted name; per-port keys say `<port>` where the port goes.
     pub name: &'static str,
-    pub default: Default,
+    pub default: DefaultValue,
     pub reload: Reload,
     /// One line: what the key does.
     pub doc: &'static str,
@@ -77,9 +77,9 @@ impl Key {
     /// The default as a file would write it (`None` when unset).
     pub fn default_value(&self) -> Option<String> {
         match self.default {
-            Default::Value(v) => Some(v.to_owned()),
-            Default::Unset(_) => None,
-            Default::Computed(_, f) => Some(f()),
+            DefaultValue::Value(v) => Some(v.to_owned()),
+            DefaultValue::Unset(_) => None,
+            DefaultValue::Computed(_, f) => Some(f()),
         }
     }
 
@@ -108,42 +108,42 @@ pub static KEYS: &[Key] = &[
     // The kernel gate.
     Key {
         name: "kernel.enabled",
-        default: Default::Value("true"),
+        default: DefaultValue::Value("true"),
         reload: Reload::Restart,
         doc: "load the kernel gate; false runs the HTTP proxy alone, without eBPF privileges",
         set: plain!(|c, v| c.kernel.enabled = boolean(v)?),
     },
     Key {
         name: "kernel.ports",
-        default: Default::Unset("(none)"),
+        default: DefaultValue::Unset("(none)"),
         reload: Reload::Live,
         doc: "port:max, ...: most established server-side TCP connections per local port",
         set: plain!(|c, v| c.kernel.ports = parse_ports(v)?),
     },
     Key {
         name: "kernel.pinPath",
-        default: Default::Value("/sys/fs/bpf/limiter"),
+        default: DefaultValue::Value("/sys/fs/bpf/limiter"),
         reload: Reload::Restart,
         doc: "bpffs directory of the gate's maps and links",
         set: plain!(|c, v| c.kernel.pin_path = absolute_path(v)?),
     },
     Key {
         name: "kernel.cgroup",
-        default: Default::Unset("root of the cgroup v2 mount (found in `/proc/self/mounts`)"),
+        default: DefaultValue::Unset("root of the cgroup v2 mount (found in `/proc/self/mounts`)"),
         reload: Reload::Restart,
         doc: "cgroup v2 directory whose sockets are counted",
         set: plain!(|c, v| c.kernel.cgroup = Some(absolute_path(v)?)),
     },
     Key {
         name: "kernel.netns",
-        default: Default::Unset("the daemon's own"),
+        default: DefaultValue::Unset("the daemon's own"),
         reload: Reload::Restart,
         doc: "network namespace to gate (/proc/PID/ns/net or /var/run/netns/NAME)",
         set: plain!(|c, v| c.kernel.netns = Some(absolute_path(v)?)),
     },
     Key {
         name: "kernel.port.<port>.perSourceMax",
-        default: Default::Unset("(none)"),
+        default: DefaultValue::Unset("(none)"),
         reload: Reload::Live,
         doc: "most established connections to the port from one client group",
         set: Set::PerPort(|c, port, v| {
@@ -153,7 +153,7 @@ pub static KEYS: &[Key] = &[
     },
     Key {
         name: "kernel.port.<port>.dryRun",
-        default: Default::Value("false"),
+        default: DefaultValue::Value("false"),
         reload: Reload::Live,
         doc: "the port's caps count what they would refuse and refuse nothing",
         set: Set::PerPort(|c, port, v| {
@@ -163,49 +163,49 @@ pub static KEYS: &[Key] = &[
     },
     Key {
         name: "kernel.sourcePrefixV4",
-        default: Default::Value("32"),
+        default: DefaultValue::Value("32"),
         reload: Reload::Restart,
         doc: "client groups of per-source caps: IPv4 addresses masked to this many bits",
         set: plain!(|c, v| c.kernel.source_prefix_v4 = int_in(v, 1, 32)?),
     },
     Key {
         name: "kernel.sourcePrefixV6",
-        default: Default::Value("64"),
+        default: DefaultValue::Value("64"),
         reload: Reload::Restart,
         doc: "client groups of per-source caps: IPv6 addresses masked to this many bits",
         set: plain!(|c, v| c.kernel.source_prefix_v6 = int_in(v, 1, 128)?),
     },
     Key {
         name: "kernel.sourceTableSize",
-        default: Default::Value("65536"),
+        default: DefaultValue::Value("65536"),
         reload: Reload::Restart,
         doc: "slots of the per-source table (a power of two, 1024 to 1048576)",
         set: plain!(|c, v| c.kernel.source_table_size = table_size(v)?),
     },
     Key {
         name: "kernel.trusted",
-        default: Default::Unset("(none)"),
+        default: DefaultValue::Unset("(none)"),
         reload: Reload::Live,
         doc: "prefixes that pass per-source caps and get a reserve past a full port",
         set: plain!(|c, v| c.kernel.trusted = prefixes(v)?),
     },
     Key {
         name: "kernel.trustedReserve",
-        default: Default::Value("3"),
+        default: DefaultValue::Value("3"),
         reload: Reload::Live,
         doc: "connections from trusted prefixes admitted past a full port's limit",
         set: plain!(|c, v| c.kernel.trusted_reserve = int_at_least(v, 0)?),
     },
     Key {
         name: "kernel.xdp.interfaces",
-        default: Default::Unset("(none)"),
+        default: DefaultValue::Unset("(none)"),
         reload: Reload::Restart,
         doc: "interfaces whose ingress refuses SYNs with XDP",
         set: plain!(|c, v| c.kernel.xdp_interfaces = interfaces(v)?),
     },
     Key {
         name: "kernel.xdp.mode",
-        default: Default::Value("auto"),
+        default: DefaultValue::Value("auto"),
         reload: Reload::Restart,
         doc: "auto (driver mode, else generic), driver or generic",
         set: plain!(|c, v| c.kernel.xdp_mode = xdp_mode(v)?),
@@ -213,14 +213,14 @@ pub static KEYS: &[Key] = &[
     // The admin listener.
     Key {
         name: "admin.listen",
-        default: Default::Value("127.0.0.1:9901"),
+        default: DefaultValue::Value("127.0.0.1:9901"),
         reload: Reload::Restart,
         doc: "admin listener: /metrics, /status, /healthz, POST /reload, /breaker",
         set: plain!(|c, v| c.admin.listen = Addr(socket_addr(v)?)),
     },
     Key {
         name: "admin.tokenFile",
-        default: Default::Unset("(none)"),
+        default: DefaultValue::Unset("(none)"),
         reload: Reload::Live,
         doc: "file holding the bearer token every admin path but /healthz requires",
         set: plain!(|c, v| {
@@ -231,7 +231,7 @@ pub static KEYS: &[Key] = &[
     },
     Key {
         name: "admin.logLevel",
-        default: Default::Value("info"),
+        default: DefaultValue::Value("info"),
         reload: Reload::Live,
         doc: "log filter: error, warn, info, debug, trace, or a tracing directive",
         set: plain!(|c, v| c.admin.log_level = log_level(v)?),
@@ -239,105 +239,105 @@ pub static KEYS: &[Key] = &[
     // The HTTP proxy.
     Key {
         name: "http.drainTimeoutMs",
-        default: Default::Value("30000"),
+        default: DefaultValue::Value("30000"),
         reload: Reload::Live,
         doc: "on SIGTERM, how long requests in flight may take to finish",
         set: plain!(|c, v| c.http.drain_timeout_ms = ms(v, 0)?),
     },
     Key {
         name: "http.maxThreads",
-        default: Default::Value("208"),
+        default: DefaultValue::Value("208"),
         reload: Reload::Live,
         doc: "the runtime's thread count: normal pool = maxThreads - 8 - 3",
         set: plain!(|c, v| c.http.max_threads = int_at_least(v, MIN_MAX_THREADS)?),
     },
     Key {
         name: "http.maxSessionConnections",
-        default: Default::Value("0"),
+        default: DefaultValue::Value("0"),
         reload: Reload::Live,
         doc: "in-flight requests per Authorization value (0: unlimited)",
         set: plain!(|c, v| c.http.max_session_connections = int_at_least(v, 0)?),
     },
     Key {
         name: "http.maxWebConnections",
-        default: Default::Value("0"),
+        default: DefaultValue::Value("0"),
         reload: Reload::Live,
         doc: "in-flight requests carrying X-Client-Id (0: unlimited)",
         set: plain!(|c, v| c.http.max_web_connections = int_at_least(v, 0)?),
     },
     Key {
         name: "http.listen",
-        default: Default::Value("127.0.0.1:8080"),
+        default: DefaultValue::Value("127.0.0.1:8080"),
         reload: Reload::Restart,
         doc: "the proxy's address",
         set: plain!(|c, v| c.http.listen = Addr(socket_addr(v)?)),
     },
     Key {
         name: "http.upstream",
-        default: Default::Unset("(none: the kernel gate alone, no proxy)"),
+        default: DefaultValue::Unset("(none: the kernel gate alone, no proxy)"),
         reload: Reload::Restart,
         doc: "host:port of the business application, or `sample` for the built-in demo upstream",
         set: plain!(|c, v| c.http.upstream = Some(upstream(v)?)),
     },
     Key {
         name: "http.dryRun",
-        default: Default::Value("false"),
+        default: DefaultValue::Value("false"),
         reload: Reload::Live,
         doc: "count would-be refusals, refuse nothing",
         set: plain!(|c, v| c.http.dry_run = boolean(v)?),
     },
     Key {
         name: "http.headerReadTimeoutMs",
-        default: Default::Value("10000"),
+        default: DefaultValue::Value("10000"),
         reload: Reload::Live,
         doc: "a client must send a complete request head within this long",
         set: plain!(|c, v| c.http.header_read_timeout_ms = ms(v, 100)?),
     },
     Key {
         name: "http.idleTimeoutMs",
-        default: Default::Value("60000"),
+        default: DefaultValue::Value("60000"),
         reload: Reload::Live,
         doc: "a body that makes no progress this long is aborted; idle pooled upstream connections close",
         set: plain!(|c, v| c.http.idle_timeout_ms = ms(v, 100)?),
     },
     Key {
         name: "http.connectTimeoutMs",
-        default: Default::Value("2000"),
+        default: DefaultValue::Value("2000"),
         reload: Reload::Live,
         doc: "connecting to the upstream (then 502)",
         set: plain!(|c, v| c.http.connect_timeout_ms = ms(v, 1)?),
     },
     Key {
         name: "http.upstreamTimeoutMs",
-        default: Default::Value("30000"),
+        default: DefaultValue::Value("30000"),
         reload: Reload::Live,
         doc: "from the request sent upstream to the upstream's response head (then 504)",
         set: plain!(|c, v| c.http.upstream_timeout_ms = ms(v, 1)?),
     },
     Key {
         name: "http.maxHeaderBytes",
-        default: Default::Value("16384"),
+        default: DefaultValue::Value("16384"),
         reload: Reload::Live,
         doc: "request heads larger than this get 431",
         set: plain!(|c, v| c.http.max_header_bytes = int_at_least(v, 8192)?),
     },
     Key {
         name: "http.lingerMs",
-        default: Default::Value("2000"),
+        default: DefaultValue::Value("2000"),
         reload: Reload::Live,
         doc: "after a Connection: close response, how long to drain what the client still sends",
         set: plain!(|c, v| c.http.linger_ms = ms(v, 0)?),
     },
     Key {
         name: "http.retryAfterMs",
-        default: Default::Value("1000"),
+        default: DefaultValue::Value("1000"),
         reload: Reload::Live,
         doc: "the Retry-After of admission 503s, rounded up to whole seconds",
         set: plain!(|c, v| c.http.retry_after_ms = ms(v, 0)?),
     },
     Key {
         name: "http.workers",
-        default: Default::Computed("number of CPUs", cpus),
+        default: DefaultValue::Computed("number of CPUs", cpus),
         reload: Reload::Restart,
         doc: "proxy worker threads, each with its own event loop, listener and upstream pool",
         set: plain!(|c, v| c.http.workers = int_at_least(v, 1)? as usize),
@@ -345,63 +345,63 @@ pub static KEYS: &[Key] = &[
     // The circuit breaker.
     Key {
         name: "breaker.threshold",
-        default: Default::Value("0.5"),
+        default: DefaultValue::Value("0.5"),
         reload: Reload::Live,
         doc: "error rate above which the breaker opens",
         set: plain!(|c, v| c.breaker.threshold = ratio(v)?),
     },
     Key {
         name: "breaker.minRequests",
-        default: Default::Value("10"),
+        default: DefaultValue::Value("10"),
         reload: Reload::Live,
         doc: "results the window must hold before it may open",
         set: plain!(|c, v| c.breaker.min_requests = int_at_least(v, 1)?),
     },
     Key {
         name: "breaker.sleepWindowMs",
-        default: Default::Value("30000"),
+        default: DefaultValue::Value("30000"),
         reload: Reload::Live,
         doc: "time open before a probe",
         set: plain!(|c, v| c.breaker.sleep_window_ms = ms(v, 1)?),
     },
     Key {
         name: "breaker.windowMs",
-        default: Default::Value("30000"),
+        default: DefaultValue::Value("30000"),
         reload: Reload::Restart,
         doc: "the rolling window (a whole number of buckets)",
         set: plain!(|c, v| c.breaker.window_ms = ms(v, 1)?),
     },
     Key {
         name: "breaker.bucketMs",
-        default: Default::Value("1000"),
+        default: DefaultValue::Value("1000"),
         reload: Reload::Restart,
         doc: "the window's buckets (at most 3600 of them)",
         set: plain!(|c, v| c.breaker.bucket_ms = ms(v, 1)?),
     },
     Key {
         name: "breaker.halfOpenMaxProbes",
-        default: Default::Value("1"),
+        default: DefaultValue::Value("1"),
         reload: Reload::Live,
         doc: "concurrent probes while half-open",
         set: plain!(|c, v| c.breaker.half_open_max_probes = int_at_least(v, 1)?),
     },
     Key {
         name: "breaker.halfOpenSuccesses",
-        default: Default::Value("1"),
+        default: DefaultValue::Value("1"),
         reload: Reload::Live,
         doc: "consecutive successes that close it",
         set: plain!(|c, v| c.breaker.half_open_successes = int_at_least(v, 1)?),
     },
     Key {
         name: "breaker.failureStatuses",
-        default: Default::Value("500-599"),
+        default: DefaultValue::Value("500-599"),
         reload: Reload::Live,
         doc: "upstream statuses and ranges that count as failures",
         set: plain!(|c, v| c.breaker.failure_statuses = statuses(v)?),
     },
     Key {
         name: "breaker.bypassDebug",
-        default: Default::Value("true"),
+        default: DefaultValue::Value("true"),
         reload: Reload::Live,
         doc: "/debug/ requests pass an open breaker and are not recorded",
         set: plain!(|c, v| c.breaker.bypass_debug = boolean(v)?),

@@ -6,6 +6,8 @@
 //!   defaults, `check-config`'s description, the reload diff and the
 //!   restart-only refusal all come;
 //! - [`values`]: the parsers of the values;
+//! - `error`, `listing`, `diff`: a bad file's error, every key as a
+//!   configuration has it (`check-config`), what a reload changes;
 //! - this module: the typed [`Config`] the rest of the daemon reads.
 //!
 //! The daemon owns the keys of the table: `http.maxThreads`,
@@ -19,8 +21,11 @@
 //! Parsing is all-or-nothing: a bad file yields one error naming the file,
 //! line and key, and no partial configuration.
 
+mod diff;
+mod error;
 mod grammar;
 pub mod keys;
+mod listing;
 mod values;
 
 use std::{
@@ -30,8 +35,12 @@ use std::{
     path::{Path, PathBuf},
 };
 
-pub use self::keys::{KEYS, Key, Reload};
 use self::keys::{Lookup, Set};
+pub use self::{
+    error::ConfigError,
+    keys::{KEYS, Key, Reload},
+    listing::Setting,
+};
 
 /// Threads the runtime keeps for its acceptor/selector/housekeeping.
 pub const SYSTEM_THREADS: u32 = 8;
@@ -268,62 +277,6 @@ impl Default for Config {
     }
 }
 
-/// A configuration error: where, which key, what was wrong.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub struct ConfigError {
-    /// The file (or `<config>` for text without a file).
-    pub file: String,
-    /// 1-based line; 0 when the error is about the file as a whole.
-    pub line: usize,
-    /// The full dotted key, when the error is about one.
-    pub key: Option<String>,
-    /// The value as written, when the error is about one.
-    pub value: Option<String>,
-    pub message: String,
-}
-
-impl ConfigError {
-    fn at(file: &str, line: usize, key: Option<&str>, value: Option<&str>, message: String) -> Self {
-        Self {
-            file: file.to_owned(),
-            line,
-            key: key.map(str::to_owned),
-            value: value.map(str::to_owned),
-            message,
-        }
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file)?;
-        if self.line > 0 {
-            write!(f, ":{}", self.line)?;
-        }
-        match (&self.key, &self.value) {
-            (Some(k), Some(v)) => write!(f, ": {k} = {v}")?,
-            (Some(k), None) => write!(f, ": {k}")?,
-            _ => {}
-        }
-        write!(f, ": {}", self.message)
-    }
-}
-
-/// One key as a configuration has it, for `check-config`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Setting {
-    /// The concrete key (`kernel.port.8080.perSourceMax`).
-    pub key: String,
-    /// As the file wrote it, or the default (`None`: unset).
-    pub value: Option<String>,
-    /// The line that set it; `None`: the default.
-    pub line: Option<usize>,
-    pub reload: Reload,
-    pub doc: &'static str,
-    /// What an unset value means (`(none)`, `the daemon's own`, ...).
-    pub unset: &'static str,
-}
-
 impl Config {
     /// Reads and validates `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -417,76 +370,6 @@ impl Config {
             ));
         }
         Ok(())
-    }
-
-    /// The value of a plain key here: as written, else its default
-    /// (`None`: unset).
-    fn value_of(&self, key: &Key) -> Option<String> {
-        self.written.get(key.name).map(|w| w.value.clone()).or_else(|| key.default_value())
-    }
-
-    /// Every key of the table as this configuration has it, in the table's
-    /// order (per-port keys once per port the file names).
-    pub fn settings(&self) -> Vec<Setting> {
-        let mut out = Vec::new();
-        for key in KEYS {
-            let mut push = |name: String| {
-                let written = self.written.get(&name);
-                out.push(Setting {
-                    value: written.map(|w| w.value.clone()).or_else(|| key.default_value()),
-                    line: written.map(|w| w.line),
-                    key: name,
-                    reload: key.reload,
-                    doc: key.doc,
-                    unset: match key.default {
-                        keys::Default::Unset(text) => text,
-                        _ => "(none)",
-                    },
-                });
-            };
-            if key.per_port() {
-                for port in self.kernel.port_options.keys() {
-                    let name = keys::concrete(key, Some(*port));
-                    if self.written.contains_key(&name) {
-                        push(name);
-                    }
-                }
-            } else {
-                push(key.name.to_owned());
-            }
-        }
-        out
-    }
-
-    /// What changed from `self` to `new`, key by key as the files wrote
-    /// them (`key: old -> new`; a key left out means its default). A token
-    /// file whose contents changed is named, its contents never shown.
-    pub fn changes_to(&self, new: &Config) -> Vec<String> {
-        let mut out = Vec::new();
-        let keys: std::collections::BTreeSet<&String> =
-            self.written.keys().chain(new.written.keys()).collect();
-        for key in keys {
-            let (a, b) = (self.written.get(key), new.written.get(key));
-            if a.map(|w| &w.value) != b.map(|w| &w.value) {
-                let show =
-                    |v: Option<&Written>| v.map_or_else(|| "(default)".to_owned(), |w| w.value.clone());
-                out.push(format!("{key}: {} -> {}", show(a), show(b)));
-            }
-        }
-        if self.admin.token_file == new.admin.token_file && self.admin.token != new.admin.token {
-            out.push("admin.tokenFile: (contents changed)".into());
-        }
-        out
-    }
-
-    /// The restart-only keys whose value differs in `new` (a reload that
-    /// finds any applies nothing).
-    pub fn restart_changes(&self, new: &Config) -> Vec<&'static str> {
-        KEYS.iter()
-            .filter(|k| k.reload == Reload::Restart && !k.per_port())
-            .filter(|k| self.value_of(k) != new.value_of(k))
-            .map(|k| k.name)
-            .collect()
     }
 }
 

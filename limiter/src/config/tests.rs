@@ -303,14 +303,14 @@ fn the_readme_key_table_lists_exactly_the_table_keys_with_their_defaults_and_rel
         let (cell, reload) = &documented[name];
         assert_eq!(reload, key.reload.as_str(), "{name}: README says {reload}, the table {:?}", key.reload);
         match key.default {
-            keys::Default::Value(v) => {
+            keys::DefaultValue::Value(v) => {
                 let shown = format!("`{v}`");
                 assert!(
                     cell == &shown || cell.starts_with(&format!("{shown} (")),
                     "{name}: README default `{cell}`, the table says {shown}"
                 );
             }
-            keys::Default::Unset(text) | keys::Default::Computed(text, _) => {
+            keys::DefaultValue::Unset(text) | keys::DefaultValue::Computed(text, _) => {
                 assert_eq!(cell, text, "{name}: README default differs from the table's");
             }
         }

@@ -56,9 +56,11 @@ impl Control for Daemon {
 
     fn status(&self) -> Result<Status, KernelError> {
         let kernel = match &self.gate {
-            Some(g) => {
-                Some(KernelStatus { origin: g.origin, target: g.target.clone(), gate: g.lock().snapshot()? })
-            }
+            Some(g) => Some(KernelStatus {
+                origin: g.origin,
+                target: g.target.clone(),
+                gate: Some(g.lock().snapshot()?),
+            }),
             None => None,
         };
         let http = self.proxy.as_ref().map(|p| HttpStatus {

@@ -30,15 +30,15 @@ pub fn init(json: bool, level: &str) {
 
 /// Applies a reloaded `admin.logLevel`; returns whether the level changed
 /// (`LIMITER_LOG` pins the level: then nothing changes).
-pub fn set_level(level: &str) -> Result<bool, String> {
+pub fn set_level(level: &str) -> Result<bool, reload::Error> {
     if std::env::var_os("LIMITER_LOG").is_some() {
         return Ok(false);
     }
     let Some(handle) = FILTER.get() else { return Ok(false) };
-    let current = handle.with_current(ToString::to_string).map_err(|e| e.to_string())?;
+    let current = handle.with_current(ToString::to_string)?;
     if current == level {
         return Ok(false);
     }
-    handle.reload(EnvFilter::new(level)).map_err(|e| e.to_string())?;
+    handle.reload(EnvFilter::new(level))?;
     Ok(true)
 }

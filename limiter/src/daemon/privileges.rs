@@ -19,6 +19,37 @@ use std::path::Path;
 use caps::{CapSet, Capability, CapsHashSet};
 use nix::unistd::{Gid, Uid, User};
 
+/// What failed while dropping privileges: the step, and the system's
+/// answer.
+#[derive(Debug, thiserror::Error)]
+pub enum PrivilegeError {
+    #[error("--user {user}: {source}")]
+    LookUp { user: String, source: nix::Error },
+    #[error("--user {0}: no such user")]
+    NoSuchUser(String),
+    #[error("{step}: {source}")]
+    Call { step: String, source: nix::Error },
+    #[error("{step}: {source}")]
+    Caps { step: String, source: caps::errors::CapsError },
+    #[error("{step}: {source}")]
+    Io { step: String, source: std::io::Error },
+}
+
+fn call(step: impl Into<String>) -> impl FnOnce(nix::Error) -> PrivilegeError {
+    let step = step.into();
+    move |source| PrivilegeError::Call { step, source }
+}
+
+fn caps_step(step: impl Into<String>) -> impl FnOnce(caps::errors::CapsError) -> PrivilegeError {
+    let step = step.into();
+    move |source| PrivilegeError::Caps { step, source }
+}
+
+fn io_step(step: impl Into<String>) -> impl FnOnce(std::io::Error) -> PrivilegeError {
+    let step = step.into();
+    move |source| PrivilegeError::Io { step, source }
+}
+
 /// The capabilities kept after start-up.
 pub fn kept(kernel: bool) -> CapsHashSet {
     let mut set = CapsHashSet::new();
@@ -30,13 +61,13 @@ pub fn kept(kernel: bool) -> CapsHashSet {
 
 /// Drops to [`kept`] capabilities and, with `user`, to that user. Call on
 /// the only thread of the process.
-pub fn drop_to(user: Option<&str>, pin_dir: Option<&Path>) -> Result<(), String> {
+pub fn drop_to(user: Option<&str>, pin_dir: Option<&Path>) -> Result<(), PrivilegeError> {
     let keep = kept(pin_dir.is_some());
     let target = match user {
         Some(name) => Some(
             User::from_name(name)
-                .map_err(|e| format!("--user {name}: {e}"))?
-                .ok_or_else(|| format!("--user {name}: no such user"))?,
+                .map_err(|source| PrivilegeError::LookUp { user: name.to_owned(), source })?
+                .ok_or_else(|| PrivilegeError::NoSuchUser(name.to_owned()))?,
         ),
         None => None,
     };
@@ -49,7 +80,7 @@ pub fn drop_to(user: Option<&str>, pin_dir: Option<&Path>) -> Result<(), String>
         for cap in caps::all() {
             if !keep.contains(&cap) && caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(false) {
                 caps::drop(None, CapSet::Bounding, cap)
-                    .map_err(|e| format!("dropping {cap} from the bounding set: {e}"))?;
+                    .map_err(caps_step(format!("dropping {cap} from the bounding set")))?;
             }
         }
     }
@@ -57,18 +88,18 @@ pub fn drop_to(user: Option<&str>, pin_dir: Option<&Path>) -> Result<(), String>
         if let Some(dir) = pin_dir {
             give(dir, user.uid, user.gid)?;
         }
-        nix::sys::prctl::set_keepcaps(true).map_err(|e| format!("PR_SET_KEEPCAPS: {e}"))?;
-        nix::unistd::setgroups(&[user.gid]).map_err(|e| format!("setgroups: {e}"))?;
-        nix::unistd::setresgid(user.gid, user.gid, user.gid).map_err(|e| format!("setresgid: {e}"))?;
-        nix::unistd::setresuid(user.uid, user.uid, user.uid).map_err(|e| format!("setresuid: {e}"))?;
-        nix::sys::prctl::set_keepcaps(false).map_err(|e| format!("PR_SET_KEEPCAPS: {e}"))?;
+        nix::sys::prctl::set_keepcaps(true).map_err(call("PR_SET_KEEPCAPS"))?;
+        nix::unistd::setgroups(&[user.gid]).map_err(call("setgroups"))?;
+        nix::unistd::setresgid(user.gid, user.gid, user.gid).map_err(call("setresgid"))?;
+        nix::unistd::setresuid(user.uid, user.uid, user.uid).map_err(call("setresuid"))?;
+        nix::sys::prctl::set_keepcaps(false).map_err(call("PR_SET_KEEPCAPS"))?;
     }
     // Effective first: it must stay within the permitted set at every step.
-    caps::set(None, CapSet::Effective, &keep).map_err(|e| format!("setting the effective set: {e}"))?;
-    caps::set(None, CapSet::Permitted, &keep).map_err(|e| format!("setting the permitted set: {e}"))?;
-    caps::clear(None, CapSet::Inheritable).map_err(|e| format!("clearing the inheritable set: {e}"))?;
-    caps::clear(None, CapSet::Ambient).map_err(|e| format!("clearing the ambient set: {e}"))?;
-    nix::sys::prctl::set_no_new_privs().map_err(|e| format!("PR_SET_NO_NEW_PRIVS: {e}"))?;
+    caps::set(None, CapSet::Effective, &keep).map_err(caps_step("setting the effective set"))?;
+    caps::set(None, CapSet::Permitted, &keep).map_err(caps_step("setting the permitted set"))?;
+    caps::clear(None, CapSet::Inheritable).map_err(caps_step("clearing the inheritable set"))?;
+    caps::clear(None, CapSet::Ambient).map_err(caps_step("clearing the ambient set"))?;
+    nix::sys::prctl::set_no_new_privs().map_err(call("PR_SET_NO_NEW_PRIVS"))?;
     let names: Vec<String> = keep.iter().map(ToString::to_string).collect();
     tracing::info!(
         capabilities = %if names.is_empty() { "none".to_owned() } else { names.join(",") },
@@ -80,13 +111,13 @@ pub fn drop_to(user: Option<&str>, pin_dir: Option<&Path>) -> Result<(), String>
 
 /// Gives the pin directory and the daemon's own pins to `uid:gid`, so the
 /// daemon can still open them (they stay mode 0600).
-fn give(dir: &Path, uid: Uid, gid: Gid) -> Result<(), String> {
+fn give(dir: &Path, uid: Uid, gid: Gid) -> Result<(), PrivilegeError> {
     let own = |path: &Path| {
         std::os::unix::fs::chown(path, Some(uid.as_raw()), Some(gid.as_raw()))
-            .map_err(|e| format!("giving {} to the --user: {e}", path.display()))
+            .map_err(io_step(format!("giving {} to the --user", path.display())))
     };
     own(dir)?;
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+    let entries = std::fs::read_dir(dir).map_err(io_step(format!("reading {}", dir.display())))?;
     for entry in entries.flatten() {
         let name = entry.file_name();
         let name = name.to_string_lossy();

@@ -17,7 +17,7 @@
 
 /// Where in the request stream the scanner is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
+enum Scan {
     /// Reading a head, line by line.
     Head,
     /// `n` body bytes to skip.
@@ -67,7 +67,7 @@ const CANDIDATES: [&[u8]; 3] = [b"content-length", b"transfer-encoding", b"upgra
 /// The scanner for one client connection.
 #[derive(Debug)]
 pub struct Framing {
-    state: State,
+    state: Scan,
     // Head state.
     seen_request_line: bool,
     chunk_match: u8,
@@ -93,7 +93,7 @@ pub struct Framing {
 impl Default for Framing {
     fn default() -> Self {
         Self {
-            state: State::Head,
+            state: Scan::Head,
             seen_request_line: false,
             chunk_match: 0,
             name: Name::Matching { candidates: 0b111, matched: 0 },
@@ -121,19 +121,19 @@ impl Framing {
         let mut i = 0;
         while i < buf.len() {
             match self.state {
-                State::Off => return,
-                State::Body(n) => {
+                Scan::Off => return,
+                Scan::Body(n) => {
                     let take = n.min((buf.len() - i) as u64);
                     i += take as usize;
-                    self.state = if n == take { State::Head } else { State::Body(n - take) };
+                    self.state = if n == take { Scan::Head } else { Scan::Body(n - take) };
                     if n == take {
                         self.reset_head();
                     }
                 }
-                State::ChunkData(n) => {
+                Scan::ChunkData(n) => {
                     let take = n.min((buf.len() - i) as u64);
                     i += take as usize;
-                    self.state = if n == take { State::ChunkDataCr } else { State::ChunkData(n - take) };
+                    self.state = if n == take { Scan::ChunkDataCr } else { Scan::ChunkData(n - take) };
                 }
                 _ => {
                     self.step(buf, i);
@@ -164,66 +164,63 @@ impl Framing {
     fn step(&mut self, buf: &mut [u8], i: usize) {
         let b = buf[i];
         match self.state {
-            State::Head => self.head_byte(buf, i),
-            State::ChunkSize { size, in_ext, digits } => match b {
-                b'\r' => self.state = State::ChunkSizeLf { size },
+            Scan::Head => self.head_byte(buf, i),
+            Scan::ChunkSize { size, in_ext, digits } => match b {
+                b'\r' => self.state = Scan::ChunkSizeLf { size },
                 b'\n' => self.end_chunk_size(size),
                 _ if in_ext => {}
-                b';' | b' ' | b'\t' => self.state = State::ChunkSize { size, in_ext: true, digits },
+                b';' | b' ' | b'\t' => self.state = Scan::ChunkSize { size, in_ext: true, digits },
                 _ => match (b as char).to_digit(16) {
                     // Leading zeros are not significant (hyper accepts any
                     // number of them); 16 significant digits fill a u64.
                     Some(d) if digits < 16 => {
                         let significant = if size == 0 && d == 0 { digits } else { digits + 1 };
                         self.state =
-                            State::ChunkSize { size: size * 16 + u64::from(d), in_ext, digits: significant }
+                            Scan::ChunkSize { size: size * 16 + u64::from(d), in_ext, digits: significant }
                     }
                     // Not a chunk size hyper would accept: it will fail the
                     // request; stop following this connection.
-                    _ => self.state = State::Off,
+                    _ => self.state = Scan::Off,
                 },
             },
-            State::ChunkSizeLf { size } => {
+            Scan::ChunkSizeLf { size } => {
                 if b == b'\n' {
                     self.end_chunk_size(size);
                 } else {
-                    self.state = State::Off;
+                    self.state = Scan::Off;
                 }
             }
-            State::ChunkDataCr => self.state = if b == b'\r' { State::ChunkDataLf } else { State::Off },
-            State::ChunkDataLf => {
-                self.state = if b == b'\n' {
-                    State::ChunkSize { size: 0, in_ext: false, digits: 0 }
-                } else {
-                    State::Off
-                }
+            Scan::ChunkDataCr => self.state = if b == b'\r' { Scan::ChunkDataLf } else { Scan::Off },
+            Scan::ChunkDataLf => {
+                self.state =
+                    if b == b'\n' { Scan::ChunkSize { size: 0, in_ext: false, digits: 0 } } else { Scan::Off }
             }
-            State::Trailers { line_empty } => match b {
-                b'\r' => self.state = State::TrailersLf { line_empty },
+            Scan::Trailers { line_empty } => match b {
+                b'\r' => self.state = Scan::TrailersLf { line_empty },
                 b'\n' => self.end_trailer_line(line_empty),
-                _ => self.state = State::Trailers { line_empty: false },
+                _ => self.state = Scan::Trailers { line_empty: false },
             },
-            State::TrailersLf { line_empty } => {
+            Scan::TrailersLf { line_empty } => {
                 if b == b'\n' {
                     self.end_trailer_line(line_empty);
                 } else {
-                    self.state = State::Trailers { line_empty: false };
+                    self.state = Scan::Trailers { line_empty: false };
                 }
             }
-            State::Body(_) | State::ChunkData(_) | State::Off => unreachable!("handled in feed"),
+            Scan::Body(_) | Scan::ChunkData(_) | Scan::Off => unreachable!("handled in feed"),
         }
     }
 
     fn end_chunk_size(&mut self, size: u64) {
-        self.state = if size == 0 { State::Trailers { line_empty: true } } else { State::ChunkData(size) };
+        self.state = if size == 0 { Scan::Trailers { line_empty: true } } else { Scan::ChunkData(size) };
     }
 
     fn end_trailer_line(&mut self, line_empty: bool) {
         if line_empty {
-            self.state = State::Head;
+            self.state = Scan::Head;
             self.reset_head();
         } else {
-            self.state = State::Trailers { line_empty: true };
+            self.state = Scan::Trailers { line_empty: true };
         }
     }
 
@@ -357,16 +354,16 @@ impl Framing {
         self.state = if self.head_has_upgrade {
             // May become a tunnel; the proxy closes the connection if the
             // upgrade is refused, so nothing is lost by stopping here.
-            State::Off
+            Scan::Off
         } else if self.head_has_te {
-            if self.chunked { State::ChunkSize { size: 0, in_ext: false, digits: 0 } } else { State::Off }
+            if self.chunked { Scan::ChunkSize { size: 0, in_ext: false, digits: 0 } } else { Scan::Off }
         } else if self.head_has_cl {
-            if self.cl_valid { State::Body(self.cl_value) } else { State::Off }
+            if self.cl_valid { Scan::Body(self.cl_value) } else { Scan::Off }
         } else {
-            State::Body(0)
+            Scan::Body(0)
         };
-        if self.state == State::Body(0) {
-            self.state = State::Head;
+        if self.state == Scan::Body(0) {
+            self.state = Scan::Head;
             self.reset_head();
         }
     }

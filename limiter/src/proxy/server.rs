@@ -132,7 +132,7 @@ async fn connection(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(tuning.header_read_timeout)
-        .max_buf_size(tuning.max_header_bytes.max(8192))
+        .max_buf_size(tuning.max_header_bytes)
         .keep_alive(true);
     let conn = builder.serve_connection(TokioIo::new(io), service).with_upgrades();
     tokio::pin!(conn);

@@ -1,0 +1,117 @@
+//! The real daemon driven in this process: `daemon::prepare` and
+//! `daemon::run` on `127.0.0.1:0`, the proxy alone (no kernel gate, so no
+//! privileges), its reloads and its shutdown in the test's hands.
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::atomic::{AtomicU64, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+use limiter::{
+    config::Config,
+    daemon::{self, RunOptions},
+};
+
+use crate::client::{self, Reply};
+
+/// A daemon running in this process, stopped on drop.
+pub struct InProcess {
+    pub dir: PathBuf,
+    file: PathBuf,
+    base: String,
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl InProcess {
+    /// Starts the daemon in front of `upstream` with `extra` keys after
+    /// the harness's own (one worker, both listeners on port 0).
+    pub fn start(upstream: SocketAddr, extra: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "limiter-inproc-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("limiter.ini");
+        let base = format!(
+            "kernel.enabled = false\nadmin.listen = 127.0.0.1:0\nhttp.listen = 127.0.0.1:0\n\
+             http.workers = 1\nhttp.upstream = {upstream}\n"
+        );
+        std::fs::write(&file, format!("{base}{extra}")).unwrap();
+        let config = Config::load(&file).unwrap();
+        let options = RunOptions { config_path: file.clone(), unload_on_exit: false };
+        let prepared = daemon::prepare(config, options).unwrap();
+        let admin = prepared.admin_addr().unwrap();
+        let proxy = prepared.http_addr().expect("a proxy: http.upstream is set");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async move {
+                let (_reload_tx, reloads) = tokio::sync::mpsc::unbounded_channel();
+                daemon::run(prepared, reloads, async move {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+            });
+        });
+        Self { dir, file, base, proxy, admin, stop: Some(stop), thread: Some(thread) }
+    }
+
+    /// Rewrites the file with `extra` after the harness's keys and reloads
+    /// through `POST /reload`; fails the test unless it was applied.
+    pub fn reload(&self, extra: &str) {
+        std::fs::write(&self.file, format!("{}{extra}", self.base)).unwrap();
+        let r = self.admin("POST", "/reload", &[]);
+        assert_eq!(r.status, 200, "reload: {}", r.text());
+        assert!(r.text().contains("\"applied\":true"), "{}", r.text());
+    }
+
+    /// A request to the proxy.
+    pub fn get(&self, path: &str, headers: &[&str]) -> Reply {
+        client::get(self.proxy, path, headers)
+    }
+
+    /// A request to the admin listener.
+    pub fn admin(&self, method: &str, path: &str, headers: &[&str]) -> Reply {
+        let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
+        let raw = format!(
+            "{method} {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 0\r\n{extra}\r\n"
+        );
+        client::send(self.admin, raw.as_bytes()).expect("an admin answer")
+    }
+
+    /// The breaker's state, from `GET /breaker`.
+    pub fn breaker_state(&self) -> String {
+        let v: serde_json::Value = serde_json::from_str(&self.admin("GET", "/breaker", &[]).text()).unwrap();
+        v["state"].as_str().expect("a state").to_owned()
+    }
+
+    /// Stops the daemon (drain included); returns how long `run` took to
+    /// return.
+    pub fn stop(&mut self) -> Duration {
+        let started = Instant::now();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            t.join().expect("the daemon's thread");
+        }
+        started.elapsed()
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

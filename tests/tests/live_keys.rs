@@ -1,0 +1,417 @@
+//! Every key the key table marks *live* changes behaviour on reload: each
+//! test here drives the real daemon in-process ([`InProcess`]: the proxy
+//! alone, no kernel gate, so no privileges), rewrites its file, reloads
+//! through `POST /reload`, and observes the new behaviour on the wire. The
+//! kernel's live keys are proven with the real gate in `reload.rs` (and
+//! the older kernel tests named in [`ELSEWHERE`]), `admin.logLevel` in
+//! `live_log_level.rs` (its own process: the logger is process-wide);
+//! [`every_live_key_has_a_behaviour_test`] keeps the lists honest against
+//! the table.
+
+use std::{
+    io::{ErrorKind, Read as _, Write as _},
+    net::SocketAddr,
+    thread,
+    time::{Duration, Instant},
+};
+
+use limiter::config::{KEYS, Reload};
+use limiter_tests::{
+    client::{self, Reply},
+    in_process::InProcess,
+    upstream::Upstream,
+};
+
+/// Which test proves each live key of the HTTP side, the breaker and the
+/// admin listener (all in this file).
+const HERE: &[(&str, &str)] = &[
+    ("http.maxThreads", "max_threads_resizes_the_normal_pool"),
+    ("http.maxSessionConnections", "session_and_web_limits_change_live"),
+    ("http.maxWebConnections", "session_and_web_limits_change_live"),
+    ("http.dryRun", "dry_run_turns_on_live"),
+    ("http.headerReadTimeoutMs", "header_read_timeout_changes_for_new_connections"),
+    ("http.idleTimeoutMs", "idle_timeout_changes_for_new_request_bodies"),
+    ("http.connectTimeoutMs", "connect_timeout_changes_for_the_next_request"),
+    ("http.upstreamTimeoutMs", "upstream_timeout_changes_for_the_next_request"),
+    ("http.maxHeaderBytes", "max_header_bytes_changes_for_new_connections"),
+    ("http.lingerMs", "linger_changes_for_new_connections"),
+    ("http.retryAfterMs", "retry_after_changes_live"),
+    ("http.drainTimeoutMs", "drain_timeout_changes_live"),
+    ("breaker.threshold", "breaker_threshold_and_min_requests_change_live"),
+    ("breaker.minRequests", "breaker_threshold_and_min_requests_change_live"),
+    ("breaker.sleepWindowMs", "breaker_sleep_window_changes_while_open"),
+    ("breaker.halfOpenMaxProbes", "breaker_half_open_probes_and_successes_change_live"),
+    ("breaker.halfOpenSuccesses", "breaker_half_open_probes_and_successes_change_live"),
+    ("breaker.failureStatuses", "breaker_failure_statuses_change_live"),
+    ("breaker.bypassDebug", "breaker_bypass_debug_changes_live"),
+    ("admin.tokenFile", "admin_token_file_changes_live"),
+];
+
+/// Which test in another file proves each remaining live key: the gate's
+/// (they need the real kernel, so they live with the kernel tests), and
+/// the log level (its own process).
+const ELSEWHERE: &[(&str, &str, &str)] = &[
+    ("admin.logLevel", "live_log_level.rs", "log_level_changes_live"),
+    ("kernel.ports", "kernel.rs", "limits_change_live_and_reload_is_all_or_nothing"),
+    ("kernel.trusted", "xdp.rs", "trusted_prefixes_reload_live_and_a_reshaped_gate_is_refused_at_restart"),
+    ("kernel.trustedReserve", "reload.rs", "trusted_reserve_changes_live"),
+    ("kernel.port.<port>.perSourceMax", "reload.rs", "per_source_max_changes_live"),
+    ("kernel.port.<port>.dryRun", "reload.rs", "dry_run_ports_change_live"),
+];
+
+#[test]
+fn every_live_key_has_a_behaviour_test() {
+    let this = include_str!("live_keys.rs");
+    let others = [
+        ("kernel.rs", include_str!("kernel.rs")),
+        ("xdp.rs", include_str!("xdp.rs")),
+        ("reload.rs", include_str!("reload.rs")),
+        ("live_log_level.rs", include_str!("live_log_level.rs")),
+    ];
+    let mut covered: Vec<&str> = Vec::new();
+    for (key, test) in HERE {
+        assert!(this.contains(&format!("fn {test}()")), "{key}: no test {test} in this file");
+        covered.push(key);
+    }
+    for (key, file, test) in ELSEWHERE {
+        let text = others.iter().find(|(f, _)| f == file).map(|(_, t)| *t).expect("a test file");
+        assert!(text.contains(&format!("fn {test}()")), "{key}: no test {test} in tests/tests/{file}");
+        covered.push(key);
+    }
+    let mut live: Vec<&str> = KEYS.iter().filter(|k| k.reload == Reload::Live).map(|k| k.name).collect();
+    live.sort_unstable();
+    covered.sort_unstable();
+    covered.dedup();
+    assert_eq!(covered, live, "the live keys of the table and the keys with a behaviour test differ");
+}
+
+// ---------------------------------------------------------------------------
+// The HTTP side.
+
+/// A GET on a thread, for requests that must be in flight together.
+fn spawn_get(addr: SocketAddr, path: &str, headers: &[&str]) -> thread::JoinHandle<Reply> {
+    let (path, headers): (String, Vec<String>) =
+        (path.to_owned(), headers.iter().map(|h| (*h).to_owned()).collect());
+    thread::spawn(move || client::get(addr, &path, &headers.iter().map(String::as_str).collect::<Vec<_>>()))
+}
+
+#[test]
+fn max_threads_resizes_the_normal_pool() {
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "http.maxThreads = 12\n");
+    let held = spawn_get(d.proxy, "/hold", &[]);
+    up.wait_holding(1);
+    let refused = d.get("/x", &[]);
+    assert_eq!((refused.status, refused.header("x-limiter-refused")), (503, Some("normal")));
+    d.reload("http.maxThreads = 13\n");
+    assert_eq!(d.get("/x", &[]).status, 200, "a second normal slot after the reload");
+    assert_eq!(up.holding(), 1, "the first slot was still taken");
+    up.release();
+    assert_eq!(held.join().unwrap().status, 200);
+}
+
+#[test]
+fn session_and_web_limits_change_live() {
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "http.maxSessionConnections = 1\nhttp.maxWebConnections = 1\n");
+    let session = spawn_get(d.proxy, "/hold", &["Authorization: Bearer one"]);
+    let web = spawn_get(d.proxy, "/hold", &["X-Client-Id: w1"]);
+    up.wait_holding(2);
+    assert_eq!(d.get("/x", &["Authorization: Bearer one"]).header("x-limiter-refused"), Some("session"));
+    assert_eq!(d.get("/x", &["X-Client-Id: w2"]).header("x-limiter-refused"), Some("web"));
+    d.reload("http.maxSessionConnections = 2\nhttp.maxWebConnections = 2\n");
+    assert_eq!(d.get("/x", &["Authorization: Bearer one"]).status, 200);
+    assert_eq!(d.get("/x", &["X-Client-Id: w2"]).status, 200);
+    assert_eq!(up.holding(), 2, "the first session and web requests were still in flight");
+    up.release();
+    assert_eq!((session.join().unwrap().status, web.join().unwrap().status), (200, 200));
+}
+
+#[test]
+fn dry_run_turns_on_live() {
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "http.maxThreads = 12\n");
+    let held = spawn_get(d.proxy, "/hold", &[]);
+    up.wait_holding(1);
+    assert_eq!(d.get("/x", &[]).status, 503);
+    d.reload("http.maxThreads = 12\nhttp.dryRun = true\n");
+    assert_eq!(d.get("/x", &[]).status, 200, "dry-run admits past the full pool");
+    assert_eq!(up.holding(), 1, "the pool was still full");
+    up.release();
+    held.join().unwrap();
+}
+
+/// How long the proxy keeps a connection that sent half a head open.
+fn half_head_lifetime(proxy: SocketAddr) -> Duration {
+    let mut s = client::connect(proxy);
+    s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n").unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 256];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+    }
+    started.elapsed()
+}
+
+#[test]
+fn header_read_timeout_changes_for_new_connections() {
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "http.headerReadTimeoutMs = 5000\n");
+    let mut s = client::connect(d.proxy);
+    s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n").unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(700))).unwrap();
+    let mut buf = [0u8; 16];
+    let err = s.read(&mut buf).expect_err("still open after 0.7 s");
+    assert!(matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut), "{err}");
+    d.reload("http.headerReadTimeoutMs = 200\n");
+    let lifetime = half_head_lifetime(d.proxy);
+    assert!(lifetime < Duration::from_millis(2000), "cut after {lifetime:?} with a 200 ms timeout");
+}
+
+/// Sends a POST whose body stops after one byte; returns the status and
+/// how long the answer took.
+fn stalled_post(proxy: SocketAddr) -> (u16, Duration) {
+    let mut s = client::connect(proxy);
+    s.write_all(b"POST /sink HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nx").unwrap();
+    let started = Instant::now();
+    let reply = client::read_reply(&mut s).expect("an answer");
+    (reply.status, started.elapsed())
+}
+
+#[test]
+fn idle_timeout_changes_for_new_request_bodies() {
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "http.idleTimeoutMs = 1500\n");
+    let (status, took) = stalled_post(d.proxy);
+    assert_eq!(status, 400);
+    assert!(took >= Duration::from_millis(1400), "a 1.5 s idle timeout cut the body after {took:?}");
+    d.reload("http.idleTimeoutMs = 100\n");
+    let (status, took) = stalled_post(d.proxy);
+    assert_eq!(status, 400);
+    assert!(took < Duration::from_millis(1000), "a 100 ms idle timeout took {took:?}");
+}
+
+#[test]
+fn connect_timeout_changes_for_the_next_request() {
+    // An upstream whose accept queue is full: the kernel drops further
+    // SYNs, so connecting hangs until the proxy's timeout.
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+    socket.listen(0).unwrap();
+    let hanging: SocketAddr = socket.local_addr().unwrap().as_socket().unwrap();
+    let mut fillers = Vec::new();
+    for _ in 0..4 {
+        let f = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        f.set_nonblocking(true).unwrap();
+        let _ = f.connect(&hanging.into());
+        fillers.push(f);
+    }
+    thread::sleep(Duration::from_millis(100));
+    let d = InProcess::start(hanging, "http.connectTimeoutMs = 2000\nbreaker.minRequests = 1000\n");
+    let timed = |d: &InProcess| {
+        let started = Instant::now();
+        let r = d.get("/x", &[]);
+        (r.status, started.elapsed())
+    };
+    let (status, took) = timed(&d);
+    assert_eq!(status, 502);
+    assert!(took >= Duration::from_millis(1900), "502 after {took:?} with a 2 s connect timeout");
+    d.reload("http.connectTimeoutMs = 300\nbreaker.minRequests = 1000\n");
+    let (status, took) = timed(&d);
+    assert_eq!(status, 502);
+    assert!(took < Duration::from_millis(1200), "502 after {took:?} with a 300 ms connect timeout");
+    drop(fillers);
+}
+
+#[test]
+fn upstream_timeout_changes_for_the_next_request() {
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "breaker.minRequests = 1000\n");
+    assert_eq!(d.get("/slowhead?ms=800", &[]).status, 200);
+    d.reload("http.upstreamTimeoutMs = 200\nbreaker.minRequests = 1000\n");
+    assert_eq!(d.get("/slowhead?ms=800", &[]).status, 504);
+}
+
+#[test]
+fn max_header_bytes_changes_for_new_connections() {
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "http.maxHeaderBytes = 32768\n");
+    let big = format!("X-Big: {}", "a".repeat(12_000));
+    assert_eq!(d.get("/x", &[&big]).status, 200);
+    d.reload("http.maxHeaderBytes = 8192\n");
+    assert_eq!(d.get("/x", &[&big]).status, 431);
+}
+
+/// After a 503 with `Connection: close`: whether the connection still
+/// takes bytes without a reset 300 ms after the proxy's FIN.
+fn lingers_after_503(proxy: SocketAddr) -> bool {
+    let mut s = client::connect(proxy);
+    s.write_all(b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    let reply = client::read_reply(&mut s).expect("an answer");
+    assert_eq!(reply.status, 503);
+    thread::sleep(Duration::from_millis(300));
+    // The first write after the peer closed draws its RST; the second fails.
+    let first = s.write_all(b"more body");
+    thread::sleep(Duration::from_millis(100));
+    let second = s.write_all(b"more body");
+    first.is_ok() && second.is_ok()
+}
+
+#[test]
+fn linger_changes_for_new_connections() {
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "http.maxThreads = 12\nhttp.lingerMs = 0\n");
+    let held = spawn_get(d.proxy, "/hold", &[]);
+    up.wait_holding(1);
+    assert!(!lingers_after_503(d.proxy), "lingerMs = 0 closes at once");
+    d.reload("http.maxThreads = 12\nhttp.lingerMs = 2000\n");
+    assert!(lingers_after_503(d.proxy), "lingerMs = 2000 keeps draining");
+    up.release();
+    held.join().unwrap();
+}
+
+#[test]
+fn retry_after_changes_live() {
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "http.maxThreads = 12\n");
+    let held = spawn_get(d.proxy, "/hold", &[]);
+    up.wait_holding(1);
+    assert_eq!(d.get("/x", &[]).header("retry-after"), Some("1"));
+    d.reload("http.maxThreads = 12\nhttp.retryAfterMs = 4500\n");
+    assert_eq!(d.get("/x", &[]).header("retry-after"), Some("5"));
+    up.release();
+    held.join().unwrap();
+}
+
+#[test]
+fn drain_timeout_changes_live() {
+    let up = Upstream::start();
+    let mut d = InProcess::start(up.addr, "http.drainTimeoutMs = 60000\n");
+    d.reload("http.drainTimeoutMs = 300\n");
+    let proxy = d.proxy;
+    let held = thread::spawn(move || client::send(proxy, b"GET /hold HTTP/1.1\r\nHost: a\r\n\r\n"));
+    up.wait_holding(1);
+    let took = d.stop();
+    assert!(took < Duration::from_millis(2500), "a 300 ms drain took {took:?}");
+    assert!(held.join().unwrap().is_err(), "the request still in flight was cut");
+}
+
+// ---------------------------------------------------------------------------
+// The breaker.
+
+#[test]
+fn breaker_threshold_and_min_requests_change_live() {
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "breaker.minRequests = 1000\n");
+    for _ in 0..20 {
+        assert_eq!(d.get("/status?code=500", &[]).status, 500);
+    }
+    assert_eq!(d.breaker_state(), "closed", "1000 results needed before it may open");
+    d.reload("breaker.minRequests = 5\nbreaker.threshold = 0.99\n");
+    // 20 failures and now a success: 20/21 = 0.952, not above 0.99.
+    assert_eq!(d.get("/x", &[]).status, 200);
+    assert_eq!(d.get("/status?code=500", &[]).status, 500);
+    assert_eq!(d.breaker_state(), "closed", "21/22 failures is not above 0.99");
+    d.reload("breaker.minRequests = 5\nbreaker.threshold = 0.5\n");
+    assert_eq!(d.get("/status?code=500", &[]).status, 500);
+    assert_eq!(d.breaker_state(), "open");
+    let before = up.hits();
+    assert_eq!(d.get("/x", &[]).header("x-limiter-refused"), Some("breaker"));
+    assert_eq!(up.hits(), before, "nothing reaches the upstream while open");
+}
+
+/// Opens the breaker with failing requests to `path`.
+fn trip_with(d: &InProcess, path: &str) {
+    for _ in 0..50 {
+        if d.breaker_state() == "open" {
+            return;
+        }
+        d.get(path, &[]);
+    }
+    panic!("50 requests to {path} did not open the breaker");
+}
+
+/// Opens the breaker with 500s.
+fn trip(d: &InProcess) {
+    trip_with(d, "/status?code=500");
+}
+
+#[test]
+fn breaker_sleep_window_changes_while_open() {
+    let up = Upstream::start();
+    let keys = "breaker.minRequests = 2\nbreaker.sleepWindowMs = 60000\n";
+    let d = InProcess::start(up.addr, keys);
+    trip(&d);
+    thread::sleep(Duration::from_millis(400));
+    assert_eq!(d.get("/x", &[]).status, 503, "60 s sleep window");
+    d.reload("breaker.minRequests = 2\nbreaker.sleepWindowMs = 300\n");
+    assert_eq!(d.get("/x", &[]).status, 200, "the probe goes through once 300 ms have passed");
+    assert_eq!(d.breaker_state(), "closed");
+}
+
+#[test]
+fn breaker_half_open_probes_and_successes_change_live() {
+    let up = Upstream::start();
+    let keys = "breaker.minRequests = 2\nbreaker.sleepWindowMs = 100\n";
+    let d = InProcess::start(up.addr, keys);
+    let probe_round = |d: &InProcess| {
+        trip(d);
+        thread::sleep(Duration::from_millis(150));
+        let a = spawn_get(d.proxy, "/slowhead?ms=700", &[]);
+        let b = spawn_get(d.proxy, "/slowhead?ms=700", &[]);
+        let mut statuses = [a.join().unwrap().status, b.join().unwrap().status];
+        statuses.sort_unstable();
+        statuses
+    };
+    assert_eq!(probe_round(&d), [200, 503], "one probe at a time");
+    assert_eq!(d.breaker_state(), "closed", "one success closes it");
+    d.reload(&format!("{keys}breaker.halfOpenMaxProbes = 2\nbreaker.halfOpenSuccesses = 3\n"));
+    assert_eq!(probe_round(&d), [200, 200], "two probes at a time");
+    assert_eq!(d.breaker_state(), "half_open", "two successes of the three needed");
+    assert_eq!(d.get("/x", &[]).status, 200);
+    assert_eq!(d.breaker_state(), "closed");
+}
+
+#[test]
+fn breaker_failure_statuses_change_live() {
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "breaker.minRequests = 2\n");
+    for _ in 0..5 {
+        assert_eq!(d.get("/status?code=429", &[]).status, 429);
+    }
+    assert_eq!(d.breaker_state(), "closed", "429 is not a failure by default");
+    d.reload("breaker.minRequests = 2\nbreaker.failureStatuses = 429\n");
+    for _ in 0..5 {
+        assert_eq!(d.get("/status?code=500", &[]).status, 500);
+    }
+    assert_eq!(d.breaker_state(), "closed", "500 is not a failure once the list says 429");
+    trip_with(&d, "/status?code=429");
+}
+
+#[test]
+fn breaker_bypass_debug_changes_live() {
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "");
+    assert_eq!(d.admin("POST", "/breaker/open", &[]).status, 200);
+    assert_eq!(d.get("/x", &[]).status, 503);
+    assert_eq!(d.get("/debug/x", &[]).status, 200, "diagnostics pass an open breaker by default");
+    d.reload("breaker.bypassDebug = false\n");
+    assert_eq!(d.get("/debug/x", &[]).header("x-limiter-refused"), Some("breaker"));
+}
+
+// ---------------------------------------------------------------------------
+// The admin listener.
+
+#[test]
+fn admin_token_file_changes_live() {
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "");
+    assert_eq!(d.admin("GET", "/status", &[]).status, 200);
+    let token = d.dir.join("token");
+    std::fs::write(&token, "0123456789abcdef0123\n").unwrap();
+    d.reload(&format!("admin.tokenFile = {}\n", token.display()));
+    assert_eq!(d.admin("GET", "/status", &[]).status, 401);
+    assert_eq!(d.admin("GET", "/status", &["Authorization: Bearer 0123456789abcdef0123"]).status, 200);
+}
