@@ -445,6 +445,64 @@ fn hop_by_hop_headers_go_and_forwarding_headers_come() {
 
 #[test]
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn a_debug_path_the_upstream_resolves_elsewhere_is_a_normal_request() {
+    let s = setup("http.maxThreads = 13\nhttp.maxSessionConnections = 1\n");
+    // Forwarded byte for byte, whatever the classification.
+    for path in ["/debug/..;/api", "/debug/..;v=1/api", "/debug/%2e%2e/api", "/debug/x%2fy", "/debug/%zz"] {
+        let seen = get(s.proxy, &format!("{path}/headers"), &[]).text();
+        assert!(seen.starts_with(&format!("GET {path}/headers HTTP/1.1")), "not forwarded as sent:\n{seen}");
+    }
+    // Jetty, Tomcat and Spring serve this as /api: the session limit
+    // applies to it, as to any normal request...
+    let session = s.spawn_get("/hold", &["Authorization: Bearer busy"]);
+    s.upstream.wait_holding(1);
+    assert_503(&get(s.proxy, "/debug/..;/api", &["Authorization: Bearer busy"]), "session");
+    // ...and with the normal pool full it is refused, never given a
+    // reserved slot, while a real /debug/ request still gets one.
+    let normal = s.spawn_get("/hold", &[]);
+    s.upstream.wait_holding(2);
+    for path in ["/debug/..;/api", "/debug/..;v=1/api", "/debug/%2e%2e/api", "/debug/..;/debug/../api"] {
+        assert_503(&get(s.proxy, path, &[]), "normal");
+    }
+    assert_eq!(get(s.proxy, "/debug/x", &[]).status, 200);
+    assert_eq!(s.metric("limiter_http_admitted_total{pool=\"debug\"}"), 1.0);
+    assert_eq!(s.metric("limiter_http_refused_total{reason=\"normal\"}"), 4.0);
+    s.upstream.release();
+    for h in [session, normal] {
+        assert_eq!(h.join().unwrap().status, 200);
+    }
+    s.assert_pools_empty();
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn a_path_the_upstream_resolves_under_debug_takes_a_reserved_slot() {
+    let s = setup("http.maxThreads = 12\n");
+    let normal = s.spawn_get("/hold", &[]);
+    s.upstream.wait_holding(1);
+    assert_503(&get(s.proxy, "/x", &[]), "normal");
+    // The normal pool is full; these are /debug/x to the upstream.
+    let debug: Vec<_> =
+        ["/debug;v=1/hold", "/api/..;/debug/hold"].iter().map(|p| s.spawn_get(p, &[])).collect();
+    s.upstream.wait_holding(3);
+    assert_eq!(s.metric("limiter_http_in_flight{pool=\"debug\"}"), 2.0);
+    assert_eq!(s.metric("limiter_http_in_flight{pool=\"normal\"}"), 1.0);
+    // Forwarded byte for byte, parameters and dot-segments included.
+    for path in ["/debug;v=1/headers", "/api/..;/debug/headers", "/debug/./x/headers"] {
+        let reply = get(s.proxy, path, &[]);
+        assert_eq!(reply.status, 200, "{path}: {reply:?}");
+        assert!(reply.text().starts_with(&format!("GET {path} HTTP/1.1")), "{}", reply.text());
+    }
+    assert_eq!(s.metric("limiter_http_admitted_total{pool=\"debug\"}"), 5.0);
+    s.upstream.release();
+    for h in debug.into_iter().chain([normal]) {
+        assert_eq!(h.join().unwrap().status, 200);
+    }
+    s.assert_pools_empty();
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn upgrades_pass_through_and_give_their_permit_back() {
     let s = setup("http.maxThreads = 12\n");
     let mut stream = connect(s.proxy);

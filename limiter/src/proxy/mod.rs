@@ -10,6 +10,8 @@
 //!
 //! - [`server`]: listeners, worker threads, connections, drain;
 //! - [`pipeline`]: one request: breaker → pools → forward → respond;
+//! - [`path`]: which paths are diagnostic (`/debug/`), as the upstream
+//!   resolves them;
 //! - [`forward`]: the request to the upstream and its response back;
 //! - [`respond`]: the responses the proxy writes itself (503s, errors);
 //! - [`upstream`]: each worker's upstream connection pool;
@@ -25,6 +27,7 @@ pub mod forward;
 pub mod framing;
 pub mod headers;
 pub mod io;
+pub mod path;
 pub mod pipeline;
 pub mod refusal_log;
 pub mod respond;
