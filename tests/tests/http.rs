@@ -267,6 +267,10 @@ fn ten_thousand_sessions_leave_no_entries_and_tokens_never_show() {
     }
     s.assert_pools_empty();
     assert_eq!(s.metric("limiter_http_admitted_total{pool=\"normal\"}"), 10_000.0);
+    // Respelled tokens do not show either.
+    for auth in ["bearer  secret-token-00001", "BEARER secret-token-00002 "] {
+        assert_eq!(get(s.proxy, "/", &[&format!("Authorization: {auth}")]).status, 200);
+    }
     let metrics = s.daemon.metrics();
     let status = limiter_tests::http_get(s.daemon.admin, "/status").unwrap();
     let dump = limiter_tests::limiter(&["dump", "--json", "--config", s.daemon.config.to_str().unwrap()]);
@@ -498,6 +502,26 @@ fn a_path_the_upstream_resolves_under_debug_takes_a_reserved_slot() {
     for h in debug.into_iter().chain([normal]) {
         assert_eq!(h.join().unwrap().status, 200);
     }
+    s.assert_pools_empty();
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn one_credential_is_one_session_however_its_scheme_is_spelled() {
+    let s = setup("http.maxSessionConnections = 1\n");
+    let held = s.spawn_get("/hold", &["Authorization: Bearer T"]);
+    s.upstream.wait_holding(1);
+    for same in ["bearer T", "BEARER T", "Bearer  T", "Bearer \t T", "Bearer T "] {
+        assert_503(&get(s.proxy, "/x", &[&format!("Authorization: {same}")]), "session");
+    }
+    // Other credentials, another scheme: other sessions.
+    for other in ["Bearer t", "Bearer T2", "Basic T"] {
+        assert_eq!(get(s.proxy, "/x", &[&format!("Authorization: {other}")]).status, 200, "{other}");
+    }
+    assert_eq!(s.metric("limiter_http_refused_total{reason=\"session\"}"), 5.0);
+    assert_eq!(s.upstream.hits(), 4);
+    s.upstream.release();
+    assert_eq!(held.join().unwrap().status, 200);
     s.assert_pools_empty();
 }
 
