@@ -507,6 +507,40 @@ fn a_path_the_upstream_resolves_under_debug_takes_a_reserved_slot() {
 
 #[test]
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn forwarding_headers_name_the_listener_and_quote_the_host() {
+    let s = setup("");
+    let reply = send(
+        s.proxy,
+        b"GET /headers HTTP/1.1\r\nHost: app.example:8080\r\nX-Forwarded-Proto: https\r\n\
+          Forwarded: for=10.0.0.9;proto=https\r\nForwarded: for=10.0.0.8\r\n\
+          X-Forwarded-For: 10.0.0.9\r\nX-Forwarded-For: 10.0.0.8\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let seen = reply.text();
+    let lines: Vec<&str> = seen.lines().collect();
+    for want in [
+        "host: app.example:8080",
+        "x-forwarded-proto: http",
+        "forwarded: for=10.0.0.9;proto=https, for=10.0.0.8, for=127.0.0.1;proto=http;host=\"app.example:8080\"",
+        "x-forwarded-for: 10.0.0.9, 10.0.0.8, 127.0.0.1",
+    ] {
+        assert!(lines.contains(&want), "no `{want}` in\n{seen}");
+    }
+    for name in ["x-forwarded-proto:", "forwarded:", "x-forwarded-for:"] {
+        assert_eq!(lines.iter().filter(|l| l.starts_with(name)).count(), 1, "`{name}` twice:\n{seen}");
+    }
+    // An IPv6 literal is a valid Host, quoted whole.
+    let reply = send(s.proxy, b"GET /headers HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n").unwrap();
+    assert!(
+        reply.text().contains("forwarded: for=127.0.0.1;proto=http;host=\"[::1]:8080\"\n"),
+        "{}",
+        reply.text()
+    );
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn one_credential_is_one_session_however_its_scheme_is_spelled() {
     let s = setup("http.maxSessionConnections = 1\n");
     let held = s.spawn_get("/hold", &["Authorization: Bearer T"]);

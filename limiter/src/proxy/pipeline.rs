@@ -9,11 +9,13 @@
 //!
 //! [`Permit`]: crate::admission::Permit
 
-use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Instant};
+use std::{convert::Infallible, sync::Arc, time::Instant};
 
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, header};
 
-use super::{Proxy, body::ProxyBody, forward::forward, path::is_debug_path, respond, upstream::Pool};
+use super::{
+    Proxy, body::ProxyBody, forward::forward, headers::Client, path::is_debug_path, respond, upstream::Pool,
+};
 use crate::{
     admission::{Ask, Refusal},
     breaker::{Decision, State, ticket::Ticket},
@@ -52,7 +54,7 @@ pub(super) async fn handle(
     req: Request<Incoming>,
     proxy: Arc<Proxy>,
     pool: Arc<Pool>,
-    peer: SocketAddr,
+    client: Client,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let started = Instant::now();
     if req.method() == Method::CONNECT {
@@ -91,7 +93,7 @@ pub(super) async fn handle(
         session: headers.get(header::AUTHORIZATION).map(header::HeaderValue::as_bytes),
     };
     match proxy.admission.admit(ask) {
-        Ok(permit) => Ok(forward(req, permit, ticket, &proxy, &pool, peer).await),
+        Ok(permit) => Ok(forward(req, permit, ticket, &proxy, &pool, client).await),
         // The ticket is dropped unrecorded: a refusal is not a result.
         Err(refusal) => Ok(respond::refuse(&proxy, Reason::Admission(refusal), started)),
     }
