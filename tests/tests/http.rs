@@ -267,10 +267,17 @@ fn ten_thousand_sessions_leave_no_entries_and_tokens_never_show() {
     }
     s.assert_pools_empty();
     assert_eq!(s.metric("limiter_http_admitted_total{pool=\"normal\"}"), 10_000.0);
-    // Respelled tokens do not show either.
+    // Respelled tokens and a repeated Authorization (refused, and logged at
+    // debug level) do not show either.
     for auth in ["bearer  secret-token-00001", "BEARER secret-token-00002 "] {
         assert_eq!(get(s.proxy, "/", &[&format!("Authorization: {auth}")]).status, 200);
     }
+    let (reply, _) = send_and_close(
+        &s,
+        b"GET / HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer secret-token-a\r\nAuthorization: Bearer secret-token-b\r\n\r\n",
+    );
+    assert_eq!(reply.status, 400);
+    assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"authorization\"}"), 1.0);
     let metrics = s.daemon.metrics();
     let status = limiter_tests::http_get(s.daemon.admin, "/status").unwrap();
     let dump = limiter_tests::limiter(&["dump", "--json", "--config", s.daemon.config.to_str().unwrap()]);
@@ -447,6 +454,15 @@ fn hop_by_hop_headers_go_and_forwarding_headers_come() {
     assert!(seen.contains("authorization: bearer kept"), "{seen}");
 }
 
+/// Sends `raw` on a new connection: the one response, and whether the
+/// proxy closed the connection after it.
+fn send_and_close(s: &Setup, raw: &[u8]) -> (Reply, bool) {
+    let mut stream = connect(s.proxy);
+    stream.write_all(raw).unwrap();
+    let reply = read_reply(&mut stream).expect("a response");
+    (reply, closed_by_server(&mut stream))
+}
+
 #[test]
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn a_debug_path_the_upstream_resolves_elsewhere_is_a_normal_request() {
@@ -507,6 +523,39 @@ fn a_path_the_upstream_resolves_under_debug_takes_a_reserved_slot() {
 
 #[test]
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn a_forged_or_repeated_host_is_refused_before_admission() {
+    let s = setup("http.maxThreads = 12\n");
+    // The normal pool is full: a 400 rather than a 503 shows the check
+    // comes first and costs no slot.
+    let held = s.spawn_get("/hold", &[]);
+    s.upstream.wait_holding(1);
+    for raw in [
+        &b"GET /headers HTTP/1.1\r\nHost: app\",for=6.6.6.6;host=\"app\r\n\r\n"[..],
+        b"GET /headers HTTP/1.1\r\nHost: app\r\nHost: app\r\n\r\n",
+        b"GET /headers HTTP/1.1\r\nHost: app\r\nX-A: 1\r\nHost: other\r\n\r\n",
+        b"GET /headers HTTP/1.1\r\nHost: app example\r\n\r\n",
+        b"GET /headers HTTP/1.1\r\nHost: app,for=6.6.6.6\r\n\r\n",
+        b"GET /headers HTTP/1.1\r\nHost: [::1\r\n\r\n",
+        b"GET /headers HTTP/1.1\r\nHost: app:99999\r\n\r\n",
+    ] {
+        let (reply, closed) = send_and_close(&s, raw);
+        let shown = String::from_utf8_lossy(raw);
+        assert_eq!(reply.status, 400, "{shown}: {reply:?}");
+        assert_eq!(reply.text(), "400 Bad Request: the Host header is invalid or repeated\n");
+        assert_eq!(reply.header("connection"), Some("close"), "{shown}");
+        assert!(closed, "{shown}: the connection stayed open");
+    }
+    assert_eq!(s.upstream.hits(), 1, "a bad Host reached the upstream");
+    assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"host\"}"), 7.0);
+    assert_eq!(s.metric("limiter_http_refused_total{reason=\"normal\"}"), 0.0);
+    assert_eq!(s.metric("limiter_http_responses_total{class=\"4xx\"}"), 7.0);
+    s.upstream.release();
+    assert_eq!(held.join().unwrap().status, 200);
+    s.assert_pools_empty();
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn forwarding_headers_name_the_listener_and_quote_the_host() {
     let s = setup("");
     let reply = send(
@@ -552,10 +601,61 @@ fn one_credential_is_one_session_however_its_scheme_is_spelled() {
     for other in ["Bearer t", "Bearer T2", "Basic T"] {
         assert_eq!(get(s.proxy, "/x", &[&format!("Authorization: {other}")]).status, 200, "{other}");
     }
+    // Two Authorization lines: refused before admission, /debug/ too.
+    for path in ["/x", "/debug/x"] {
+        let raw = format!(
+            "GET {path} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer A\r\nAuthorization: Bearer B\r\n\r\n"
+        );
+        let (reply, closed) = send_and_close(&s, raw.as_bytes());
+        assert_eq!(reply.status, 400, "{reply:?}");
+        assert_eq!(reply.text(), "400 Bad Request: more than one Authorization header\n");
+        assert!(closed, "the connection stayed open after a 400");
+    }
+    assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"authorization\"}"), 2.0);
     assert_eq!(s.metric("limiter_http_refused_total{reason=\"session\"}"), 5.0);
     assert_eq!(s.upstream.hits(), 4);
     s.upstream.release();
     assert_eq!(held.join().unwrap().status, 200);
+    s.assert_pools_empty();
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn a_transfer_coding_other_than_chunked_is_refused_with_501() {
+    let s = setup("http.maxThreads = 12\n");
+    // The normal pool is full: a 501 rather than a 503 shows the check
+    // comes first and costs no slot.
+    let held = s.spawn_get("/hold", &[]);
+    s.upstream.wait_holding(1);
+    for te in [
+        "Transfer-Encoding: gzip, chunked",
+        "Transfer-Encoding: chunked, chunked",
+        "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked",
+    ] {
+        let raw = format!("POST /sink HTTP/1.1\r\nHost: t\r\n{te}\r\n\r\n5\r\nhello\r\n0\r\n\r\n");
+        let (reply, closed) = send_and_close(&s, raw.as_bytes());
+        assert_eq!(reply.status, 501, "{te}: {reply:?}");
+        assert_eq!(reply.text(), "501 Not Implemented: only the chunked transfer coding is supported\n");
+        assert_eq!(reply.header("connection"), Some("close"), "{te}");
+        assert!(closed, "{te}: the connection stayed open");
+    }
+    // A last coding other than chunked leaves no way to find the body's
+    // end: hyper refuses it (400) before the proxy sees it.
+    let (reply, closed) =
+        send_and_close(&s, b"POST /sink HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\nhello");
+    assert_eq!((reply.status, closed), (400, true), "{reply:?}");
+    assert_eq!(s.upstream.hits(), 1, "a refused coding reached the upstream");
+    assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"transfer_encoding\"}"), 3.0);
+    assert_eq!(s.metric("limiter_http_refused_total{reason=\"normal\"}"), 0.0);
+    s.upstream.release();
+    assert_eq!(held.join().unwrap().status, 200);
+    // chunked alone, in any case, is forwarded.
+    let reply = send(
+        s.proxy,
+        b"POST /sink HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: Chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!((reply.status, reply.text()), (200, "5\n".to_owned()));
     s.assert_pools_empty();
 }
 

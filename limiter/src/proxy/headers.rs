@@ -90,7 +90,8 @@ pub struct Client {
 /// Appends the client to `X-Forwarded-For` and `Forwarded` (a client-sent
 /// chain, on any number of lines, is kept before it) and sets
 /// `X-Forwarded-Proto` to the listener's scheme, replacing a client-sent
-/// one. `host` is the request's `Host`, quoted (RFC 7239 §4).
+/// one. `host` is the request's `Host`, already validated ([`super::head`]);
+/// it is quoted anyway (RFC 7239 §4).
 pub fn add_forwarded(headers: &mut HeaderMap, client: Client, host: Option<&HeaderValue>) {
     let ip = client.addr.ip().to_canonical();
     append(headers, "x-forwarded-for", &ip.to_string());

@@ -1,5 +1,6 @@
-//! One request, from its head to its response: the breaker, then the
-//! pools, web-client and session limits, then the upstream.
+//! One request, from its head to its response: the head's own checks
+//! ([`head`]), the breaker, then the pools, web-client and session limits,
+//! then the upstream.
 //!
 //! Lifetimes, all visible here: the breaker's [`Ticket`] is taken first
 //! and reports the upstream's result (dropped unrecorded if the request is
@@ -9,12 +10,17 @@
 //!
 //! [`Permit`]: crate::admission::Permit
 
-use std::{convert::Infallible, sync::Arc, time::Instant};
+use std::{
+    convert::Infallible,
+    sync::{Arc, atomic::Ordering},
+    time::Instant,
+};
 
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, header};
 
 use super::{
-    Proxy, body::ProxyBody, forward::forward, headers::Client, path::is_debug_path, respond, upstream::Pool,
+    Proxy, body::ProxyBody, forward::forward, head, headers::Client, path::is_debug_path, respond,
+    upstream::Pool,
 };
 use crate::{
     admission::{Ask, Refusal},
@@ -64,6 +70,13 @@ pub(super) async fn handle(
             "CONNECT is not supported by this proxy\n",
             true,
         ));
+    }
+    // The head's own checks, first: a refused head costs no breaker
+    // ticket and no slot.
+    if let Err(bad) = head::check(req.headers()) {
+        proxy.counters.bad_heads[bad.index()].fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(peer = %client.addr, kind = bad.kind(), "request head refused before admission");
+        return Ok(respond::own(&proxy, bad.status(), bad.text(), true));
     }
     let debug = is_debug_path(req.uri().path());
     // 1. The breaker, before any permit is taken.
