@@ -76,6 +76,16 @@ impl Setup {
         }
     }
 
+    /// Lets every held request answer (each with 200), then waits for
+    /// the pools to empty.
+    fn release_all(&self, held: impl IntoIterator<Item = JoinHandle<Reply>>) {
+        self.upstream.release();
+        for h in held {
+            assert_eq!(h.join().unwrap().status, 200);
+        }
+        self.assert_pools_empty();
+    }
+
     fn spawn_get(&self, path: &str, headers: &[&str]) -> JoinHandle<Reply> {
         let (addr, path) = (self.proxy, path.to_owned());
         let headers: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
@@ -272,11 +282,12 @@ fn ten_thousand_sessions_leave_no_entries_and_tokens_never_show() {
     for auth in ["bearer  secret-token-00001", "BEARER secret-token-00002 "] {
         assert_eq!(get(s.proxy, "/", &[&format!("Authorization: {auth}")]).status, 200);
     }
-    let (reply, _) = send_and_close(
+    assert_refused_head(
         &s,
         b"GET / HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer secret-token-a\r\nAuthorization: Bearer secret-token-b\r\n\r\n",
+        400,
+        "400 Bad Request: more than one Authorization header\n",
     );
-    assert_eq!(reply.status, 400);
     assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"authorization\"}"), 1.0);
     let metrics = s.daemon.metrics();
     let status = limiter_tests::http_get(s.daemon.admin, "/status").unwrap();
@@ -463,6 +474,25 @@ fn send_and_close(s: &Setup, raw: &[u8]) -> (Reply, bool) {
     (reply, closed_by_server(&mut stream))
 }
 
+/// A daemon whose one normal slot is held: a refusal other than a 503
+/// then shows that a check came before admission and cost no slot.
+fn setup_with_the_pool_full() -> (Setup, JoinHandle<Reply>) {
+    let s = setup("http.maxThreads = 12\n");
+    let held = s.spawn_get("/hold", &[]);
+    s.upstream.wait_holding(1);
+    (s, held)
+}
+
+/// Sends `raw` and asserts the proxy's own refusal of its head: `status`
+/// with `text`, `Connection: close`, and the connection closed after it.
+fn assert_refused_head(s: &Setup, raw: &[u8], status: u16, text: &str) {
+    let shown = String::from_utf8_lossy(raw);
+    let (reply, closed) = send_and_close(s, raw);
+    assert_eq!((reply.status, reply.text().as_str()), (status, text), "{shown}: {reply:?}");
+    assert_eq!(reply.header("connection"), Some("close"), "{shown}");
+    assert!(closed, "{shown}: the connection stayed open");
+}
+
 #[test]
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn a_debug_path_the_upstream_resolves_elsewhere_is_a_normal_request() {
@@ -487,19 +517,13 @@ fn a_debug_path_the_upstream_resolves_elsewhere_is_a_normal_request() {
     assert_eq!(get(s.proxy, "/debug/x", &[]).status, 200);
     assert_eq!(s.metric("limiter_http_admitted_total{pool=\"debug\"}"), 1.0);
     assert_eq!(s.metric("limiter_http_refused_total{reason=\"normal\"}"), 4.0);
-    s.upstream.release();
-    for h in [session, normal] {
-        assert_eq!(h.join().unwrap().status, 200);
-    }
-    s.assert_pools_empty();
+    s.release_all([session, normal]);
 }
 
 #[test]
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn a_path_the_upstream_resolves_under_debug_takes_a_reserved_slot() {
-    let s = setup("http.maxThreads = 12\n");
-    let normal = s.spawn_get("/hold", &[]);
-    s.upstream.wait_holding(1);
+    let (s, normal) = setup_with_the_pool_full();
     assert_503(&get(s.proxy, "/x", &[]), "normal");
     // The normal pool is full; these are /debug/x to the upstream.
     let debug: Vec<_> =
@@ -514,21 +538,13 @@ fn a_path_the_upstream_resolves_under_debug_takes_a_reserved_slot() {
         assert!(reply.text().starts_with(&format!("GET {path} HTTP/1.1")), "{}", reply.text());
     }
     assert_eq!(s.metric("limiter_http_admitted_total{pool=\"debug\"}"), 5.0);
-    s.upstream.release();
-    for h in debug.into_iter().chain([normal]) {
-        assert_eq!(h.join().unwrap().status, 200);
-    }
-    s.assert_pools_empty();
+    s.release_all(debug.into_iter().chain([normal]));
 }
 
 #[test]
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn a_forged_or_repeated_host_is_refused_before_admission() {
-    let s = setup("http.maxThreads = 12\n");
-    // The normal pool is full: a 400 rather than a 503 shows the check
-    // comes first and costs no slot.
-    let held = s.spawn_get("/hold", &[]);
-    s.upstream.wait_holding(1);
+    let (s, held) = setup_with_the_pool_full();
     for raw in [
         &b"GET /headers HTTP/1.1\r\nHost: app\",for=6.6.6.6;host=\"app\r\n\r\n"[..],
         b"GET /headers HTTP/1.1\r\nHost: app\r\nHost: app\r\n\r\n",
@@ -538,20 +554,13 @@ fn a_forged_or_repeated_host_is_refused_before_admission() {
         b"GET /headers HTTP/1.1\r\nHost: [::1\r\n\r\n",
         b"GET /headers HTTP/1.1\r\nHost: app:99999\r\n\r\n",
     ] {
-        let (reply, closed) = send_and_close(&s, raw);
-        let shown = String::from_utf8_lossy(raw);
-        assert_eq!(reply.status, 400, "{shown}: {reply:?}");
-        assert_eq!(reply.text(), "400 Bad Request: the Host header is invalid or repeated\n");
-        assert_eq!(reply.header("connection"), Some("close"), "{shown}");
-        assert!(closed, "{shown}: the connection stayed open");
+        assert_refused_head(&s, raw, 400, "400 Bad Request: the Host header is invalid or repeated\n");
     }
     assert_eq!(s.upstream.hits(), 1, "a bad Host reached the upstream");
     assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"host\"}"), 7.0);
     assert_eq!(s.metric("limiter_http_refused_total{reason=\"normal\"}"), 0.0);
     assert_eq!(s.metric("limiter_http_responses_total{class=\"4xx\"}"), 7.0);
-    s.upstream.release();
-    assert_eq!(held.join().unwrap().status, 200);
-    s.assert_pools_empty();
+    s.release_all([held]);
 }
 
 #[test]
@@ -606,38 +615,26 @@ fn one_credential_is_one_session_however_its_scheme_is_spelled() {
         let raw = format!(
             "GET {path} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer A\r\nAuthorization: Bearer B\r\n\r\n"
         );
-        let (reply, closed) = send_and_close(&s, raw.as_bytes());
-        assert_eq!(reply.status, 400, "{reply:?}");
-        assert_eq!(reply.text(), "400 Bad Request: more than one Authorization header\n");
-        assert!(closed, "the connection stayed open after a 400");
+        assert_refused_head(&s, raw.as_bytes(), 400, "400 Bad Request: more than one Authorization header\n");
     }
     assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"authorization\"}"), 2.0);
     assert_eq!(s.metric("limiter_http_refused_total{reason=\"session\"}"), 5.0);
     assert_eq!(s.upstream.hits(), 4);
-    s.upstream.release();
-    assert_eq!(held.join().unwrap().status, 200);
-    s.assert_pools_empty();
+    s.release_all([held]);
 }
 
 #[test]
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn a_transfer_coding_other_than_chunked_is_refused_with_501() {
-    let s = setup("http.maxThreads = 12\n");
-    // The normal pool is full: a 501 rather than a 503 shows the check
-    // comes first and costs no slot.
-    let held = s.spawn_get("/hold", &[]);
-    s.upstream.wait_holding(1);
+    let (s, held) = setup_with_the_pool_full();
     for te in [
         "Transfer-Encoding: gzip, chunked",
         "Transfer-Encoding: chunked, chunked",
         "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked",
     ] {
         let raw = format!("POST /sink HTTP/1.1\r\nHost: t\r\n{te}\r\n\r\n5\r\nhello\r\n0\r\n\r\n");
-        let (reply, closed) = send_and_close(&s, raw.as_bytes());
-        assert_eq!(reply.status, 501, "{te}: {reply:?}");
-        assert_eq!(reply.text(), "501 Not Implemented: only the chunked transfer coding is supported\n");
-        assert_eq!(reply.header("connection"), Some("close"), "{te}");
-        assert!(closed, "{te}: the connection stayed open");
+        let text = "501 Not Implemented: only the chunked transfer coding is supported\n";
+        assert_refused_head(&s, raw.as_bytes(), 501, text);
     }
     // A last coding other than chunked leaves no way to find the body's
     // end: hyper refuses it (400) before the proxy sees it.
@@ -647,8 +644,7 @@ fn a_transfer_coding_other_than_chunked_is_refused_with_501() {
     assert_eq!(s.upstream.hits(), 1, "a refused coding reached the upstream");
     assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"transfer_encoding\"}"), 3.0);
     assert_eq!(s.metric("limiter_http_refused_total{reason=\"normal\"}"), 0.0);
-    s.upstream.release();
-    assert_eq!(held.join().unwrap().status, 200);
+    s.release_all([held]);
     // chunked alone, in any case, is forwarded.
     let reply = send(
         s.proxy,
