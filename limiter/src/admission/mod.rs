@@ -8,7 +8,7 @@
 //! took when dropped.
 //!
 //! Sessions are kept under a keyed hash of the normalised `Authorization`
-//! value ([`session`]): the token itself is never stored, and an entry
+//! value (`session.rs`): the token itself is never stored, and an entry
 //! disappears when its count reaches zero, so memory is bounded by what is
 //! in flight, whatever the number of distinct tokens.
 
