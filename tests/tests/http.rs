@@ -76,6 +76,16 @@ impl Setup {
         }
     }
 
+    /// Lets every held request answer (each with 200), then waits for
+    /// the pools to empty.
+    fn release_all(&self, held: impl IntoIterator<Item = JoinHandle<Reply>>) {
+        self.upstream.release();
+        for h in held {
+            assert_eq!(h.join().unwrap().status, 200);
+        }
+        self.assert_pools_empty();
+    }
+
     fn spawn_get(&self, path: &str, headers: &[&str]) -> JoinHandle<Reply> {
         let (addr, path) = (self.proxy, path.to_owned());
         let headers: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
@@ -267,6 +277,18 @@ fn ten_thousand_sessions_leave_no_entries_and_tokens_never_show() {
     }
     s.assert_pools_empty();
     assert_eq!(s.metric("limiter_http_admitted_total{pool=\"normal\"}"), 10_000.0);
+    // Respelled tokens and a repeated Authorization (refused, and logged at
+    // debug level) do not show either.
+    for auth in ["bearer  secret-token-00001", "BEARER secret-token-00002 "] {
+        assert_eq!(get(s.proxy, "/", &[&format!("Authorization: {auth}")]).status, 200);
+    }
+    assert_refused_head(
+        &s,
+        b"GET / HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer secret-token-a\r\nAuthorization: Bearer secret-token-b\r\n\r\n",
+        400,
+        "400 Bad Request: more than one Authorization header\n",
+    );
+    assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"authorization\"}"), 1.0);
     let metrics = s.daemon.metrics();
     let status = limiter_tests::http_get(s.daemon.admin, "/status").unwrap();
     let dump = limiter_tests::limiter(&["dump", "--json", "--config", s.daemon.config.to_str().unwrap()]);
@@ -441,6 +463,196 @@ fn hop_by_hop_headers_go_and_forwarding_headers_come() {
     assert!(seen.contains("forwarded: for=127.0.0.1;proto=http;host=\"test\""), "{seen}");
     assert!(seen.contains("host: test"), "{seen}");
     assert!(seen.contains("authorization: bearer kept"), "{seen}");
+}
+
+/// Sends `raw` on a new connection: the one response, and whether the
+/// proxy closed the connection after it.
+fn send_and_close(s: &Setup, raw: &[u8]) -> (Reply, bool) {
+    let mut stream = connect(s.proxy);
+    stream.write_all(raw).unwrap();
+    let reply = read_reply(&mut stream).expect("a response");
+    (reply, closed_by_server(&mut stream))
+}
+
+/// A daemon whose one normal slot is held: a refusal other than a 503
+/// then shows that a check came before admission and cost no slot.
+fn setup_with_the_pool_full() -> (Setup, JoinHandle<Reply>) {
+    let s = setup("http.maxThreads = 12\n");
+    let held = s.spawn_get("/hold", &[]);
+    s.upstream.wait_holding(1);
+    (s, held)
+}
+
+/// Sends `raw` and asserts the proxy's own refusal of its head: `status`
+/// with `text`, `Connection: close`, and the connection closed after it.
+fn assert_refused_head(s: &Setup, raw: &[u8], status: u16, text: &str) {
+    let shown = String::from_utf8_lossy(raw);
+    let (reply, closed) = send_and_close(s, raw);
+    assert_eq!((reply.status, reply.text().as_str()), (status, text), "{shown}: {reply:?}");
+    assert_eq!(reply.header("connection"), Some("close"), "{shown}");
+    assert!(closed, "{shown}: the connection stayed open");
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn a_debug_path_the_upstream_resolves_elsewhere_is_a_normal_request() {
+    let s = setup("http.maxThreads = 13\nhttp.maxSessionConnections = 1\n");
+    // Forwarded byte for byte, whatever the classification.
+    for path in ["/debug/..;/api", "/debug/..;v=1/api", "/debug/%2e%2e/api", "/debug/x%2fy", "/debug/%zz"] {
+        let seen = get(s.proxy, &format!("{path}/headers"), &[]).text();
+        assert!(seen.starts_with(&format!("GET {path}/headers HTTP/1.1")), "not forwarded as sent:\n{seen}");
+    }
+    // Jetty, Tomcat and Spring serve this as /api: the session limit
+    // applies to it, as to any normal request...
+    let session = s.spawn_get("/hold", &["Authorization: Bearer busy"]);
+    s.upstream.wait_holding(1);
+    assert_503(&get(s.proxy, "/debug/..;/api", &["Authorization: Bearer busy"]), "session");
+    // ...and with the normal pool full it is refused, never given a
+    // reserved slot, while a real /debug/ request still gets one.
+    let normal = s.spawn_get("/hold", &[]);
+    s.upstream.wait_holding(2);
+    for path in ["/debug/..;/api", "/debug/..;v=1/api", "/debug/%2e%2e/api", "/debug/..;/debug/../api"] {
+        assert_503(&get(s.proxy, path, &[]), "normal");
+    }
+    assert_eq!(get(s.proxy, "/debug/x", &[]).status, 200);
+    assert_eq!(s.metric("limiter_http_admitted_total{pool=\"debug\"}"), 1.0);
+    assert_eq!(s.metric("limiter_http_refused_total{reason=\"normal\"}"), 4.0);
+    s.release_all([session, normal]);
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn a_path_the_upstream_resolves_under_debug_takes_a_reserved_slot() {
+    let (s, normal) = setup_with_the_pool_full();
+    assert_503(&get(s.proxy, "/x", &[]), "normal");
+    // The normal pool is full; these are /debug/x to the upstream.
+    let debug: Vec<_> =
+        ["/debug;v=1/hold", "/api/..;/debug/hold"].iter().map(|p| s.spawn_get(p, &[])).collect();
+    s.upstream.wait_holding(3);
+    assert_eq!(s.metric("limiter_http_in_flight{pool=\"debug\"}"), 2.0);
+    assert_eq!(s.metric("limiter_http_in_flight{pool=\"normal\"}"), 1.0);
+    // Forwarded byte for byte, parameters and dot-segments included.
+    for path in ["/debug;v=1/headers", "/api/..;/debug/headers", "/debug/./x/headers"] {
+        let reply = get(s.proxy, path, &[]);
+        assert_eq!(reply.status, 200, "{path}: {reply:?}");
+        assert!(reply.text().starts_with(&format!("GET {path} HTTP/1.1")), "{}", reply.text());
+    }
+    assert_eq!(s.metric("limiter_http_admitted_total{pool=\"debug\"}"), 5.0);
+    s.release_all(debug.into_iter().chain([normal]));
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn a_forged_or_repeated_host_is_refused_before_admission() {
+    let (s, held) = setup_with_the_pool_full();
+    for raw in [
+        &b"GET /headers HTTP/1.1\r\nHost: app\",for=6.6.6.6;host=\"app\r\n\r\n"[..],
+        b"GET /headers HTTP/1.1\r\nHost: app\r\nHost: app\r\n\r\n",
+        b"GET /headers HTTP/1.1\r\nHost: app\r\nX-A: 1\r\nHost: other\r\n\r\n",
+        b"GET /headers HTTP/1.1\r\nHost: app example\r\n\r\n",
+        b"GET /headers HTTP/1.1\r\nHost: app,for=6.6.6.6\r\n\r\n",
+        b"GET /headers HTTP/1.1\r\nHost: [::1\r\n\r\n",
+        b"GET /headers HTTP/1.1\r\nHost: app:99999\r\n\r\n",
+    ] {
+        assert_refused_head(&s, raw, 400, "400 Bad Request: the Host header is invalid or repeated\n");
+    }
+    assert_eq!(s.upstream.hits(), 1, "a bad Host reached the upstream");
+    assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"host\"}"), 7.0);
+    assert_eq!(s.metric("limiter_http_refused_total{reason=\"normal\"}"), 0.0);
+    assert_eq!(s.metric("limiter_http_responses_total{class=\"4xx\"}"), 7.0);
+    s.release_all([held]);
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn forwarding_headers_name_the_listener_and_quote_the_host() {
+    let s = setup("");
+    let reply = send(
+        s.proxy,
+        b"GET /headers HTTP/1.1\r\nHost: app.example:8080\r\nX-Forwarded-Proto: https\r\n\
+          Forwarded: for=10.0.0.9;proto=https\r\nForwarded: for=10.0.0.8\r\n\
+          X-Forwarded-For: 10.0.0.9\r\nX-Forwarded-For: 10.0.0.8\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let seen = reply.text();
+    let lines: Vec<&str> = seen.lines().collect();
+    for want in [
+        "host: app.example:8080",
+        "x-forwarded-proto: http",
+        "forwarded: for=10.0.0.9;proto=https, for=10.0.0.8, for=127.0.0.1;proto=http;host=\"app.example:8080\"",
+        "x-forwarded-for: 10.0.0.9, 10.0.0.8, 127.0.0.1",
+    ] {
+        assert!(lines.contains(&want), "no `{want}` in\n{seen}");
+    }
+    for name in ["x-forwarded-proto:", "forwarded:", "x-forwarded-for:"] {
+        assert_eq!(lines.iter().filter(|l| l.starts_with(name)).count(), 1, "`{name}` twice:\n{seen}");
+    }
+    // An IPv6 literal is a valid Host, quoted whole.
+    let reply = send(s.proxy, b"GET /headers HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n").unwrap();
+    assert!(
+        reply.text().contains("forwarded: for=127.0.0.1;proto=http;host=\"[::1]:8080\"\n"),
+        "{}",
+        reply.text()
+    );
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn one_credential_is_one_session_however_its_scheme_is_spelled() {
+    let s = setup("http.maxSessionConnections = 1\n");
+    let held = s.spawn_get("/hold", &["Authorization: Bearer T"]);
+    s.upstream.wait_holding(1);
+    for same in ["bearer T", "BEARER T", "Bearer  T", "Bearer \t T", "Bearer T "] {
+        assert_503(&get(s.proxy, "/x", &[&format!("Authorization: {same}")]), "session");
+    }
+    // Other credentials, another scheme: other sessions.
+    for other in ["Bearer t", "Bearer T2", "Basic T"] {
+        assert_eq!(get(s.proxy, "/x", &[&format!("Authorization: {other}")]).status, 200, "{other}");
+    }
+    // Two Authorization lines: refused before admission, /debug/ too.
+    for path in ["/x", "/debug/x"] {
+        let raw = format!(
+            "GET {path} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer A\r\nAuthorization: Bearer B\r\n\r\n"
+        );
+        assert_refused_head(&s, raw.as_bytes(), 400, "400 Bad Request: more than one Authorization header\n");
+    }
+    assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"authorization\"}"), 2.0);
+    assert_eq!(s.metric("limiter_http_refused_total{reason=\"session\"}"), 5.0);
+    assert_eq!(s.upstream.hits(), 4);
+    s.release_all([held]);
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn a_transfer_coding_other_than_chunked_is_refused_with_501() {
+    let (s, held) = setup_with_the_pool_full();
+    for te in [
+        "Transfer-Encoding: gzip, chunked",
+        "Transfer-Encoding: chunked, chunked",
+        "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked",
+    ] {
+        let raw = format!("POST /sink HTTP/1.1\r\nHost: t\r\n{te}\r\n\r\n5\r\nhello\r\n0\r\n\r\n");
+        let text = "501 Not Implemented: only the chunked transfer coding is supported\n";
+        assert_refused_head(&s, raw.as_bytes(), 501, text);
+    }
+    // A last coding other than chunked leaves no way to find the body's
+    // end: hyper refuses it (400) before the proxy sees it.
+    let (reply, closed) =
+        send_and_close(&s, b"POST /sink HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\nhello");
+    assert_eq!((reply.status, closed), (400, true), "{reply:?}");
+    assert_eq!(s.upstream.hits(), 1, "a refused coding reached the upstream");
+    assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"transfer_encoding\"}"), 3.0);
+    assert_eq!(s.metric("limiter_http_refused_total{reason=\"normal\"}"), 0.0);
+    s.release_all([held]);
+    // chunked alone, in any case, is forwarded.
+    let reply = send(
+        s.proxy,
+        b"POST /sink HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: Chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!((reply.status, reply.text()), (200, "5\n".to_owned()));
+    s.assert_pools_empty();
 }
 
 #[test]

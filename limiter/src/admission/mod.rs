@@ -7,17 +7,19 @@
 //! a slot that is about to be given back. A [`Permit`] returns everything it
 //! took when dropped.
 //!
-//! Sessions are kept under a keyed hash of the `Authorization` value (a
-//! per-process random SipHash key): the token itself is never stored, and
-//! an entry disappears when its count reaches zero, so memory is bounded
-//! by what is in flight, whatever the number of distinct tokens.
+//! Sessions are kept under a keyed hash of the normalised `Authorization`
+//! value (`session.rs`): the token itself is never stored, and an entry
+//! disappears when its count reaches zero, so memory is bounded by what is
+//! in flight, whatever the number of distinct tokens.
+
+mod session;
 
 use std::{
     collections::HashMap,
-    hash::{BuildHasher, Hasher},
     sync::{Arc, Mutex, MutexGuard},
 };
 
+use self::session::SessionKeys;
 use crate::config::{DEBUG_SLOTS, HttpConfig};
 
 /// Which limit refused a request (or in dry-run would have).
@@ -116,9 +118,8 @@ struct Inner {
 #[derive(Debug)]
 pub struct Admission {
     inner: Mutex<Inner>,
-    /// Keys the session hash; random per process, so hashes cannot be
-    /// compared across restarts or precomputed from a token.
-    key: std::hash::RandomState,
+    /// Keys the session hash; random per process.
+    session_keys: SessionKeys,
 }
 
 /// Counters and gauges, for metrics and dump.
@@ -182,7 +183,7 @@ impl Admission {
     pub fn new(limits: Limits) -> Arc<Self> {
         Arc::new(Self {
             inner: Mutex::new(Inner { limits: Some(limits), ..Inner::default() }),
-            key: std::hash::RandomState::new(),
+            session_keys: SessionKeys::default(),
         })
     }
 
@@ -190,12 +191,6 @@ impl Admission {
         // A panic while holding the lock cannot leave counts half-updated
         // (each update is a few integer operations), so keep going.
         self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn session_key(&self, token: &[u8]) -> u64 {
-        let mut h = self.key.build_hasher();
-        h.write(token);
-        h.finish()
     }
 
     /// New limits for new requests; permits in flight keep their slots.
@@ -213,7 +208,7 @@ impl Admission {
     /// check that failed, in the order pool, web client, session.
     pub fn admit(self: &Arc<Self>, ask: Ask<'_>) -> Result<Permit, Refusal> {
         let session = match ask.session {
-            Some(token) if !ask.debug => Some(self.session_key(token)),
+            Some(token) if !ask.debug => Some(self.session_keys.key(token)),
             _ => None,
         };
         let mut inner = self.lock();

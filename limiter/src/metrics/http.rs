@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use super::Page;
 use crate::{
     admission::{self, Refusal},
-    proxy::{Counters, Reason},
+    proxy::{Counters, Reason, head::Bad},
 };
 
 /// Writes the proxy's families: admission's pools and refusals (with the
@@ -70,12 +70,19 @@ pub fn write(page: &mut Page, a: &admission::Snapshot, c: &Counters) {
             &[("kind", "reset")],
             c.upstream_resets.load(Ordering::Relaxed),
         );
-    page.family("limiter_http_bad_requests_total", "counter", "Client connections closed for a bad request head, by kind (malformed includes framing conflicts, also counted alone).")
+    page.family("limiter_http_bad_requests_total", "counter", "Client connections closed for a bad request head, by kind (malformed includes framing conflicts, also counted alone; host, authorization and transfer_encoding are heads hyper accepted and the proxy refused before admission).")
         .sample("limiter_http_bad_requests_total", &[("kind", "header_timeout")], c.header_timeouts.load(Ordering::Relaxed))
         .sample("limiter_http_bad_requests_total", &[("kind", "too_large")], c.heads_too_large.load(Ordering::Relaxed))
         .sample("limiter_http_bad_requests_total", &[("kind", "malformed")], c.malformed.load(Ordering::Relaxed))
         .sample("limiter_http_bad_requests_total", &[("kind", "framing_conflict")], c.framing_conflicts.load(Ordering::Relaxed))
         .sample("limiter_http_bad_requests_total", &[("kind", "body")], c.client_body_errors.load(Ordering::Relaxed));
+    for bad in Bad::ALL {
+        page.sample(
+            "limiter_http_bad_requests_total",
+            &[("kind", bad.kind())],
+            c.bad_heads[bad.index()].load(Ordering::Relaxed),
+        );
+    }
     page.family("limiter_http_connections", "gauge", "Client connections open.").sample(
         "limiter_http_connections",
         &[],

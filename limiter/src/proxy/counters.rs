@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use hyper::StatusCode;
 
-use super::refusal_log::RefusalLog;
+use super::{head::Bad, refusal_log::RefusalLog};
 use crate::histogram::Histogram;
 
 #[derive(Debug, Default)]
@@ -28,6 +28,8 @@ pub struct Counters {
     pub malformed: AtomicU64,
     /// Heads refused for carrying both Content-Length and Transfer-Encoding.
     pub framing_conflicts: AtomicU64,
+    /// Heads refused before admission, by [`Bad`] (in [`Bad::ALL`] order).
+    pub bad_heads: [AtomicU64; Bad::ALL.len()],
     /// Request bodies that failed or stalled on the client's side.
     pub client_body_errors: AtomicU64,
     pub connections_open: AtomicU64,

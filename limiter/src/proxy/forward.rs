@@ -4,7 +4,6 @@
 //! answers 502/504/400 itself. The breaker's ticket records the result.
 
 use std::{
-    net::SocketAddr,
     sync::{Arc, atomic::Ordering},
     time::{Duration, Instant},
 };
@@ -20,7 +19,7 @@ use hyper_util::rt::TokioIo;
 use super::{
     Proxy,
     body::{Progress, ProxyBody, Stall},
-    headers::{add_forwarded, is_upgrade, strip_hop_by_hop},
+    headers::{Client, add_forwarded, is_upgrade, strip_hop_by_hop},
     respond,
     upstream::{Pool, Timeouts, UpstreamError},
 };
@@ -32,7 +31,7 @@ pub(super) async fn forward(
     ticket: Option<Ticket>,
     proxy: &Arc<Proxy>,
     pool: &Pool,
-    peer: SocketAddr,
+    client: Client,
 ) -> Response<ProxyBody> {
     let tuning = proxy.tuning();
     let upgrade = is_upgrade(req.headers());
@@ -68,7 +67,7 @@ pub(super) async fn forward(
             None
         }
     };
-    add_forwarded(&mut parts.headers, peer, host.as_ref());
+    add_forwarded(&mut parts.headers, client, host.as_ref());
     parts.uri = uri;
     parts.version = hyper::Version::HTTP_11;
     let progress = Arc::new(Progress::default());

@@ -1,6 +1,6 @@
 //! Header rewriting between client and upstream: hop-by-hop headers are
-//! removed (RFC 9110 §7.6.1), `X-Forwarded-For` and `Forwarded` say who
-//! the client was.
+//! removed (RFC 9110 §7.6.1), `X-Forwarded-For`, `Forwarded` and
+//! `X-Forwarded-Proto` say who the client was and how it connected.
 
 use std::net::SocketAddr;
 
@@ -64,30 +64,69 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
-/// Appends the client to `X-Forwarded-For` and `Forwarded`.
-pub fn add_forwarded(headers: &mut HeaderMap, client: SocketAddr, host: Option<&HeaderValue>) {
-    let ip = client.ip().to_canonical();
-    let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(prior) => format!("{prior}, {ip}"),
-        None => ip.to_string(),
-    };
-    if let Ok(v) = HeaderValue::from_str(&xff) {
-        headers.insert("x-forwarded-for", v);
+/// The scheme of the listener a request arrived on, as the forwarding
+/// headers tell it to the upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    /// `http.listen`, cleartext.
+    Http,
+}
+
+impl Scheme {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Http => "http",
+        }
     }
+}
+
+/// Who sent a request, as the forwarding headers name it.
+#[derive(Clone, Copy, Debug)]
+pub struct Client {
+    pub addr: SocketAddr,
+    pub scheme: Scheme,
+}
+
+/// Appends the client to `X-Forwarded-For` and `Forwarded` (a client-sent
+/// chain, on any number of lines, is kept before it) and sets
+/// `X-Forwarded-Proto` to the listener's scheme, replacing a client-sent
+/// one. `host` is the request's `Host`, already validated ([`super::head`]);
+/// it is quoted anyway (RFC 7239 §4).
+pub fn add_forwarded(headers: &mut HeaderMap, client: Client, host: Option<&HeaderValue>) {
+    let ip = client.addr.ip().to_canonical();
+    append(headers, "x-forwarded-for", &ip.to_string());
     // RFC 7239: IPv6 addresses are quoted and bracketed.
     let node = if ip.is_ipv6() { format!("\"[{ip}]\"") } else { ip.to_string() };
-    let mut element = format!("for={node};proto=http");
-    if let Some(host) = host.and_then(|h| h.to_str().ok()).filter(|h| h.bytes().all(|b| b.is_ascii_graphic()))
-    {
-        element.push_str(&format!(";host=\"{host}\""));
+    let mut element = format!("for={node};proto={}", client.scheme.as_str());
+    if let Some(host) = host.and_then(|h| h.to_str().ok()).filter(|h| !h.is_empty()) {
+        element.push_str(";host=");
+        element.push_str(&quoted(host));
     }
-    let forwarded = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
-        Some(prior) => format!("{prior}, {element}"),
-        None => element,
-    };
-    if let Ok(v) = HeaderValue::from_str(&forwarded) {
-        headers.insert(header::FORWARDED, v);
+    append(headers, "forwarded", &element);
+    headers.insert("x-forwarded-proto", HeaderValue::from_static(client.scheme.as_str()));
+}
+
+/// Sets `name` to its prior lines joined by `, `, then `value`.
+fn append(headers: &mut HeaderMap, name: &'static str, value: &str) {
+    let mut chain: Vec<&str> = headers.get_all(name).iter().filter_map(|v| v.to_str().ok()).collect();
+    chain.push(value);
+    if let Ok(v) = HeaderValue::from_str(&chain.join(", ")) {
+        headers.insert(name, v);
     }
+}
+
+/// A `quoted-string` (RFC 9110 §5.6.4): `"` and `\` escaped as quoted-pairs.
+fn quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
 }
 
 #[cfg(test)]
@@ -130,18 +169,52 @@ mod tests {
         assert!(h.get("keep-alive").is_none());
     }
 
+    fn client(addr: &str) -> Client {
+        Client { addr: addr.parse().unwrap(), scheme: Scheme::Http }
+    }
+
     #[test]
     fn forwarded_headers_append() {
         let mut h = map(&[("x-forwarded-for", "10.0.0.1")]);
-        add_forwarded(
-            &mut h,
-            "127.0.0.1:5000".parse().unwrap(),
-            Some(&HeaderValue::from_static("app.example")),
-        );
+        add_forwarded(&mut h, client("127.0.0.1:5000"), Some(&HeaderValue::from_static("app.example")));
         assert_eq!(h.get("x-forwarded-for").unwrap(), "10.0.0.1, 127.0.0.1");
         assert_eq!(h.get("forwarded").unwrap(), "for=127.0.0.1;proto=http;host=\"app.example\"");
         let mut h = HeaderMap::new();
-        add_forwarded(&mut h, "[::1]:5000".parse().unwrap(), None);
+        add_forwarded(&mut h, client("[::1]:5000"), None);
         assert_eq!(h.get("forwarded").unwrap(), "for=\"[::1]\";proto=http");
+    }
+
+    #[test]
+    fn prior_chains_on_several_lines_are_kept_in_order() {
+        let mut h = map(&[
+            ("x-forwarded-for", "10.0.0.1"),
+            ("x-forwarded-for", "10.0.0.2, 10.0.0.3"),
+            ("forwarded", "for=10.0.0.1"),
+            ("forwarded", "for=10.0.0.2;proto=https"),
+        ]);
+        add_forwarded(&mut h, client("127.0.0.1:5000"), Some(&HeaderValue::from_static("")));
+        assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+        assert_eq!(h.get("x-forwarded-for").unwrap(), "10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1");
+        // An empty Host (a target without authority) names no host.
+        assert_eq!(
+            h.get("forwarded").unwrap(),
+            "for=10.0.0.1, for=10.0.0.2;proto=https, for=127.0.0.1;proto=http"
+        );
+    }
+
+    #[test]
+    fn the_proto_is_the_listeners_whatever_the_client_says() {
+        let mut h = map(&[("x-forwarded-proto", "https"), ("x-forwarded-proto", "ftp")]);
+        add_forwarded(&mut h, client("127.0.0.1:5000"), None);
+        let protos: Vec<_> = h.get_all("x-forwarded-proto").iter().collect();
+        assert_eq!(protos, ["http"]);
+    }
+
+    #[test]
+    fn hosts_are_quoted_as_quoted_strings() {
+        assert_eq!(quoted("app:8080"), "\"app:8080\"");
+        assert_eq!(quoted("[::1]:80"), "\"[::1]:80\"");
+        // Never a valid Host, but quoted safely all the same.
+        assert_eq!(quoted("a\",for=6.6.6.6;host=\"b\\"), "\"a\\\",for=6.6.6.6;host=\\\"b\\\\\"");
     }
 }

@@ -9,7 +9,12 @@
 //! 503 arrives intact even when the request body was never read.
 //!
 //! - [`server`]: listeners, worker threads, connections, drain;
-//! - [`pipeline`]: one request: breaker → pools → forward → respond;
+//! - [`pipeline`]: one request: head checks → breaker → pools → forward
+//!   → respond;
+//! - [`head`]: what a head must satisfy before admission (`Host`,
+//!   `Authorization`, `Transfer-Encoding`);
+//! - [`path`]: which paths are diagnostic (`/debug/`), as the upstream
+//!   resolves them;
 //! - [`forward`]: the request to the upstream and its response back;
 //! - [`respond`]: the responses the proxy writes itself (503s, errors);
 //! - [`upstream`]: each worker's upstream connection pool;
@@ -23,8 +28,10 @@ pub mod body;
 pub mod counters;
 pub mod forward;
 pub mod framing;
+pub mod head;
 pub mod headers;
 pub mod io;
+pub mod path;
 pub mod pipeline;
 pub mod refusal_log;
 pub mod respond;

@@ -1,5 +1,6 @@
-//! One request, from its head to its response: the breaker, then the
-//! pools, web-client and session limits, then the upstream.
+//! One request, from its head to its response: the head's own checks
+//! ([`head`]), the breaker, then the pools, web-client and session limits,
+//! then the upstream.
 //!
 //! Lifetimes, all visible here: the breaker's [`Ticket`] is taken first
 //! and reports the upstream's result (dropped unrecorded if the request is
@@ -9,11 +10,18 @@
 //!
 //! [`Permit`]: crate::admission::Permit
 
-use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Instant};
+use std::{
+    convert::Infallible,
+    sync::{Arc, atomic::Ordering},
+    time::Instant,
+};
 
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, header};
 
-use super::{Proxy, body::ProxyBody, forward::forward, respond, upstream::Pool};
+use super::{
+    Proxy, body::ProxyBody, forward::forward, head, headers::Client, path::is_debug_path, respond,
+    upstream::Pool,
+};
 use crate::{
     admission::{Ask, Refusal},
     breaker::{Decision, State, ticket::Ticket},
@@ -52,7 +60,7 @@ pub(super) async fn handle(
     req: Request<Incoming>,
     proxy: Arc<Proxy>,
     pool: Arc<Pool>,
-    peer: SocketAddr,
+    client: Client,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let started = Instant::now();
     if req.method() == Method::CONNECT {
@@ -62,6 +70,13 @@ pub(super) async fn handle(
             "CONNECT is not supported by this proxy\n",
             true,
         ));
+    }
+    // The head's own checks, first: a refused head costs no breaker
+    // ticket and no slot.
+    if let Err(bad) = head::check(req.headers()) {
+        proxy.counters.bad_heads[bad.index()].fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(peer = %client.addr, kind = bad.kind(), "request head refused before admission");
+        return Ok(respond::own(&proxy, bad.status(), bad.text(), true));
     }
     let debug = is_debug_path(req.uri().path());
     // 1. The breaker, before any permit is taken.
@@ -91,47 +106,15 @@ pub(super) async fn handle(
         session: headers.get(header::AUTHORIZATION).map(header::HeaderValue::as_bytes),
     };
     match proxy.admission.admit(ask) {
-        Ok(permit) => Ok(forward(req, permit, ticket, &proxy, &pool, peer).await),
+        Ok(permit) => Ok(forward(req, permit, ticket, &proxy, &pool, client).await),
         // The ticket is dropped unrecorded: a refusal is not a result.
         Err(refusal) => Ok(respond::refuse(&proxy, Reason::Admission(refusal), started)),
     }
 }
 
-/// Whether a path is a diagnostic one: `/debug/...` with no dot-segment
-/// (`/debug/../api` would reach `/api` at an upstream that normalises
-/// paths, with the privileges of a diagnostic request) and no encoded dot
-/// or slash.
-pub fn is_debug_path(path: &str) -> bool {
-    if !path.starts_with("/debug/") {
-        return false;
-    }
-    let lower = path.to_ascii_lowercase();
-    if lower.contains("%2e") || lower.contains("%2f") || lower.contains("%5c") || path.contains('\\') {
-        return false;
-    }
-    !path.split('/').any(|seg| seg == "." || seg == "..")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn debug_paths_cannot_climb_out() {
-        assert!(is_debug_path("/debug/pprof"));
-        assert!(is_debug_path("/debug/a.b/c..d"));
-        for path in [
-            "/debug/../api",
-            "/debug/./x",
-            "/debug/..",
-            "/debug/%2e%2e/api",
-            "/debug/x%2Fy",
-            "/debugx",
-            "/api/debug/x",
-        ] {
-            assert!(!is_debug_path(path), "{path}");
-        }
-    }
 
     #[test]
     fn reasons_are_the_pools_then_the_breaker_each_once() {

@@ -13,7 +13,13 @@ use hyper::{StatusCode, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{net::TcpListener, sync::watch};
 
-use super::{Proxy, io::ClientIo, pipeline::handle, upstream::Pool};
+use super::{
+    Proxy,
+    headers::{Client, Scheme},
+    io::ClientIo,
+    pipeline::handle,
+    upstream::Pool,
+};
 
 /// Binds `addr` `workers` times with `SO_REUSEPORT`, so each worker thread
 /// accepts its own share of connections (port 0: the first bind picks the
@@ -76,8 +82,10 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, mut shutdown: watch
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    tasks.spawn(connection(stream, peer, proxy.clone(), pool.clone(), shutdown.clone()));
+                Ok((stream, addr)) => {
+                    // http.listen is cleartext; a TLS listener says Scheme::Https here.
+                    let client = Client { addr, scheme: Scheme::Http };
+                    tasks.spawn(connection(stream, client, proxy.clone(), pool.clone(), shutdown.clone()));
                 }
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
@@ -114,7 +122,7 @@ async fn stopping(mut shutdown: watch::Receiver<bool>) {
 
 async fn connection(
     stream: tokio::net::TcpStream,
-    peer: SocketAddr,
+    client: Client,
     proxy: Arc<Proxy>,
     pool: Arc<Pool>,
     shutdown: watch::Receiver<bool>,
@@ -126,7 +134,7 @@ async fn connection(
     proxy.counters.connections_total.fetch_add(1, Ordering::Relaxed);
     let service = {
         let proxy = proxy.clone();
-        service_fn(move |req| handle(req, proxy.clone(), pool.clone(), peer))
+        service_fn(move |req| handle(req, proxy.clone(), pool.clone(), client))
     };
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -157,7 +165,7 @@ async fn connection(
             c.malformed.fetch_add(1, Ordering::Relaxed);
             c.status(StatusCode::BAD_REQUEST);
         }
-        tracing::debug!(%peer, "client connection ended: {e}");
+        tracing::debug!(peer = %client.addr, "client connection ended: {e}");
     }
     proxy.counters.connections_open.fetch_sub(1, Ordering::Relaxed);
 }

@@ -1,0 +1,244 @@
+//! What a request head must satisfy, beyond what hyper checks, before the
+//! breaker and admission see it: the headers the proxy itself interprets
+//! must mean one thing to the proxy and to the upstream.
+//!
+//! - `Host`: at most one line, and a valid authority (RFC 9110 §7.2,
+//!   RFC 3986 §3.2.2): a registered name or IPv4 address, or a bracketed
+//!   IPv6 address, then an optional `:port`; never quotes, spaces, commas,
+//!   semicolons or control bytes, so it cannot forge an element of
+//!   `Forwarded`. An empty value is allowed (RFC 9112 §3.2); a missing one
+//!   too (HTTP/1.0: the proxy names the upstream).
+//! - `Authorization`: at most one line: it names the session, and two
+//!   would be two sessions to count while the upstream picks one of them.
+//! - `Transfer-Encoding`: absent or exactly `chunked`. hyper already
+//!   refuses (400) a request whose last coding is not `chunked`; any other
+//!   list (`gzip, chunked`, `chunked, chunked`) would reach the upstream
+//!   with its codings dropped, since hop-by-hop stripping removes the
+//!   header and hyper re-frames the body as chunked. Neither limiter nor
+//!   Jetty decodes a request coding, so it is refused with 501 (RFC 9112
+//!   §6.1 allows it).
+//!
+//! A head that fails is answered by the proxy with `Connection: close`,
+//! never forwarded, takes no breaker ticket and no permit, and is counted
+//! by [`Bad::kind`] under `limiter_http_bad_requests_total`.
+
+use std::net::Ipv6Addr;
+
+use hyper::{HeaderMap, StatusCode, header};
+
+/// Why a request head was refused before admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bad {
+    /// An invalid `Host`, or more than one.
+    Host,
+    /// More than one `Authorization`.
+    Authorization,
+    /// A transfer coding other than a single `chunked`.
+    TransferEncoding,
+}
+
+impl Bad {
+    /// Every kind, in the order metrics list them.
+    pub const ALL: [Bad; 3] = [Bad::Host, Bad::Authorization, Bad::TransferEncoding];
+
+    /// The `kind` label of `limiter_http_bad_requests_total`.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Self::Host => "host",
+            Self::Authorization => "authorization",
+            Self::TransferEncoding => "transfer_encoding",
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::Host | Self::Authorization => StatusCode::BAD_REQUEST,
+            Self::TransferEncoding => StatusCode::NOT_IMPLEMENTED,
+        }
+    }
+
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Host => "400 Bad Request: the Host header is invalid or repeated\n",
+            Self::Authorization => "400 Bad Request: more than one Authorization header\n",
+            Self::TransferEncoding => "501 Not Implemented: only the chunked transfer coding is supported\n",
+        }
+    }
+
+    /// Its place in [`Bad::ALL`] and in the counters.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Checks the headers of a request head; `Err` names the first that fails.
+pub fn check(headers: &HeaderMap) -> Result<(), Bad> {
+    let mut hosts = headers.get_all(header::HOST).iter();
+    if let Some(host) = hosts.next()
+        && (hosts.next().is_some() || !is_valid_host(host.as_bytes()))
+    {
+        return Err(Bad::Host);
+    }
+    if headers.get_all(header::AUTHORIZATION).iter().nth(1).is_some() {
+        return Err(Bad::Authorization);
+    }
+    let mut codings = headers.get_all(header::TRANSFER_ENCODING).iter();
+    if let Some(coding) = codings.next()
+        && (codings.next().is_some() || !coding.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked"))
+    {
+        return Err(Bad::TransferEncoding);
+    }
+    Ok(())
+}
+
+/// Whether `value` is a valid `Host`: empty, or `host [":" port]`.
+pub fn is_valid_host(value: &[u8]) -> bool {
+    if value.is_empty() {
+        return true;
+    }
+    let (valid_host, port) = if let Some(literal) = value.strip_prefix(b"[") {
+        let Some(end) = literal.iter().position(|&b| b == b']') else {
+            return false;
+        };
+        let ipv6 = std::str::from_utf8(&literal[..end]).ok().and_then(|s| s.parse::<Ipv6Addr>().ok());
+        (ipv6.is_some(), &literal[end + 1..])
+    } else {
+        let end = value.iter().position(|&b| b == b':').unwrap_or(value.len());
+        (end > 0 && is_reg_name(&value[..end]), &value[end..])
+    };
+    let valid_port = match port.strip_prefix(b":") {
+        None => port.is_empty(),
+        Some(digits) => {
+            (1..=5).contains(&digits.len())
+                && digits.iter().all(u8::is_ascii_digit)
+                && std::str::from_utf8(digits).is_ok_and(|d| d.parse::<u16>().is_ok())
+        }
+    };
+    valid_host && valid_port
+}
+
+/// RFC 3986 `reg-name` (which covers IPv4 addresses): unreserved
+/// characters, escapes and sub-delimiters, except `,` and `;`, which
+/// delimit elements and pairs in `Forwarded`.
+fn is_reg_name(name: &[u8]) -> bool {
+    let mut i = 0;
+    while i < name.len() {
+        match name[i] {
+            b'%' => {
+                if !name.get(i + 1..i + 3).is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit)) {
+                    return false;
+                }
+                i += 3;
+            }
+            b if b.is_ascii_alphanumeric() || b"-._~!$&'()*+=".contains(&b) => i += 1,
+            _ => return false,
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use hyper::header::{HeaderName, HeaderValue};
+
+    use super::*;
+
+    fn map(pairs: &[(&str, &[u8])]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_bytes(v).unwrap());
+        }
+        m
+    }
+
+    #[test]
+    fn hosts_are_authorities_and_nothing_else() {
+        for host in [
+            "",
+            "app",
+            "app.example",
+            "app.example:8080",
+            "APP-1.example_x~",
+            "10.0.0.1",
+            "10.0.0.1:80",
+            "[::1]",
+            "[::1]:8443",
+            "[2001:db8::a:b]:1",
+            "xn--bcher-kva.example",
+            "a%41b",
+            "a!$&'()*+=b",
+            "app:65535",
+            "app:00080",
+        ] {
+            assert!(is_valid_host(host.as_bytes()), "{host:?} is a valid Host");
+        }
+        for host in [
+            "app\",for=6.6.6.6;host=\"app",
+            "\"app\"",
+            "app,evil",
+            "app;for=1",
+            "app example",
+            "app\tx",
+            "app\\x",
+            "app/x",
+            "app@x",
+            "user@app",
+            ":80",
+            "app:",
+            "app:65536",
+            "app:+80",
+            "app:80:80",
+            "app:8x",
+            "app:123456",
+            "[::1",
+            "[::1]x",
+            "[::1]:",
+            "[not-v6]",
+            "[::1%25eth0]",
+            "[v1.x]",
+            "::1",
+            "a%4",
+            "a%zz",
+            "caf\u{e9}",
+        ] {
+            assert!(!is_valid_host(host.as_bytes()), "{host:?} is not a valid Host");
+        }
+        assert!(!is_valid_host(b"app\x7f"));
+        assert!(!is_valid_host(b"app\x80"));
+    }
+
+    #[test]
+    fn heads_that_mean_two_things_are_refused() {
+        assert_eq!(check(&map(&[("host", b"app")])), Ok(()));
+        assert_eq!(check(&HeaderMap::new()), Ok(()));
+        assert_eq!(check(&map(&[("host", b"app"), ("host", b"app")])), Err(Bad::Host));
+        assert_eq!(check(&map(&[("host", b"app\",for=6.6.6.6;host=\"app")])), Err(Bad::Host));
+        assert_eq!(check(&map(&[("authorization", b"Bearer a")])), Ok(()));
+        assert_eq!(
+            check(&map(&[("authorization", b"Bearer a"), ("authorization", b"Bearer a")])),
+            Err(Bad::Authorization)
+        );
+        for te in [&b"chunked"[..], b"Chunked", b"CHUNKED"] {
+            assert_eq!(check(&map(&[("transfer-encoding", te)])), Ok(()));
+        }
+        for te in [&b"gzip, chunked"[..], b"chunked, chunked", b"deflate,chunked", b"identity", b"chunked,"] {
+            assert_eq!(check(&map(&[("transfer-encoding", te)])), Err(Bad::TransferEncoding), "{te:?}");
+        }
+        assert_eq!(
+            check(&map(&[("transfer-encoding", b"gzip"), ("transfer-encoding", b"chunked")])),
+            Err(Bad::TransferEncoding)
+        );
+        // The first failing check names the refusal.
+        assert_eq!(
+            check(&map(&[("host", b"a b"), ("authorization", b"x"), ("authorization", b"y")])),
+            Err(Bad::Host)
+        );
+    }
+
+    #[test]
+    fn kinds_are_listed_once_each() {
+        let kinds: Vec<&str> = Bad::ALL.iter().map(|b| b.kind()).collect();
+        assert_eq!(kinds, ["host", "authorization", "transfer_encoding"]);
+        assert!(Bad::ALL.iter().enumerate().all(|(i, b)| b.index() == i));
+    }
+}
