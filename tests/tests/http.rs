@@ -3,7 +3,7 @@
 
 use std::{
     io::{Read as _, Write as _},
-    net::{SocketAddr, TcpListener},
+    net::{SocketAddr, TcpListener, TcpStream},
     thread::JoinHandle,
     time::{Duration, Instant},
 };
@@ -723,4 +723,52 @@ fn the_example_configuration_is_valid() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("normal pool 3"), "{text}");
     assert!(text.contains("8080:200"), "{text}");
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn twenty_trickling_uploads_hold_no_permit_and_ordinary_requests_keep_their_200s() {
+    // The attack of issue 12: 3 normal slots, 20 clients each announcing a
+    // 2,000-byte body and sending a byte every 0.5 s, against an upstream
+    // that reads bodies whole (as a servlet does).
+    let s = setup("http.maxThreads = 14\n");
+    let tricklers: Vec<TcpStream> = (0..20)
+        .map(|_| {
+            let mut t = connect(s.proxy);
+            t.write_all(b"POST /sink HTTP/1.1\r\nHost: t\r\nContent-Length: 2000\r\n\r\nx").unwrap();
+            t
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.metric("limiter_http_bodies_receiving ") < 20.0 {
+        assert!(Instant::now() < deadline, "the uploads did not all start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let feeding = {
+        let (stop, mut tricklers) = (stop.clone(), tricklers);
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for t in &mut tricklers {
+                    let _ = t.write_all(b"x");
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            tricklers
+        })
+    };
+    for _ in 0..20 {
+        assert_eq!(get(s.proxy, "/x", &[]).status, 200, "an ordinary request was refused");
+    }
+    assert_eq!(s.metric("limiter_http_in_flight{pool=\"normal\"}"), 0.0, "a trickling upload holds a permit");
+    assert_eq!(s.metric("limiter_http_bodies_receiving "), 20.0);
+    assert_eq!(s.metric("limiter_http_refused_total{reason=\"normal\"}"), 0.0);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    drop(feeding.join().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.metric("limiter_http_bodies_receiving ") > 0.0 {
+        assert!(Instant::now() < deadline, "the vanished uploads are still counted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    s.assert_pools_empty();
 }

@@ -37,6 +37,11 @@ const HERE: &[(&str, &str)] = &[
     ("http.lingerMs", "linger_changes_for_new_connections"),
     ("http.retryAfterMs", "retry_after_changes_live"),
     ("http.drainTimeoutMs", "drain_timeout_changes_live"),
+    ("http.requestBufferBytes", "request_buffer_bytes_changes_live"),
+    ("http.requestBodyTimeoutMs", "request_body_timeout_changes_live"),
+    ("http.bufferMemoryBytes", "buffer_memory_bytes_changes_live"),
+    ("http.responseBufferBytes", "response_buffer_bytes_changes_live"),
+    ("http.minDataRate", "min_data_rate_changes_live"),
     ("breaker.threshold", "breaker_threshold_and_min_requests_change_live"),
     ("breaker.minRequests", "breaker_threshold_and_min_requests_change_live"),
     ("breaker.sleepWindowMs", "breaker_sleep_window_changes_while_open"),
@@ -183,13 +188,15 @@ fn stalled_post(proxy: SocketAddr) -> (u16, Duration) {
 #[test]
 fn idle_timeout_changes_for_new_request_bodies() {
     let up = Upstream::start();
-    let d = InProcess::start(up.addr, "http.idleTimeoutMs = 1500\n");
+    // Streamed bodies (none is read whole first), whose stall the idle
+    // timeout catches before the minimum rate's grace ends.
+    let d = InProcess::start(up.addr, "http.requestBufferBytes = 0\nhttp.idleTimeoutMs = 1500\n");
     let (status, took) = stalled_post(d.proxy);
-    assert_eq!(status, 400);
+    assert_eq!(status, 408);
     assert!(took >= Duration::from_millis(1400), "a 1.5 s idle timeout cut the body after {took:?}");
-    d.reload("http.idleTimeoutMs = 100\n");
+    d.reload("http.requestBufferBytes = 0\nhttp.idleTimeoutMs = 100\n");
     let (status, took) = stalled_post(d.proxy);
-    assert_eq!(status, 400);
+    assert_eq!(status, 408);
     assert!(took < Duration::from_millis(1000), "a 100 ms idle timeout took {took:?}");
 }
 
@@ -296,6 +303,132 @@ fn drain_timeout_changes_live() {
     let took = d.stop();
     assert!(took < Duration::from_millis(2500), "a 300 ms drain took {took:?}");
     assert!(held.join().unwrap().is_err(), "the request still in flight was cut");
+}
+
+// ---------------------------------------------------------------------------
+// The shield: bodies read whole before the permits, responses read ahead.
+
+/// A metric's value from the admin listener.
+fn metric(d: &InProcess, name: &str) -> f64 {
+    let page = d.admin("GET", "/metrics", &[]).text();
+    page.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{page}"))
+}
+
+/// A POST announcing `length` bytes that sends one byte per `every` on a
+/// thread until the proxy answers; returns the answer and when it came.
+fn trickle(proxy: SocketAddr, length: usize, every: Duration) -> thread::JoinHandle<(u16, Duration)> {
+    thread::spawn(move || {
+        let mut s = client::connect(proxy);
+        let head = format!("POST /sink HTTP/1.1\r\nHost: a\r\nContent-Length: {length}\r\n\r\n");
+        s.write_all(head.as_bytes()).unwrap();
+        let started = Instant::now();
+        let mut reader = s.try_clone().unwrap();
+        let answer = thread::spawn(move || client::read_reply(&mut reader).map(|r| r.status).unwrap_or(0));
+        for _ in 0..length {
+            if answer.is_finished() || s.write_all(b"x").is_err() {
+                break;
+            }
+            thread::sleep(every);
+        }
+        (answer.join().unwrap(), started.elapsed())
+    })
+}
+
+fn wait_metric(d: &InProcess, name: &str, want: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(d, name) != want {
+        assert!(Instant::now() < deadline, "{name} stayed {} (want {want})", metric(d, name));
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn request_buffer_bytes_changes_live() {
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "http.maxThreads = 12\nhttp.requestBufferBytes = 0\n");
+    // Streamed: the trickling upload holds the one normal slot.
+    let first = trickle(d.proxy, 40, Duration::from_millis(50));
+    wait_metric(&d, "limiter_http_in_flight{pool=\"normal\"}", 1.0);
+    assert_eq!(d.get("/x", &[]).status, 503, "the slot is held by a client sending slowly");
+    assert_eq!(first.join().unwrap().0, 200);
+    d.reload("http.maxThreads = 12\nhttp.requestBufferBytes = 65536\n");
+    // Read whole first: the trickler holds no permit while it sends.
+    let second = trickle(d.proxy, 40, Duration::from_millis(50));
+    wait_metric(&d, "limiter_http_bodies_receiving", 1.0);
+    assert_eq!(metric(&d, "limiter_http_in_flight{pool=\"normal\"}"), 0.0);
+    assert_eq!(d.get("/x", &[]).status, 200, "the slot is free while the body arrives");
+    assert_eq!(second.join().unwrap().0, 200);
+}
+
+#[test]
+fn request_body_timeout_changes_live() {
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "http.requestBodyTimeoutMs = 2000\n");
+    let (status, took) = trickle(d.proxy, 1000, Duration::from_millis(50)).join().unwrap();
+    assert_eq!(status, 408);
+    assert!(took >= Duration::from_millis(1900), "a 2 s deadline answered after {took:?}");
+    d.reload("http.requestBodyTimeoutMs = 200\n");
+    let (status, took) = trickle(d.proxy, 1000, Duration::from_millis(50)).join().unwrap();
+    assert_eq!(status, 408);
+    assert!(took < Duration::from_millis(1500), "a 200 ms deadline answered after {took:?}");
+    assert_eq!(metric(&d, "limiter_http_body_timeouts_total{kind=\"deadline\"}"), 2.0);
+}
+
+#[test]
+fn buffer_memory_bytes_changes_live() {
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "http.bufferMemoryBytes = 1000\n");
+    let post = format!("POST /sink HTTP/1.1\r\nHost: a\r\nContent-Length: 2000\r\n\r\n{}", "x".repeat(2000));
+    let refused = client::send(d.proxy, post.as_bytes()).unwrap();
+    assert_eq!((refused.status, refused.header("x-limiter-refused")), (503, Some("buffer_full")));
+    assert_eq!(metric(&d, "limiter_http_refused_total{reason=\"buffer_full\"}"), 1.0);
+    d.reload("http.bufferMemoryBytes = 1048576\n");
+    let r = client::send(d.proxy, post.as_bytes()).unwrap();
+    assert_eq!((r.status, r.text().trim()), (200, "2000"));
+    wait_metric(&d, "limiter_http_buffered_bytes", 0.0);
+}
+
+#[test]
+fn response_buffer_bytes_changes_live() {
+    let up = Upstream::start();
+    // 20 MB: more than the sockets between proxy and client can hold.
+    let ask = b"GET /big?bytes=20000000 HTTP/1.1\r\nHost: a\r\n\r\n";
+    let d = InProcess::start(up.addr, "http.responseBufferBytes = 0\n");
+    let mut reader = client::connect(d.proxy);
+    reader.write_all(ask).unwrap();
+    // Streamed to a client that does not read: the permit stays held.
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(metric(&d, "limiter_http_in_flight{pool=\"normal\"}"), 1.0);
+    drop(reader);
+    wait_metric(&d, "limiter_http_in_flight{pool=\"normal\"}", 0.0);
+    d.reload("http.responseBufferBytes = 33554432\n");
+    let mut reader = client::connect(d.proxy);
+    reader.write_all(ask).unwrap();
+    // Read ahead: the permit goes back as soon as the upstream is done,
+    // while the client has read nothing.
+    wait_metric(&d, "limiter_http_buffered_bytes", 20_000_000.0);
+    assert_eq!(metric(&d, "limiter_http_in_flight{pool=\"normal\"}"), 0.0);
+    let reply = client::read_reply(&mut reader).unwrap();
+    assert_eq!((reply.status, reply.body.len()), (200, 20_000_000));
+}
+
+#[test]
+fn min_data_rate_changes_live() {
+    let up = Upstream::start();
+    // Streamed bodies, one byte every 100 ms (10 bytes/s).
+    let keys = "http.requestBufferBytes = 0\n";
+    let d = InProcess::start(up.addr, &format!("{keys}http.minDataRate = 0\n"));
+    let (status, took) = trickle(d.proxy, 45, Duration::from_millis(100)).join().unwrap();
+    assert_eq!(status, 200, "no minimum: the slow body arrives after {took:?}");
+    d.reload(&format!("{keys}http.minDataRate = 100\n"));
+    let (status, took) = trickle(d.proxy, 1000, Duration::from_millis(100)).join().unwrap();
+    assert_eq!(status, 408, "10 bytes/s is under the 100 bytes/s minimum");
+    assert!(took < Duration::from_millis(4500), "cut after the 3 s grace, at {took:?}");
+    assert_eq!(metric(&d, "limiter_http_body_timeouts_total{kind=\"min_rate\"}"), 1.0);
+    assert_eq!(metric(&d, "limiter_http_in_flight{pool=\"normal\"}"), 0.0, "the permit came back");
 }
 
 // ---------------------------------------------------------------------------

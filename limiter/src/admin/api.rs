@@ -50,6 +50,12 @@ pub struct HttpStatus {
     /// Requests refused because the breaker was open (the pools count
     /// their own refusals in `pools`).
     pub refused_breaker: u64,
+    /// Requests refused because the buffer budget was spent.
+    pub refused_buffer_full: u64,
+    /// Bytes of bodies buffered now (`http.bufferMemoryBytes` bounds it).
+    pub buffered_bytes: u64,
+    /// Requests receiving their body before admission now.
+    pub bodies_receiving: u64,
     pub breaker: breaker::Snapshot,
     /// Upper bound of the bucket holding the 99th percentile of the time to
     /// an admission 503 (`None`: no 503 yet).
@@ -59,7 +65,7 @@ pub struct HttpStatus {
 impl HttpStatus {
     /// Every 503 refusal so far, whatever the reason.
     pub fn refused_total(&self) -> u64 {
-        self.pools.refused.iter().sum::<u64>() + self.refused_breaker
+        self.pools.refused.iter().sum::<u64>() + self.refused_breaker + self.refused_buffer_full
     }
 }
 

@@ -207,38 +207,10 @@ impl Admission {
     /// Takes every permit the request needs, or none: `Err` names the first
     /// check that failed, in the order pool, web client, session.
     pub fn admit(self: &Arc<Self>, ask: Ask<'_>) -> Result<Permit, Refusal> {
-        let session = match ask.session {
-            Some(token) if !ask.debug => Some(self.session_keys.key(token)),
-            _ => None,
-        };
+        let session = self.session_of(ask);
         let mut inner = self.lock();
         let limits = inner.limits.expect("set at construction");
-
-        let slot = if ask.debug {
-            if inner.reserved < limits.debug_reserved {
-                Ok(Slot::Reserved)
-            } else if inner.normal < limits.normal {
-                Ok(Slot::Normal)
-            } else {
-                Err((Refusal::Debug, Slot::Normal))
-            }
-        } else if inner.normal < limits.normal {
-            Ok(Slot::Normal)
-        } else {
-            Err((Refusal::Normal, Slot::Normal))
-        };
-        let web = ask.web && !ask.debug;
-        let web_full = web && limits.web > 0 && inner.web >= limits.web;
-        let session = session.filter(|_| limits.per_session > 0);
-        let session_full =
-            session.is_some_and(|h| inner.sessions.get(&h).copied().unwrap_or(0) >= limits.per_session);
-
-        let refusal = match slot {
-            Err((reason, _)) => Some(reason),
-            Ok(_) if web_full => Some(Refusal::Web),
-            Ok(_) if session_full => Some(Refusal::Session),
-            Ok(_) => None,
-        };
+        let Decision { slot, web, session, refusal } = decide(&inner, &limits, ask, session);
         if let Some(reason) = refusal {
             if !limits.dry_run {
                 inner.refused[reason.index()] += 1;
@@ -263,6 +235,28 @@ impl Admission {
         Ok(Permit { admission: self.clone(), slot, web, session })
     }
 
+    /// The keyed hash of the request's session (none for `/debug/`).
+    fn session_of(&self, ask: Ask<'_>) -> Option<u64> {
+        ask.session.filter(|_| !ask.debug).map(|token| self.session_keys.key(token))
+    }
+
+    /// Whether [`Self::admit`] would admit `ask` now, taking nothing (the
+    /// check at the head, before the body is read): `Err` names the limit
+    /// that refuses it, counted as a refusal. In dry-run it always passes
+    /// (the admission after the body counts what it would refuse).
+    pub fn check(&self, ask: Ask<'_>) -> Result<(), Refusal> {
+        let session = self.session_of(ask);
+        let mut inner = self.lock();
+        let limits = inner.limits.expect("set at construction");
+        match decide(&inner, &limits, ask, session).refusal {
+            Some(reason) if !limits.dry_run => {
+                inner.refused[reason.index()] += 1;
+                Err(reason)
+            }
+            _ => Ok(()),
+        }
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let inner = self.lock();
         let limits = inner.limits.expect("set at construction");
@@ -282,6 +276,46 @@ impl Admission {
             would_refuse: inner.would_refuse,
         }
     }
+}
+
+/// What the limits say of a request, before anything is taken.
+struct Decision {
+    /// The slot it takes, or the refusal and the slot dry-run would use.
+    slot: Result<Slot, (Refusal, Slot)>,
+    /// It counts against the web-client limit.
+    web: bool,
+    /// Its session's key, when sessions are limited.
+    session: Option<u64>,
+    /// The first check that fails, in the order pool, web client, session.
+    refusal: Option<Refusal>,
+}
+
+fn decide(inner: &Inner, limits: &Limits, ask: Ask<'_>, session: Option<u64>) -> Decision {
+    let slot = if ask.debug {
+        if inner.reserved < limits.debug_reserved {
+            Ok(Slot::Reserved)
+        } else if inner.normal < limits.normal {
+            Ok(Slot::Normal)
+        } else {
+            Err((Refusal::Debug, Slot::Normal))
+        }
+    } else if inner.normal < limits.normal {
+        Ok(Slot::Normal)
+    } else {
+        Err((Refusal::Normal, Slot::Normal))
+    };
+    let web = ask.web && !ask.debug;
+    let web_full = web && limits.web > 0 && inner.web >= limits.web;
+    let session = session.filter(|_| limits.per_session > 0);
+    let session_full =
+        session.is_some_and(|h| inner.sessions.get(&h).copied().unwrap_or(0) >= limits.per_session);
+    let refusal = match slot {
+        Err((reason, _)) => Some(reason),
+        Ok(_) if web_full => Some(Refusal::Web),
+        Ok(_) if session_full => Some(Refusal::Session),
+        Ok(_) => None,
+    };
+    Decision { slot, web, session, refusal }
 }
 
 #[cfg(test)]

@@ -208,3 +208,21 @@ fn concurrent_admissions_never_exceed_the_pool() {
     assert_eq!(s.normal_in_use, 0);
     assert_eq!(u64::from(refused.load(SeqCst)), s.refused[0], "every refusal counted once");
 }
+
+#[test]
+fn the_check_at_the_head_takes_nothing_and_counts_its_refusal_once() {
+    let a = Admission::new(limits(1, 0, 0));
+    assert_eq!(a.check(Ask::default()), Ok(()));
+    assert_eq!(a.snapshot().normal_in_use, 0, "a check takes no slot");
+    let held = a.admit(Ask::default()).unwrap();
+    assert_eq!(a.check(Ask::default()), Err(Refusal::Normal));
+    assert_eq!(a.snapshot().refused[0], 1);
+    drop(held);
+    assert_eq!(a.check(Ask::default()), Ok(()));
+    let mut dry = limits(1, 0, 0);
+    dry.dry_run = true;
+    let d = Admission::new(dry);
+    let _held = d.admit(Ask::default()).unwrap();
+    assert_eq!(d.check(Ask::default()), Ok(()), "dry-run: the admission after the body counts");
+    assert_eq!(d.snapshot().would_refuse, [0; 4]);
+}

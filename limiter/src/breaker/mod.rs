@@ -375,6 +375,28 @@ impl<C: Clock> Breaker<C> {
         }
     }
 
+    /// Whether [`Self::admit`] would refuse now, taking nothing (no probe
+    /// slot: the check at a request's head, before its body is read).
+    /// `Some`: the ms until a probe may be tried.
+    pub fn would_refuse(&self) -> Option<u64> {
+        if self.state() == State::Closed {
+            return None;
+        }
+        let now = self.clock.now_ms();
+        let slow = self.lock();
+        match (slow.mode, self.state()) {
+            (Mode::ForcedClosed, _) | (_, State::Closed) => None,
+            (Mode::ForcedOpen, _) => Some(slow.policy.sleep_window_ms),
+            (Mode::Auto, State::Open) => {
+                let due = slow.tripped_at_ms + slow.policy.sleep_window_ms;
+                (now < due).then(|| due - now)
+            }
+            (Mode::Auto, State::HalfOpen) => {
+                (slow.probes_in_flight >= slow.policy.half_open_max_probes).then_some(1000)
+            }
+        }
+    }
+
     /// Decides a request that must not become a probe (a diagnostic
     /// request when `bypassDebug` is off): admitted only while closed.
     pub fn admit_passive(&self) -> Decision {

@@ -364,3 +364,22 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_check_at_the_head_agrees_with_admit_and_takes_no_probe() {
+    let f = fixture(Policy { half_open_max_probes: 1, ..settings() });
+    assert_eq!(f.breaker.would_refuse(), None);
+    f.trip();
+    f.clock.advance(10_000);
+    assert_eq!(f.breaker.would_refuse(), Some(20_000));
+    f.clock.advance(20_000);
+    // Due: the head passes, and asking twice still leaves the probe free.
+    assert_eq!(f.breaker.would_refuse(), None);
+    assert_eq!(f.breaker.would_refuse(), None);
+    let p = probe(f.breaker.admit());
+    assert_eq!(f.breaker.would_refuse(), Some(1000), "the one probe is out");
+    f.breaker.abandon(p);
+    assert_eq!(f.breaker.would_refuse(), None);
+    f.breaker.set_mode(Mode::ForcedOpen);
+    assert!(f.breaker.would_refuse().is_some());
+}

@@ -232,6 +232,19 @@ pub struct HttpConfig {
     /// On SIGTERM, how long requests in flight may take to finish
     /// (`http.drainTimeoutMs`).
     pub drain_timeout_ms: u64,
+    /// Request bodies up to this size are read whole before the permits
+    /// are taken (`http.requestBufferBytes`; 0: off).
+    pub request_buffer_bytes: u32,
+    /// The deadline of a body read whole (`http.requestBodyTimeoutMs`).
+    pub request_body_timeout_ms: u64,
+    /// All buffered bodies and read-ahead together (`http.bufferMemoryBytes`).
+    pub buffer_memory_bytes: u64,
+    /// Response bodies up to this size are read ahead of the client
+    /// (`http.responseBufferBytes`; 0: off).
+    pub response_buffer_bytes: u32,
+    /// Bytes per second a streamed request body must average
+    /// (`http.minDataRate`; 0: off).
+    pub min_data_rate: u32,
 }
 
 impl HttpConfig {

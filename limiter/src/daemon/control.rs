@@ -48,7 +48,12 @@ impl Control for Daemon {
             metrics::kernel::write(&mut page, &snap);
         }
         if let Some(proxy) = &self.proxy {
-            metrics::http::write(&mut page, &proxy.admission.snapshot(), &proxy.counters);
+            metrics::http::write(
+                &mut page,
+                &proxy.admission.snapshot(),
+                &proxy.counters,
+                proxy.budget.used(),
+            );
             metrics::breaker::write(&mut page, &proxy.breaker.snapshot());
         }
         Ok(page.finish())
@@ -67,6 +72,9 @@ impl Control for Daemon {
             upstream: p.upstream().to_owned(),
             pools: p.admission.snapshot(),
             refused_breaker: p.counters.refused_breaker.load(Ordering::Relaxed),
+            refused_buffer_full: p.counters.refused_buffer_full.load(Ordering::Relaxed),
+            buffered_bytes: p.budget.used(),
+            bodies_receiving: p.counters.bodies_receiving.load(Ordering::Relaxed),
             breaker: p.breaker.snapshot(),
             time_to_503_p99_bound_seconds: p.counters.time_to_503.quantile_bound(0.99),
         });

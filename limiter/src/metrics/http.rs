@@ -5,13 +5,13 @@ use std::sync::atomic::Ordering;
 use super::Page;
 use crate::{
     admission::{self, Refusal},
-    proxy::{Counters, Reason, head::Bad},
+    proxy::{Counters, Reason, counters::BODY_TIMEOUTS, head::Bad},
 };
 
 /// Writes the proxy's families: admission's pools and refusals (with the
 /// breaker's refusals, counted by the proxy), responses, upstream errors,
 /// bad requests, connections, latencies.
-pub fn write(page: &mut Page, a: &admission::Snapshot, c: &Counters) {
+pub fn write(page: &mut Page, a: &admission::Snapshot, c: &Counters, buffered_bytes: u64) {
     page.family("limiter_http_in_flight", "gauge", "Requests holding a permit, by pool.")
         .sample("limiter_http_in_flight", &[("pool", "normal")], a.normal_in_use)
         .sample("limiter_http_in_flight", &[("pool", "debug")], a.debug_in_use)
@@ -35,6 +35,7 @@ pub fn write(page: &mut Page, a: &admission::Snapshot, c: &Counters) {
         let n = match reason {
             Reason::Admission(r) => a.refused[r as usize],
             Reason::Breaker => c.refused_breaker.load(Ordering::Relaxed),
+            Reason::BufferFull => c.refused_buffer_full.load(Ordering::Relaxed),
         };
         page.sample("limiter_http_refused_total", &[("reason", reason.as_str())], n);
     }
@@ -81,6 +82,30 @@ pub fn write(page: &mut Page, a: &admission::Snapshot, c: &Counters) {
             "limiter_http_bad_requests_total",
             &[("kind", bad.kind())],
             c.bad_heads[bad.index()].load(Ordering::Relaxed),
+        );
+    }
+    page.family(
+        "limiter_http_buffered_bytes",
+        "gauge",
+        "Bytes of request bodies and response read-ahead held in memory (within http.bufferMemoryBytes).",
+    )
+    .sample("limiter_http_buffered_bytes", &[], buffered_bytes);
+    page.family(
+        "limiter_http_bodies_receiving",
+        "gauge",
+        "Requests receiving their body before admission (holding no permit).",
+    )
+    .sample("limiter_http_bodies_receiving", &[], c.bodies_receiving.load(Ordering::Relaxed));
+    page.family(
+        "limiter_http_body_timeouts_total",
+        "counter",
+        "Request bodies too slow, answered 408, by rule.",
+    );
+    for (i, kind) in BODY_TIMEOUTS.iter().enumerate() {
+        page.sample(
+            "limiter_http_body_timeouts_total",
+            &[("kind", kind)],
+            c.body_timeouts[i].load(Ordering::Relaxed),
         );
     }
     page.family("limiter_http_connections", "gauge", "Client connections open.").sample(

@@ -65,7 +65,8 @@ impl Default for Progress {
 }
 
 impl Progress {
-    fn finish(&self) {
+    /// The body has been read to its end (or was in memory all along).
+    pub fn finish(&self) {
         let ms = self.base.elapsed().as_millis() as u64;
         let _ = self.done_at_ms.compare_exchange(u64::MAX, ms, Ordering::Relaxed, Ordering::Relaxed);
     }

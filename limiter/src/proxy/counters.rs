@@ -30,12 +30,21 @@ pub struct Counters {
     pub framing_conflicts: AtomicU64,
     /// Heads refused before admission, by [`Bad`] (in [`Bad::ALL`] order).
     pub bad_heads: [AtomicU64; Bad::ALL.len()],
-    /// Request bodies that failed or stalled on the client's side.
+    /// Request bodies that failed on the client's side (aborted).
     pub client_body_errors: AtomicU64,
+    /// Requests refused because `http.bufferMemoryBytes` was spent.
+    pub refused_buffer_full: AtomicU64,
+    /// Requests receiving their body before admission now (no permit).
+    pub bodies_receiving: AtomicU64,
+    /// Request bodies too slow (408), by rule: [`BODY_TIMEOUTS`] order.
+    pub body_timeouts: [AtomicU64; 3],
     pub connections_open: AtomicU64,
     pub connections_total: AtomicU64,
     pub upgrades: AtomicU64,
 }
+
+/// The rules that answer a too slow request body with 408.
+pub const BODY_TIMEOUTS: [&str; 3] = ["deadline", "min_rate", "idle"];
 
 impl Counters {
     /// Counts a response by its status class.

@@ -13,20 +13,26 @@ use hyper::{
     Request, Response, StatusCode,
     body::Incoming,
     header::{self, HeaderValue},
+    http::request::Parts,
+    upgrade::OnUpgrade,
 };
 use hyper_util::rt::TokioIo;
 
 use super::{
     Proxy,
-    body::{Progress, ProxyBody, Stall},
-    headers::{Client, add_forwarded, is_upgrade, strip_hop_by_hop},
+    body::{Progress, ProxyBody, Stall, Stalled},
+    headers::{Client, add_forwarded, strip_hop_by_hop},
     respond,
+    shield::{self, MinRate, Prefixed, ReadAhead, Receipt, TooSlow},
     upstream::{Pool, Timeouts, UpstreamError},
 };
 use crate::{admission::Permit, breaker::ticket::Ticket};
 
+#[expect(clippy::too_many_arguments, reason = "the request's parts and every lifetime it carries")]
 pub(super) async fn forward(
-    mut req: Request<Incoming>,
+    mut parts: Parts,
+    receipt: Receipt,
+    client_upgrade: Option<OnUpgrade>,
     permit: Permit,
     ticket: Option<Ticket>,
     proxy: &Arc<Proxy>,
@@ -34,12 +40,10 @@ pub(super) async fn forward(
     client: Client,
 ) -> Response<ProxyBody> {
     let tuning = proxy.tuning();
-    let upgrade = is_upgrade(req.headers());
+    let upgrade = client_upgrade.is_some();
     // Any Upgrade header stops the framing watch (the connection may become
     // a tunnel), so unless an upgrade really happens this connection closes.
-    let close_after = req.headers().contains_key(header::UPGRADE);
-    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-    let (mut parts, body) = req.into_parts();
+    let close_after = parts.headers.contains_key(header::UPGRADE);
     // Origin form towards the upstream, whatever form the client used.
     let mut target = hyper::Uri::builder();
     if let Some(pq) = parts.uri.path_and_query() {
@@ -71,8 +75,22 @@ pub(super) async fn forward(
     parts.uri = uri;
     parts.version = hyper::Version::HTTP_11;
     let progress = Arc::new(Progress::default());
-    let upstream_req =
-        Request::from_parts(parts, Stall::with_progress(body, tuning.idle_timeout, progress.clone()));
+    let body = match receipt {
+        Receipt::Whole(frames, reservation) => {
+            // In memory: sent as soon as the upstream takes it.
+            progress.finish();
+            Prefixed::whole(frames, reservation)
+        }
+        Receipt::Streaming(frames, reservation, rest) => {
+            let rest = MinRate::new(rest, tuning.min_data_rate);
+            Prefixed::streaming(
+                frames,
+                reservation,
+                Stall::with_progress(rest, tuning.idle_timeout, progress.clone()),
+            )
+        }
+    };
+    let upstream_req = Request::from_parts(parts, body);
 
     let sent = Instant::now();
     let timeouts = Timeouts { connect: tuning.connect_timeout, idle: tuning.idle_timeout };
@@ -91,17 +109,35 @@ pub(super) async fn forward(
             );
         }
         Ok(Err(UpstreamError::Send(e))) if e.is_user() => {
-            // The client's body failed (aborted, or stalled past
-            // http.idleTimeoutMs): not the upstream's fault, not a result.
+            // The client's body failed (aborted), or came too slowly (under
+            // http.minDataRate, or stalled past http.idleTimeoutMs): not
+            // the upstream's fault, not a result. The upstream request is
+            // dropped, and the permit with it.
             drop(ticket);
-            proxy.counters.client_body_errors.fetch_add(1, Ordering::Relaxed);
             tracing::debug!("request body failed: {e:?}");
-            return respond::own(
-                proxy,
-                StatusCode::BAD_REQUEST,
-                "400 Bad Request: the request body failed or stalled\n",
-                true,
-            );
+            let cause = std::error::Error::source(&e);
+            let timeout = if cause.is_some_and(|c| c.is::<TooSlow>()) {
+                Some(1)
+            } else if cause.is_some_and(|c| c.is::<Stalled>()) {
+                Some(2)
+            } else {
+                None
+            };
+            return match timeout {
+                Some(rule) => {
+                    proxy.counters.body_timeouts[rule].fetch_add(1, Ordering::Relaxed);
+                    respond::body_timeout(proxy)
+                }
+                None => {
+                    proxy.counters.client_body_errors.fetch_add(1, Ordering::Relaxed);
+                    respond::own(
+                        proxy,
+                        StatusCode::BAD_REQUEST,
+                        "400 Bad Request: the request body failed\n",
+                        true,
+                    )
+                }
+            };
         }
         Ok(Err(e)) => {
             if let Some(t) = ticket {
@@ -152,8 +188,31 @@ pub(super) async fn forward(
         // so this connection must not carry another request.
         parts.headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
+    let body = match shield::read_ahead(body, &tuning, &proxy.budget).await {
+        Ok(ReadAhead::Whole(frames, reservation)) => {
+            // The upstream has delivered its last byte: its thread is free,
+            // however slowly the client reads.
+            drop(permit);
+            ProxyBody::boxed(Prefixed::<Stall<Incoming>>::whole(frames, reservation).boxed_unsync())
+        }
+        Ok(ReadAhead::Streaming(frames, reservation, rest)) => {
+            let rest = Stall::new(rest, tuning.idle_timeout);
+            ProxyBody::boxed(Prefixed::streaming(frames, reservation, rest).boxed_unsync())
+                .with_permit(permit)
+        }
+        Err(e) => {
+            // Nothing has reached the client yet: it can still be told.
+            proxy.counters.upstream_resets.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!("upstream response body failed before the client got it: {e}");
+            return respond::own(
+                proxy,
+                StatusCode::BAD_GATEWAY,
+                "502 Bad Gateway: the upstream's response broke off\n",
+                true,
+            );
+        }
+    };
     proxy.counters.status(parts.status);
-    let body = ProxyBody::boxed(Stall::new(body, tuning.idle_timeout).boxed_unsync()).with_permit(permit);
     Response::from_parts(parts, body)
 }
 

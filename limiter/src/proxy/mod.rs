@@ -25,6 +25,7 @@
 //! - [`sample`]: the built-in demo upstream (`http.upstream = sample`).
 
 pub mod body;
+pub mod budget;
 pub mod counters;
 pub mod forward;
 pub mod framing;
@@ -38,6 +39,7 @@ pub mod respond;
 pub mod sample;
 pub mod server;
 pub mod shared;
+pub mod shield;
 pub mod tuning;
 pub mod upstream;
 

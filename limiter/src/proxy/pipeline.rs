@@ -1,12 +1,15 @@
 //! One request, from its head to its response: the head's own checks
-//! ([`head`]), the breaker, then the pools, web-client and session limits,
-//! then the upstream.
+//! ([`head`]); the breaker and the pools, web-client and session limits
+//! *checked* (a request they would refuse gets its 503 at once, its body
+//! unread); the body received holding no permit ([`shield`]); then the
+//! breaker and the limits *taken*, and the upstream.
 //!
-//! Lifetimes, all visible here: the breaker's [`Ticket`] is taken first
-//! and reports the upstream's result (dropped unrecorded if the request is
-//! refused or the client goes away); the admission [`Permit`] is taken
-//! next and travels with the response body, so it returns when the body
-//! has been handed to the client connection (or the client is gone).
+//! Lifetimes, all visible here: the breaker's [`Ticket`] is taken once the
+//! body is in and reports the upstream's result (dropped unrecorded if the
+//! request is refused or the client goes away); the admission [`Permit`]
+//! is taken next and goes back when the upstream has delivered its
+//! response (read ahead of the client when it fits the buffer), or with
+//! the response body for a larger one.
 //!
 //! [`Permit`]: crate::admission::Permit
 
@@ -19,7 +22,14 @@ use std::{
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, header};
 
 use super::{
-    Proxy, body::ProxyBody, forward::forward, head, headers::Client, path::is_debug_path, respond,
+    Proxy, Tuning,
+    body::ProxyBody,
+    forward::forward,
+    head,
+    headers::{Client, is_upgrade},
+    path::is_debug_path,
+    respond,
+    shield::{self, ReceiveError},
     upstream::Pool,
 };
 use crate::{
@@ -35,29 +45,33 @@ pub enum Reason {
     Admission(Refusal),
     /// The breaker is open (or half-open with its probes out).
     Breaker,
+    /// `http.bufferMemoryBytes` is spent: the body cannot be buffered.
+    BufferFull,
 }
 
 impl Reason {
     /// Every reason, in the order metrics list them.
-    pub const ALL: [Reason; 5] = [
+    pub const ALL: [Reason; 6] = [
         Reason::Admission(Refusal::ALL[0]),
         Reason::Admission(Refusal::ALL[1]),
         Reason::Admission(Refusal::ALL[2]),
         Reason::Admission(Refusal::ALL[3]),
         Reason::Breaker,
+        Reason::BufferFull,
     ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Admission(r) => r.as_str(),
             Self::Breaker => "breaker",
+            Self::BufferFull => "buffer_full",
         }
     }
 }
 
 /// hyper's service function for one client request.
 pub(super) async fn handle(
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     proxy: Arc<Proxy>,
     pool: Arc<Pool>,
     client: Client,
@@ -79,16 +93,54 @@ pub(super) async fn handle(
         return Ok(respond::own(&proxy, bad.status(), bad.text(), true));
     }
     let debug = is_debug_path(req.uri().path());
-    // 1. The breaker, before any permit is taken.
-    let ticket = if debug {
-        // Diagnostics are never results; they pass an open breaker unless
-        // breaker.bypassDebug = false, and then never consume a probe.
-        if !proxy.tuning().bypass_debug
-            && proxy.breaker.state() != State::Closed
-            && let Decision::Refuse { retry_after_ms } = proxy.breaker.admit_passive()
-        {
-            return Ok(respond::refuse_breaker(&proxy, retry_after_ms, started));
+    let upgrade = is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
+    let (parts, body) = req.into_parts();
+    let ask = Ask {
+        debug,
+        web: parts.headers.contains_key("x-client-id"),
+        session: parts.headers.get(header::AUTHORIZATION).map(header::HeaderValue::as_bytes),
+    };
+    let tuning = proxy.tuning();
+
+    // 1-4 at the head, taking nothing: what would be refused now is
+    // refused now, its body unread.
+    if let Some(retry_after_ms) = breaker_at_head(&proxy, debug, &tuning) {
+        return Ok(respond::refuse_breaker(&proxy, retry_after_ms, started));
+    }
+    if let Err(refusal) = proxy.admission.check(ask) {
+        return Ok(respond::refuse(&proxy, Reason::Admission(refusal), started));
+    }
+
+    // The body, holding no permit: a client that sends slowly holds none
+    // of the upstream's threads.
+    proxy.counters.bodies_receiving.fetch_add(1, Ordering::Relaxed);
+    let received = shield::receive(body, &tuning, &proxy.budget).await;
+    proxy.counters.bodies_receiving.fetch_sub(1, Ordering::Relaxed);
+    let receipt = match received {
+        Ok(receipt) => receipt,
+        Err(ReceiveError::BudgetSpent) => {
+            proxy.counters.refused_buffer_full.fetch_add(1, Ordering::Relaxed);
+            return Ok(respond::refuse(&proxy, Reason::BufferFull, started));
         }
+        Err(ReceiveError::Deadline) => {
+            proxy.counters.body_timeouts[0].fetch_add(1, Ordering::Relaxed);
+            return Ok(respond::body_timeout(&proxy));
+        }
+        Err(ReceiveError::Client(e)) => {
+            proxy.counters.client_body_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(peer = %client.addr, "request body failed before admission: {e}");
+            return Ok(respond::own(
+                &proxy,
+                StatusCode::BAD_REQUEST,
+                "400 Bad Request: the request body failed\n",
+                true,
+            ));
+        }
+    };
+
+    // 1-4 for real, now that the body is in: the breaker (a half-open
+    // probe slot is taken only now), then the pools, web clients, sessions.
+    let ticket = if debug {
         None
     } else {
         match proxy.breaker.admit() {
@@ -98,17 +150,26 @@ pub(super) async fn handle(
             }
         }
     };
-    // 2-4. Pools, web clients, sessions.
-    let headers = req.headers();
-    let ask = Ask {
-        debug,
-        web: headers.contains_key("x-client-id"),
-        session: headers.get(header::AUTHORIZATION).map(header::HeaderValue::as_bytes),
-    };
     match proxy.admission.admit(ask) {
-        Ok(permit) => Ok(forward(req, permit, ticket, &proxy, &pool, client).await),
+        Ok(permit) => Ok(forward(parts, receipt, upgrade, permit, ticket, &proxy, &pool, client).await),
         // The ticket is dropped unrecorded: a refusal is not a result.
         Err(refusal) => Ok(respond::refuse(&proxy, Reason::Admission(refusal), started)),
+    }
+}
+
+/// The breaker's answer at a request's head, taking no probe: `Some` with
+/// the time until a probe may be tried if it refuses. Diagnostics pass an
+/// open breaker unless `breaker.bypassDebug = false`, and never probe.
+fn breaker_at_head(proxy: &Proxy, debug: bool, tuning: &Tuning) -> Option<u64> {
+    if !debug {
+        return proxy.breaker.would_refuse();
+    }
+    if tuning.bypass_debug || proxy.breaker.state() == State::Closed {
+        return None;
+    }
+    match proxy.breaker.admit_passive() {
+        Decision::Refuse { retry_after_ms } => Some(retry_after_ms),
+        Decision::Admit(_) => None,
     }
 }
 
@@ -117,8 +178,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reasons_are_the_pools_then_the_breaker_each_once() {
+    fn reasons_are_the_pools_then_the_breaker_then_the_buffers_each_once() {
         let names: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
-        assert_eq!(names, ["normal", "debug", "web", "session", "breaker"]);
+        assert_eq!(names, ["normal", "debug", "web", "session", "breaker", "buffer_full"]);
     }
 }

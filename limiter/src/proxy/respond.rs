@@ -52,6 +52,7 @@ pub(super) fn refuse(proxy: &Arc<Proxy>, reason: Reason, started: Instant) -> Re
             "503 Service Unavailable: this session has too many requests in flight\n"
         }
         Reason::Breaker => "503 Service Unavailable: the upstream is failing; retry later\n",
+        Reason::BufferFull => "503 Service Unavailable: no memory is free to buffer the request body\n",
     };
     proxy.counters.refusal_log.note(reason.as_str());
     let mut response = own(proxy, StatusCode::SERVICE_UNAVAILABLE, text, true);
@@ -61,4 +62,15 @@ pub(super) fn refuse(proxy: &Arc<Proxy>, reason: Reason, started: Instant) -> Re
     h.insert("x-limiter-refused", HeaderValue::from_static(reason.as_str()));
     let counters = proxy.counters.clone();
     response.map(|body| body.on_end(Box::new(move || counters.time_to_503.record(started.elapsed()))))
+}
+
+/// 408 for a request body too slow to arrive (whichever rule caught it);
+/// the connection closes.
+pub(super) fn body_timeout(proxy: &Proxy) -> Response<ProxyBody> {
+    own(
+        proxy,
+        StatusCode::REQUEST_TIMEOUT,
+        "408 Request Timeout: the request body arrived too slowly\n",
+        true,
+    )
 }

@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, RwLock};
 
-use super::{Counters, Tuning, upstream::Pool};
+use super::{Counters, Tuning, budget::Budget, upstream::Pool};
 use crate::{
     admission::{Admission, Limits},
     breaker::{self, Breaker, MonotonicClock},
@@ -15,6 +15,8 @@ pub struct Proxy {
     pub admission: Arc<Admission>,
     pub breaker: Arc<Breaker>,
     pub counters: Arc<Counters>,
+    /// The memory of buffered bodies (`http.bufferMemoryBytes`).
+    pub budget: Arc<Budget>,
     /// Replaced whole on reload; each connection and request takes the
     /// current one (a reference count, not a copy).
     tuning: RwLock<Arc<Tuning>>,
@@ -31,6 +33,7 @@ impl Proxy {
                 breaker::events::log(),
             )),
             counters: Arc::new(Counters::default()),
+            budget: Arc::new(Budget::default()),
             tuning: RwLock::new(Arc::new(Tuning::from_config(config))),
             upstream,
         })

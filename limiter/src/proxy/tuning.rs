@@ -20,6 +20,15 @@ pub struct Tuning {
     pub bypass_debug: bool,
     /// On shutdown, how long requests in flight may take to finish.
     pub drain_timeout: Duration,
+    /// Bodies up to this size are read whole before the permits (0: off).
+    pub request_buffer_bytes: u64,
+    pub request_body_timeout: Duration,
+    /// The budget of every buffered body and read-ahead together.
+    pub buffer_memory_bytes: u64,
+    /// Responses up to this size are read ahead of the client (0: off).
+    pub response_buffer_bytes: u64,
+    /// Bytes per second a streamed request body must average (0: off).
+    pub min_data_rate: u64,
 }
 
 impl Tuning {
@@ -37,6 +46,11 @@ impl Tuning {
             failure_statuses: config.breaker.failure_statuses.clone(),
             bypass_debug: config.breaker.bypass_debug,
             drain_timeout: ms(http.drain_timeout_ms),
+            request_buffer_bytes: u64::from(http.request_buffer_bytes),
+            request_body_timeout: ms(http.request_body_timeout_ms),
+            buffer_memory_bytes: http.buffer_memory_bytes,
+            response_buffer_bytes: u64::from(http.response_buffer_bytes),
+            min_data_rate: u64::from(http.min_data_rate),
         }
     }
 

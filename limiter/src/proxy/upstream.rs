@@ -23,9 +23,15 @@ use hyper::{
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::body::Stall;
+use super::{
+    body::Stall,
+    shield::{MinRate, Prefixed},
+};
 
-type Body = Stall<Incoming>;
+/// A request body on its way upstream: what was read before admission,
+/// then (for a large body) the rest, streamed with its stall timeout and
+/// minimum rate.
+pub type Body = Prefixed<Stall<MinRate<Incoming>>>;
 
 /// Why the upstream did not answer.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,287 @@
+//! The upstream's threads shielded from slow clients: a request body up to
+//! `http.requestBufferBytes` is read whole *before* the permits are taken
+//! (with a total deadline and within the memory budget), and a response
+//! body up to `http.responseBufferBytes` is read ahead of the client, so a
+//! permit is held only while the upstream works. A larger request body
+//! streams while holding its permit, but must average `http.minDataRate`.
+
+use std::{
+    collections::VecDeque,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, ready},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http_body_util::BodyExt as _;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use tokio::time::{Instant, Sleep, sleep_until, timeout, timeout_at};
+
+use super::{
+    Tuning,
+    body::BoxError,
+    budget::{Budget, Reservation},
+};
+
+/// How long a streamed body may take before its average rate counts.
+pub const GRACE: Duration = Duration::from_secs(3);
+
+/// Frames already in memory, then (maybe) the rest of the body to stream.
+/// The memory reservation of the frames lives as long as the body.
+pub struct Prefixed<B> {
+    frames: VecDeque<Frame<Bytes>>,
+    rest: Option<B>,
+    _reservation: Option<Reservation>,
+}
+
+impl<B> Prefixed<B> {
+    /// A body entirely in memory.
+    pub fn whole(frames: VecDeque<Frame<Bytes>>, reservation: Option<Reservation>) -> Self {
+        Self { frames, rest: None, _reservation: reservation }
+    }
+
+    /// `frames`, then whatever `rest` produces.
+    pub fn streaming(frames: VecDeque<Frame<Bytes>>, reservation: Option<Reservation>, rest: B) -> Self {
+        Self { frames, rest: Some(rest), _reservation: reservation }
+    }
+
+    fn buffered_bytes(&self) -> u64 {
+        self.frames.iter().filter_map(|f| f.data_ref()).map(|d| d.len() as u64).sum()
+    }
+}
+
+impl<B> Body for Prefixed<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(frame) = self.frames.pop_front() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        match &mut self.rest {
+            Some(rest) => Pin::new(rest).poll_frame(cx).map(|f| f.map(|r| r.map_err(Into::into))),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.frames.is_empty() && self.rest.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let buffered = self.buffered_bytes();
+        match &self.rest {
+            // Trailers cannot follow a Content-Length: leave the length open.
+            None if self.frames.iter().any(Frame::is_trailers) => SizeHint::default(),
+            None => SizeHint::with_exact(buffered),
+            Some(rest) => {
+                let inner = rest.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(inner.lower() + buffered);
+                if let Some(upper) = inner.upper() {
+                    hint.set_upper(upper + buffered);
+                }
+                hint
+            }
+        }
+    }
+}
+
+/// A streamed body too slow for `http.minDataRate`.
+#[derive(Debug, thiserror::Error)]
+#[error("the body averaged less than http.minDataRate")]
+pub struct TooSlow;
+
+/// Fails a body that, after [`GRACE`], averages less than `rate` bytes per
+/// second since it started (0: never).
+pub struct MinRate<B> {
+    inner: B,
+    rate: u64,
+    start: Instant,
+    bytes: u64,
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl<B> MinRate<B> {
+    pub fn new(inner: B, rate: u64) -> Self {
+        Self { inner, rate, start: Instant::now(), bytes: 0, timer: None }
+    }
+
+    /// When the average falls below the rate unless more bytes come.
+    fn due(&self) -> Instant {
+        let needed = Duration::from_secs_f64(self.bytes as f64 / self.rate as f64);
+        self.start + needed.max(GRACE)
+    }
+}
+
+impl<B> Body for MinRate<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                if let Some(Ok(f)) = &frame {
+                    self.bytes += f.data_ref().map_or(0, |d| d.len() as u64);
+                }
+                Poll::Ready(frame.map(|r| r.map_err(Into::into)))
+            }
+            Poll::Pending if self.rate == 0 => Poll::Pending,
+            Poll::Pending => {
+                let due = self.due();
+                let timer = self.timer.get_or_insert_with(|| Box::pin(sleep_until(due)));
+                timer.as_mut().reset(due);
+                ready!(timer.as_mut().poll(cx));
+                Poll::Ready(Some(Err(Box::new(TooSlow))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A request body as received before admission.
+pub enum Receipt {
+    /// Entirely in memory (or empty): forwarded without the client.
+    Whole(VecDeque<Frame<Bytes>>, Option<Reservation>),
+    /// Larger than the buffer: what arrived, and the rest to stream while
+    /// holding the permit.
+    Streaming(VecDeque<Frame<Bytes>>, Option<Reservation>, Incoming),
+}
+
+/// Why a body could not be read before admission.
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiveError {
+    #[error("the body did not arrive within http.requestBodyTimeoutMs")]
+    Deadline,
+    #[error("http.bufferMemoryBytes is spent")]
+    BudgetSpent,
+    #[error("the client's body failed: {0}")]
+    Client(hyper::Error),
+}
+
+/// Reads `body` whole if it fits `http.requestBufferBytes`; otherwise
+/// returns at once (or as soon as a chunked body outgrows the buffer) with
+/// what it read and the rest.
+pub async fn receive(mut body: Incoming, t: &Tuning, budget: &Arc<Budget>) -> Result<Receipt, ReceiveError> {
+    if body.is_end_stream() {
+        return Ok(Receipt::Whole(VecDeque::new(), None));
+    }
+    let limit = t.request_buffer_bytes;
+    let exact = body.size_hint().exact();
+    if limit == 0 || exact.is_some_and(|n| n > limit) {
+        return Ok(Receipt::Streaming(VecDeque::new(), None, body));
+    }
+    let mut reservation = match exact {
+        Some(n) => Some(budget.reserve(n, t.buffer_memory_bytes).ok_or(ReceiveError::BudgetSpent)?),
+        None => None,
+    };
+    let deadline = Instant::now() + t.request_body_timeout;
+    let (mut frames, mut got) = (VecDeque::new(), 0u64);
+    loop {
+        let frame = match timeout_at(deadline, body.frame()).await {
+            Err(_) => return Err(ReceiveError::Deadline),
+            Ok(None) => return Ok(Receipt::Whole(frames, reservation)),
+            Ok(Some(Err(e))) => return Err(ReceiveError::Client(e)),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let n = frame.data_ref().map_or(0, |d| d.len() as u64);
+        got += n;
+        if exact.is_none() {
+            if got > limit {
+                frames.push_back(frame);
+                return Ok(Receipt::Streaming(frames, reservation, body));
+            }
+            let reserved = match &mut reservation {
+                Some(r) => r.grow(n, t.buffer_memory_bytes),
+                None => {
+                    reservation = budget.reserve(n, t.buffer_memory_bytes);
+                    reservation.is_some()
+                }
+            };
+            if !reserved {
+                return Err(ReceiveError::BudgetSpent);
+            }
+        }
+        frames.push_back(frame);
+        if body.is_end_stream() {
+            return Ok(Receipt::Whole(frames, reservation));
+        }
+    }
+}
+
+/// A response body as read ahead of the client.
+pub enum ReadAhead<B> {
+    /// All of it, in memory: the permit can go back.
+    Whole(VecDeque<Frame<Bytes>>, Option<Reservation>),
+    /// Larger than the buffer (or the budget is spent): what was read, and
+    /// the rest to stream while holding the permit.
+    Streaming(VecDeque<Frame<Bytes>>, Option<Reservation>, B),
+}
+
+/// Reads up to `http.responseBufferBytes` of `body` before the client gets
+/// anything (each frame within `idle`); `Err` if the upstream failed or
+/// stalled before its body ended.
+pub async fn read_ahead<B>(mut body: B, t: &Tuning, budget: &Arc<Budget>) -> Result<ReadAhead<B>, BoxError>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    if body.is_end_stream() {
+        return Ok(ReadAhead::Whole(VecDeque::new(), None));
+    }
+    let limit = t.response_buffer_bytes;
+    let exact = body.size_hint().exact();
+    if limit == 0 || exact.is_some_and(|n| n > limit) {
+        return Ok(ReadAhead::Streaming(VecDeque::new(), None, body));
+    }
+    let mut reservation: Option<Reservation> = None;
+    let (mut frames, mut got) = (VecDeque::new(), 0u64);
+    loop {
+        let frame = match timeout(t.idle_timeout, body.frame()).await {
+            Err(_) => return Err(Box::new(super::body::Stalled)),
+            Ok(None) => return Ok(ReadAhead::Whole(frames, reservation)),
+            Ok(Some(Err(e))) => return Err(e.into()),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let n = frame.data_ref().map_or(0, |d| d.len() as u64);
+        got += n;
+        let reserved = got <= limit
+            && match &mut reservation {
+                Some(r) => r.grow(n, t.buffer_memory_bytes),
+                None => {
+                    reservation = budget.reserve(n, t.buffer_memory_bytes);
+                    reservation.is_some()
+                }
+            };
+        frames.push_back(frame);
+        if !reserved {
+            // Too large, or the budget is spent: stream the rest.
+            return Ok(ReadAhead::Streaming(frames, reservation, body));
+        }
+        if body.is_end_stream() {
+            return Ok(ReadAhead::Whole(frames, reservation));
+        }
+    }
+}
