@@ -42,6 +42,7 @@ const HERE: &[(&str, &str)] = &[
     ("http.bufferMemoryBytes", "buffer_memory_bytes_changes_live"),
     ("http.responseBufferBytes", "response_buffer_bytes_changes_live"),
     ("http.minDataRate", "min_data_rate_changes_live"),
+    ("http.minDataRate", "min_data_rate_changes_live_for_slow_readers"),
     ("breaker.threshold", "breaker_threshold_and_min_requests_change_live"),
     ("breaker.minRequests", "breaker_threshold_and_min_requests_change_live"),
     ("breaker.sleepWindowMs", "breaker_sleep_window_changes_while_open"),
@@ -429,6 +430,50 @@ fn min_data_rate_changes_live() {
     assert!(took < Duration::from_millis(4500), "cut after the 3 s grace, at {took:?}");
     assert_eq!(metric(&d, "limiter_http_body_timeouts_total{kind=\"min_rate\"}"), 1.0);
     assert_eq!(metric(&d, "limiter_http_in_flight{pool=\"normal\"}"), 0.0, "the permit came back");
+}
+
+/// Starts reading a 20 MB response (larger than the read-ahead, so it
+/// streams holding its permit) at 1 KB/s, on a thread that stops when told.
+fn slow_reader(
+    proxy: SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let mut s = client::connect(proxy);
+        s.write_all(b"GET /big?bytes=20000000 HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+        let mut buf = [0u8; 100];
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) && matches!(s.read(&mut buf), Ok(n) if n > 0) {
+            thread::sleep(Duration::from_millis(100));
+        }
+    })
+}
+
+#[test]
+fn min_data_rate_changes_live_for_slow_readers() {
+    use std::sync::{Arc, atomic::AtomicBool};
+    let up = Upstream::start();
+    let keys = "http.responseBufferBytes = 0\n";
+    let d = InProcess::start(up.addr, &format!("{keys}http.minDataRate = 0\n"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = slow_reader(d.proxy, stop.clone());
+    thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        metric(&d, "limiter_http_in_flight{pool=\"normal\"}"),
+        1.0,
+        "no minimum: the reader keeps its permit"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    reader.join().unwrap();
+    wait_metric(&d, "limiter_http_in_flight{pool=\"normal\"}", 0.0);
+    d.reload(&format!("{keys}http.minDataRate = 100000\n"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = slow_reader(d.proxy, stop.clone());
+    // Cut after the 3 s grace: the permit comes back while the reader is
+    // still reading what its socket had buffered.
+    wait_metric(&d, "limiter_http_slow_readers_total", 1.0);
+    wait_metric(&d, "limiter_http_in_flight{pool=\"normal\"}", 0.0);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    reader.join().unwrap();
 }
 
 // ---------------------------------------------------------------------------

@@ -36,6 +36,8 @@ pub struct Counters {
     pub refused_buffer_full: AtomicU64,
     /// Requests receiving their body before admission now (no permit).
     pub bodies_receiving: AtomicU64,
+    /// Client connections cut for reading slower than `http.minDataRate`.
+    pub slow_readers: AtomicU64,
     /// Request bodies too slow (408), by rule: [`BODY_TIMEOUTS`] order.
     pub body_timeouts: [AtomicU64; 3],
     pub connections_open: AtomicU64,

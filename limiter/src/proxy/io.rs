@@ -2,7 +2,9 @@
 //!
 //! - every byte read passes the [`Framing`] watch before hyper parses it;
 //! - a write that cannot make progress for the idle timeout (a client that
-//!   stopped reading) fails, so a stalled client cannot hold a permit;
+//!   stopped reading) fails, and so does a client that, while the proxy
+//!   has bytes for it, reads less than `http.minDataRate` on average after
+//!   a grace: a slow reader cannot hold a permit for long;
 //! - closing is a bounded *lingering close*: FIN first, then whatever the
 //!   client still sends (an unread request body behind a 503) is read and
 //!   discarded until it stops, a deadline passes or a byte cap is reached.
@@ -20,7 +22,7 @@ use std::{
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::TcpStream,
-    time::{Instant, Sleep, sleep},
+    time::{Instant, Sleep, sleep, sleep_until},
 };
 
 use super::{Counters, framing::Framing};
@@ -34,8 +36,22 @@ pub struct ClientIo {
     counters: Arc<Counters>,
     idle: Duration,
     write_stall: Option<Pin<Box<Sleep>>>,
+    /// `http.minDataRate` for the client's reading (0: off).
+    min_rate: u64,
+    /// Since the socket first refused bytes of a response, with the bytes it
+    /// took since: the client must drain at least `min_rate` bytes per
+    /// second on average, until it sends its next request.
+    blocked: Option<Blocked>,
+    rate_timer: Option<Pin<Box<Sleep>>>,
     linger: Duration,
     closing: Option<Closing>,
+}
+
+struct Blocked {
+    since: Instant,
+    bytes: u64,
+    /// The last write was refused: the client is being waited for.
+    last_pending: bool,
 }
 
 struct Closing {
@@ -45,8 +61,55 @@ struct Closing {
 }
 
 impl ClientIo {
-    pub fn new(inner: TcpStream, idle: Duration, linger: Duration, counters: Arc<Counters>) -> Self {
-        Self { inner, framing: Framing::default(), counters, idle, write_stall: None, linger, closing: None }
+    pub fn new(
+        inner: TcpStream,
+        idle: Duration,
+        min_rate: u64,
+        linger: Duration,
+        counters: Arc<Counters>,
+    ) -> Self {
+        Self {
+            inner,
+            framing: Framing::default(),
+            counters,
+            idle,
+            write_stall: None,
+            min_rate,
+            blocked: None,
+            rate_timer: None,
+            linger,
+            closing: None,
+        }
+    }
+
+    /// Accounts a write for the minimum reading rate.
+    fn account(&mut self, poll: &Poll<io::Result<usize>>) {
+        match poll {
+            Poll::Pending => match &mut self.blocked {
+                Some(b) => b.last_pending = true,
+                None => self.blocked = Some(Blocked { since: Instant::now(), bytes: 0, last_pending: true }),
+            },
+            Poll::Ready(Ok(n)) => {
+                if let Some(b) = &mut self.blocked {
+                    b.bytes += *n as u64;
+                    b.last_pending = false;
+                }
+            }
+            Poll::Ready(Err(_)) => {}
+        }
+    }
+
+    /// Whether the client, blocked on, has read too slowly: its deadline is
+    /// when its average since the block began falls under the rate.
+    fn too_slow(&mut self, cx: &mut Context<'_>) -> bool {
+        let (Some(b), rate) = (&mut self.blocked, self.min_rate) else { return false };
+        if rate == 0 {
+            return false;
+        }
+        let due = super::shield::rate_due(&mut b.since, &mut b.bytes, rate);
+        let timer = self.rate_timer.get_or_insert_with(|| Box::pin(sleep_until(due)));
+        timer.as_mut().reset(due);
+        timer.as_mut().poll(cx).is_ready()
     }
 
     /// Progress was made: the stall clock stops. `Pending`: it runs, and
@@ -58,6 +121,14 @@ impl ClientIo {
                 Poll::Ready(r)
             }
             Poll::Pending => {
+                if self.too_slow(cx) {
+                    self.blocked = None;
+                    self.counters.slow_readers.fetch_add(1, Ordering::Relaxed);
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "client reads slower than http.minDataRate",
+                    )));
+                }
                 let idle = self.idle;
                 let timer = self.write_stall.get_or_insert_with(|| Box::pin(sleep(idle)));
                 if timer.as_mut().poll(cx).is_ready() {
@@ -84,6 +155,12 @@ impl AsyncRead for ClientIo {
         let this = &mut *self;
         let fresh = &mut buf.filled_mut()[before..];
         if !fresh.is_empty() {
+            // The client sends its next request: what it read of the last
+            // response is no longer measured (unless the proxy is waiting
+            // on it right now: bytes sent then cannot excuse slow reading).
+            if this.blocked.as_ref().is_some_and(|b| !b.last_pending) {
+                this.blocked = None;
+            }
             let before = this.framing.poisoned;
             this.framing.feed(fresh);
             let poisoned = this.framing.poisoned - before;
@@ -98,6 +175,7 @@ impl AsyncRead for ClientIo {
 impl AsyncWrite for ClientIo {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         let poll = Pin::new(&mut self.inner).poll_write(cx, data);
+        self.account(&poll);
         self.stall(cx, poll)
     }
 
@@ -107,6 +185,7 @@ impl AsyncWrite for ClientIo {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let poll = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.account(&poll);
         self.stall(cx, poll)
     }
 

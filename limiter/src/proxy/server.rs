@@ -129,7 +129,13 @@ async fn connection(
 ) {
     let _ = stream.set_nodelay(true);
     let tuning = proxy.tuning();
-    let io = ClientIo::new(stream, tuning.idle_timeout, tuning.linger, proxy.counters.clone());
+    let io = ClientIo::new(
+        stream,
+        tuning.idle_timeout,
+        tuning.min_data_rate,
+        tuning.linger,
+        proxy.counters.clone(),
+    );
     proxy.counters.connections_open.fetch_add(1, Ordering::Relaxed);
     proxy.counters.connections_total.fetch_add(1, Ordering::Relaxed);
     let service = {

@@ -100,8 +100,8 @@ where
 #[error("the body averaged less than http.minDataRate")]
 pub struct TooSlow;
 
-/// Fails a body that, after [`GRACE`], averages less than `rate` bytes per
-/// second since it started (0: never).
+/// Fails a body that, after [`GRACE`], brings less than `rate` bytes per
+/// second (0: never; see [`rate_due`] for how the rate is measured).
 pub struct MinRate<B> {
     inner: B,
     rate: u64,
@@ -114,12 +114,25 @@ impl<B> MinRate<B> {
     pub fn new(inner: B, rate: u64) -> Self {
         Self { inner, rate, start: Instant::now(), bytes: 0, timer: None }
     }
+}
 
-    /// When the average falls below the rate unless more bytes come.
-    fn due(&self) -> Instant {
-        let needed = Duration::from_secs_f64(self.bytes as f64 / self.rate as f64);
-        self.start + needed.max(GRACE)
+/// When to look again at a transfer of `bytes` since `since` that must
+/// bring `rate` bytes per second: a time already past means it did not.
+/// A transfer that has kept the rate for at least
+/// [`GRACE`] is measured afresh from now, so the rate holds over every
+/// stretch of the transfer, not only on average since its start (a fast
+/// start cannot pay for a trickle after it).
+pub fn rate_due(since: &mut Instant, bytes: &mut u64, rate: u64) -> Instant {
+    let now = Instant::now();
+    let elapsed = now.saturating_duration_since(*since);
+    if elapsed >= GRACE && *bytes as f64 >= rate as f64 * elapsed.as_secs_f64() {
+        *since = now;
+        *bytes = 0;
     }
+    // Within the grace: look again when it ends. After it (and not reset):
+    // the rate is not kept, the time is up.
+    let grace_end = *since + GRACE;
+    if now < grace_end { grace_end } else { *since + Duration::from_secs_f64(*bytes as f64 / rate as f64) }
 }
 
 impl<B> Body for MinRate<B>
@@ -143,8 +156,9 @@ where
             }
             Poll::Pending if self.rate == 0 => Poll::Pending,
             Poll::Pending => {
-                let due = self.due();
-                let timer = self.timer.get_or_insert_with(|| Box::pin(sleep_until(due)));
+                let this = &mut *self;
+                let due = rate_due(&mut this.start, &mut this.bytes, this.rate);
+                let timer = this.timer.get_or_insert_with(|| Box::pin(sleep_until(due)));
                 timer.as_mut().reset(due);
                 ready!(timer.as_mut().poll(cx));
                 Poll::Ready(Some(Err(Box::new(TooSlow))))
