@@ -192,6 +192,10 @@ fn pools(http: &HttpStatus) -> String {
         limit(p.session_limit),
         if p.dry_run { ", DRY RUN" } else { "" },
     );
+    out.push_str(&format!(
+        "http buffers: {} bytes held, {} bodies arriving without a permit, {} refused buffer_full\n",
+        http.buffered_bytes, http.bodies_receiving, http.refused_buffer_full
+    ));
     out.push_str(&format!("http upstream: {}\n", http.upstream));
     let b = &http.breaker;
     let next =

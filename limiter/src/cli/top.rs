@@ -111,6 +111,11 @@ pub fn render(cur: &Sample, prev: Option<&Sample>) -> Vec<String> {
             p.sessions,
             rate(http.refused_total(), before, secs),
         )));
+        out.push(fit(format!(
+            "HTTP buffered {} KiB, bodies arriving {}",
+            http.buffered_bytes.div_ceil(1024),
+            http.bodies_receiving
+        )));
         out.push(fit(format!("breaker {}", dump::breaker_summary(&http.breaker))));
     }
     out

@@ -461,7 +461,7 @@ fn hostile(short: bool) -> Row {
     let mut row = Row::new(
         "hostile clients",
         format!(
-            "slowloris, 431, 400s, framing conflict, {sessions} distinct Authorization values, bodies cut off"
+            "slowloris, 431, 400s, framing conflict, {sessions} distinct Authorization values, bodies cut off, trickling uploads and slow readers"
         ),
     );
     // Slowloris: a head that never ends is cut at the header-read timeout.
@@ -557,7 +557,115 @@ fn hostile(short: bool) -> Row {
         holding == 20.0 && pools_empty(&daemon),
         format!("20 clients vanished mid-body while holding {holding} permits: every permit returned"),
     );
+    shield(&mut row, &daemon, proxy, if short { 200 } else { 1_000 });
     row
+}
+
+/// Ordinary GETs answered 200 in `for_`, from 4 clients back to back; and
+/// any other answer seen.
+fn ordinary_rate(proxy: SocketAddr, for_: Duration) -> (u64, Vec<u16>) {
+    let until = Instant::now() + for_;
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            thread::spawn(move || {
+                let (mut ok, mut other) = (0u64, Vec::new());
+                while Instant::now() < until {
+                    match client::send(proxy, b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n") {
+                        Ok(r) if r.status == 200 => ok += 1,
+                        Ok(r) => other.push(r.status),
+                        Err(_) => other.push(0),
+                    }
+                }
+                (ok, other)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).fold((0, Vec::new()), |(n, mut v), (ok, other)| {
+        v.extend(other);
+        (n + ok, v)
+    })
+}
+
+/// Trickling uploads (a byte per second each) and slow readers together,
+/// against an upstream that reads bodies whole: the uploads hold no
+/// permit, the readers are cut under the minimum rate, and ordinary
+/// requests keep their rate.
+fn shield(row: &mut Row, daemon: &Daemon, proxy: SocketAddr, tricklers: usize) {
+    let window = Duration::from_secs(3);
+    let (baseline, _) = ordinary_rate(proxy, window);
+    let mut uploads: Vec<TcpStream> = (0..tricklers)
+        .map(|_| {
+            let mut s = client::connect(proxy);
+            let _ = s.write_all(b"POST /sink HTTP/1.1\r\nHost: t\r\nContent-Length: 2000\r\n\r\nx");
+            s
+        })
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..20)
+        .map(|_| {
+            let stop = stop.clone();
+            thread::spawn(move || {
+                let mut s = client::connect(proxy);
+                let _ = s.write_all(b"GET /big?bytes=20000000 HTTP/1.1\r\nHost: t\r\n\r\n");
+                // 100 bytes per second.
+                let mut buf = [0u8; 10];
+                while !stop.load(Ordering::Relaxed) && matches!(s.read(&mut buf), Ok(n) if n > 0) {
+                    thread::sleep(Duration::from_millis(100));
+                }
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&daemon.metrics(), "limiter_http_bodies_receiving ") < tricklers as f64
+        && Instant::now() < deadline
+    {
+        thread::sleep(Duration::from_millis(20));
+    }
+    let receiving = metric(&daemon.metrics(), "limiter_http_bodies_receiving ");
+    // A byte per second per upload, on one thread, while the ordinary
+    // clients run.
+    let feeder = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                for u in &mut uploads {
+                    let _ = u.write_all(b"x");
+                }
+                thread::sleep(Duration::from_secs(1));
+            }
+            uploads
+        })
+    };
+    let (loaded, other) = ordinary_rate(proxy, window);
+    let page = daemon.metrics();
+    // Permits held now: at most the 4 ordinary clients' and the 20 slow
+    // readers' (until the minimum rate cuts them); none of the uploads'.
+    let held = metric(&page, "limiter_http_in_flight{pool=\"normal\"}");
+    thread::sleep(Duration::from_secs(4));
+    let page = daemon.metrics();
+    let cut = metric(&page, "limiter_http_slow_readers_total");
+    let held_after = metric(&page, "limiter_http_in_flight{pool=\"normal\"}");
+    stop.store(true, Ordering::Relaxed);
+    readers.into_iter().for_each(|r| r.join().unwrap());
+    drop(feeder.join().unwrap());
+    row.check(
+        receiving == tricklers as f64 && held <= 24.0 && held_after == 0.0,
+        format!(
+            "{tricklers} uploads trickling a byte per second: {receiving} receiving with no permit; permits held meanwhile {held} (at most the 4 ordinary clients' and the 20 slow readers'), {held_after} once the readers were cut"
+        ),
+    );
+    row.check(
+        other.is_empty() && loaded * 2 >= baseline,
+        format!(
+            "ordinary requests during the attack: {loaded} answered 200 in {window:?} (alone: {baseline}), {} other answers",
+            other.len()
+        ),
+    );
+    row.check(
+        cut >= 20.0,
+        format!("20 slow readers of a 20 MB response cut under http.minDataRate ({cut} cut)"),
+    );
+    row.check(pools_empty(daemon), "every pool back to 0 after the attack".into());
 }
 
 /// 5. Control-plane faults under load.
