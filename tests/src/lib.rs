@@ -357,7 +357,13 @@ impl Daemon {
     /// Starts `limiter run --config CONFIG` and waits until its admin
     /// listener answers.
     pub fn start(config: &Path, extra_args: &[&str]) -> Result<Self> {
-        let mut cmd = Command::new(limiter_bin());
+        Self::start_binary(&limiter_bin(), config, extra_args)
+    }
+
+    /// [`Self::start`] with another build of the daemon (benchmarks compare
+    /// revisions).
+    pub fn start_binary(bin: &Path, config: &Path, extra_args: &[&str]) -> Result<Self> {
+        let mut cmd = Command::new(bin);
         cmd.arg("run").arg("--config").arg(config).args(extra_args);
         Self::spawn(cmd, config, None)
     }

@@ -25,8 +25,9 @@ usage: cargo xtask VERB [ARGS]
                              real-kernel and HTTP tests one at a time (needs root)
   bench kernel               accept/refuse rates and per-program cost against
                              iptables connlimit; writes BENCHMARKS.md
-  bench http                 wrk through limiter and through nginx limit_conn;
-                             writes BENCHMARKS.md
+  bench http [--before REV]  wrk through limiter and through nginx limit_conn
+                             (and through limiter built at REV, for small
+                             bodies); writes BENCHMARKS.md
   bench breaker              the breaker's per-request cost (criterion)
   soak [--short]             overload, flood, upstream-fault, hostile-client and
                              control-plane scenarios against the real daemon and

@@ -10,6 +10,11 @@
 //!     most requests are refused. Reported: 503s per second, and limiter's
 //!     own time-to-503 histogram.
 //!
+//! (3) Small bodies (1 KiB POST), keep-alive, the nginx upstream: limiter
+//!     (which reads such a body whole before admission) beside nginx, and,
+//!     with `LIMITER_BIN_BEFORE` (`cargo xtask bench http --before REV`),
+//!     beside the limiter of an earlier revision, interleaved in one run.
+//!
 //! nginx is configured fairly: one worker per core, upstream keepalive,
 //! `access_log off`. limiter runs without its kernel gate (not in the HTTP
 //! path).
@@ -86,8 +91,16 @@ struct Run {
 }
 
 fn wrk(url: &str, headers: &[&str]) -> Result<Run> {
+    wrk_with(url, headers, None)
+}
+
+/// wrk with a Lua script (for a request with a body).
+fn wrk_with(url: &str, headers: &[&str], script: Option<&Path>) -> Result<Run> {
     let mut cmd = Command::new("wrk");
     cmd.args(["-t2", &format!("-c{CONNECTIONS}"), &format!("-d{SECONDS}s"), "--latency"]);
+    if let Some(script) = script {
+        cmd.arg("-s").arg(script);
+    }
     for h in headers {
         cmd.args(["-H", h]);
     }
@@ -190,6 +203,7 @@ fn bench(dir: &Path) -> Result<String> {
         eprintln!("under-limit round {}/{ROUNDS}", round + 1);
     }
     drop(daemon);
+    let bodies = small_bodies(dir, upstream, nginx_port, auth)?;
 
     // (2) Over the limit: an upstream that holds each request 100 ms.
     let slow = Upstream::start();
@@ -220,7 +234,73 @@ fn bench(dir: &Path) -> Result<String> {
     let p50 = quantile_from_metrics(&metrics, "limiter_http_time_to_503_seconds", 0.50);
     drop(daemon);
 
-    Ok(report(&targets.map(|t| t.0), &under, &over_targets.map(|t| t.0), &over, p50, p99))
+    let mut text = report(&targets.map(|t| t.0), &under, &over_targets.map(|t| t.0), &over, p50, p99);
+    text.push_str(&bodies);
+    Ok(text)
+}
+
+/// (3): 1 KiB POST bodies through this limiter, nginx and (if given) the
+/// limiter of an earlier revision.
+fn small_bodies(dir: &Path, upstream: SocketAddr, nginx_port: u16, auth: &str) -> Result<String> {
+    let script = dir.join("post-1k.lua");
+    fs::write(
+        &script,
+        "wrk.method = \"POST\"\nwrk.body = string.rep(\"x\", 1024)\nwrk.headers[\"Content-Type\"] = \"application/octet-stream\"\n",
+    )?;
+    let (config, limiter_addr) = limiter_config(dir, upstream, 100);
+    let _now = Daemon::start(&config, &[])?;
+    let mut targets = vec![
+        ("limiter (this build)".to_owned(), format!("http://{limiter_addr}/")),
+        ("nginx limit_conn".to_owned(), format!("http://127.0.0.1:{nginx_port}/")),
+    ];
+    let before = std::env::var_os("LIMITER_BIN_BEFORE").map(PathBuf::from);
+    let _before = match &before {
+        Some(bin) => {
+            let (config, addr) = client::http_config(
+                &dir.join("limiter-before"),
+                Some(upstream),
+                "http.maxThreads = 208\nhttp.maxSessionConnections = 100\nhttp.retryAfterMs = 1000\n",
+            );
+            let d = Daemon::start_binary(bin, &config, &[])?;
+            let rev = std::env::var("LIMITER_BEFORE_REV").unwrap_or_else(|_| "before".into());
+            targets.push((format!("limiter ({rev})"), format!("http://{addr}/")));
+            Some(d)
+        }
+        None => None,
+    };
+    for (_, url) in &targets {
+        let r = wrk_with(url, &[auth], Some(&script))?;
+        ensure!(r.non_2xx_per_s == 0.0, "{url} answered non-2xx to small POSTs");
+    }
+    let n = targets.len();
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); n];
+    for round in 0..ROUNDS {
+        for k in 0..n {
+            let i = (round + k) % n;
+            runs[i].push(wrk_with(&targets[i].1, &[auth], Some(&script))?);
+        }
+        eprintln!("small-body round {}/{ROUNDS}", round + 1);
+    }
+    let med = |runs: &[Run], f: fn(&Run) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
+    let mut out = String::from(
+        "\n(3) Small bodies: 1 KiB POSTs, keep-alive, nginx upstream answering at once (limiter reads each body whole before admission)\n\n",
+    );
+    out.push_str("| path | requests/s | p50 ms | p99 ms |\n|---|---|---|---|\n");
+    for (i, (name, _)) in targets.iter().enumerate() {
+        out.push_str(&format!(
+            "| {name} | {} | {:.2} | {:.2} |\n",
+            spread(&runs[i].iter().map(|r| r.rps).collect::<Vec<_>>()),
+            med(&runs[i], |r| r.p50_ms),
+            med(&runs[i], |r| r.p99_ms),
+        ));
+    }
+    let now = med(&runs[0], |r| r.rps);
+    out.push_str(&format!("\nlimiter / nginx: {:.2}x", now / med(&runs[1], |r| r.rps)));
+    if n > 2 {
+        out.push_str(&format!("; this build / {}: {:.2}x", targets[2].0, now / med(&runs[2], |r| r.rps)));
+    }
+    out.push_str(".\n");
+    Ok(out)
 }
 
 /// The upper bound of the first bucket holding quantile `q`.
