@@ -76,18 +76,14 @@ pub(super) async fn forward(
     parts.version = hyper::Version::HTTP_11;
     let progress = Arc::new(Progress::default());
     let body = match receipt {
-        Receipt::Whole(frames, reservation) => {
+        Receipt::Whole(frames) => {
             // In memory: sent as soon as the upstream takes it.
             progress.finish();
-            Prefixed::whole(frames, reservation)
+            Prefixed::whole(frames)
         }
-        Receipt::Streaming(frames, reservation, rest) => {
+        Receipt::Streaming(frames, rest) => {
             let rest = MinRate::new(rest, tuning.min_data_rate);
-            Prefixed::streaming(
-                frames,
-                reservation,
-                Stall::with_progress(rest, tuning.idle_timeout, progress.clone()),
-            )
+            Prefixed::streaming(frames, Stall::with_progress(rest, tuning.idle_timeout, progress.clone()))
         }
     };
     let upstream_req = Request::from_parts(parts, body);
@@ -189,16 +185,15 @@ pub(super) async fn forward(
         parts.headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     let body = match shield::read_ahead(body, &tuning, &proxy.budget).await {
-        Ok(ReadAhead::Whole(frames, reservation)) => {
+        Ok(ReadAhead::Whole(frames)) => {
             // The upstream has delivered its last byte: its thread is free,
             // however slowly the client reads.
             drop(permit);
-            ProxyBody::boxed(Prefixed::<Stall<Incoming>>::whole(frames, reservation).boxed_unsync())
+            ProxyBody::boxed(Prefixed::<Stall<Incoming>>::whole(frames).boxed_unsync())
         }
-        Ok(ReadAhead::Streaming(frames, reservation, rest)) => {
+        Ok(ReadAhead::Streaming(frames, rest)) => {
             let rest = Stall::new(rest, tuning.idle_timeout);
-            ProxyBody::boxed(Prefixed::streaming(frames, reservation, rest).boxed_unsync())
-                .with_permit(permit)
+            ProxyBody::boxed(Prefixed::streaming(frames, rest).boxed_unsync()).with_permit(permit)
         }
         Err(e) => {
             // Nothing has reached the client yet: it can still be told.

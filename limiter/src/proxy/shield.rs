@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt as _;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::time::{Instant, Sleep, sleep_until, timeout, timeout_at};
@@ -28,22 +28,22 @@ use super::{
 pub const GRACE: Duration = Duration::from_secs(3);
 
 /// Frames already in memory, then (maybe) the rest of the body to stream.
-/// The memory reservation of the frames lives as long as the body.
+/// (The memory reservation of buffered bytes lives in the bytes themselves,
+/// see [`Held`]: it is given back when the last copy is written out.)
 pub struct Prefixed<B> {
     frames: VecDeque<Frame<Bytes>>,
     rest: Option<B>,
-    _reservation: Option<Reservation>,
 }
 
 impl<B> Prefixed<B> {
     /// A body entirely in memory.
-    pub fn whole(frames: VecDeque<Frame<Bytes>>, reservation: Option<Reservation>) -> Self {
-        Self { frames, rest: None, _reservation: reservation }
+    pub fn whole(frames: VecDeque<Frame<Bytes>>) -> Self {
+        Self { frames, rest: None }
     }
 
     /// `frames`, then whatever `rest` produces.
-    pub fn streaming(frames: VecDeque<Frame<Bytes>>, reservation: Option<Reservation>, rest: B) -> Self {
-        Self { frames, rest: Some(rest), _reservation: reservation }
+    pub fn streaming(frames: VecDeque<Frame<Bytes>>, rest: B) -> Self {
+        Self { frames, rest: Some(rest) }
     }
 
     fn buffered_bytes(&self) -> u64 {
@@ -178,10 +178,10 @@ where
 /// A request body as received before admission.
 pub enum Receipt {
     /// Entirely in memory (or empty): forwarded without the client.
-    Whole(VecDeque<Frame<Bytes>>, Option<Reservation>),
+    Whole(VecDeque<Frame<Bytes>>),
     /// Larger than the buffer: what arrived, and the rest to stream while
     /// holding the permit.
-    Streaming(VecDeque<Frame<Bytes>>, Option<Reservation>, Incoming),
+    Streaming(VecDeque<Frame<Bytes>>, Incoming),
 }
 
 /// Why a body could not be read before admission.
@@ -200,32 +200,31 @@ pub enum ReceiveError {
 /// what it read and the rest.
 pub async fn receive(mut body: Incoming, t: &Tuning, budget: &Arc<Budget>) -> Result<Receipt, ReceiveError> {
     if body.is_end_stream() {
-        return Ok(Receipt::Whole(VecDeque::new(), None));
+        return Ok(Receipt::Whole(VecDeque::new()));
     }
     let limit = t.request_buffer_bytes;
     let exact = body.size_hint().exact();
     if limit == 0 || exact.is_some_and(|n| n > limit) {
-        return Ok(Receipt::Streaming(VecDeque::new(), None, body));
+        return Ok(Receipt::Streaming(VecDeque::new(), body));
     }
     let mut reservation = match exact {
         Some(n) => Some(budget.reserve(n, t.buffer_memory_bytes).ok_or(ReceiveError::BudgetSpent)?),
         None => None,
     };
     let deadline = Instant::now() + t.request_body_timeout;
-    let (mut frames, mut got) = (VecDeque::new(), 0u64);
+    let mut held = Held::with_capacity(exact.unwrap_or(0));
     loop {
         let frame = match timeout_at(deadline, body.frame()).await {
             Err(_) => return Err(ReceiveError::Deadline),
-            Ok(None) => return Ok(Receipt::Whole(frames, reservation)),
+            Ok(None) => return Ok(Receipt::Whole(held.frames(reservation))),
             Ok(Some(Err(e))) => return Err(ReceiveError::Client(e)),
             Ok(Some(Ok(frame))) => frame,
         };
         let n = frame.data_ref().map_or(0, |d| d.len() as u64);
-        got += n;
         if exact.is_none() {
-            if got > limit {
-                frames.push_back(frame);
-                return Ok(Receipt::Streaming(frames, reservation, body));
+            if held.len() + n > limit {
+                held.push(frame);
+                return Ok(Receipt::Streaming(held.frames(reservation), body));
             }
             let reserved = match &mut reservation {
                 Some(r) => r.grow(n, t.buffer_memory_bytes),
@@ -238,20 +237,73 @@ pub async fn receive(mut body: Incoming, t: &Tuning, budget: &Arc<Budget>) -> Re
                 return Err(ReceiveError::BudgetSpent);
             }
         }
-        frames.push_back(frame);
+        held.push(frame);
         if body.is_end_stream() {
-            return Ok(Receipt::Whole(frames, reservation));
+            return Ok(Receipt::Whole(held.frames(reservation)));
         }
+    }
+}
+
+/// A body's bytes copied into one buffer as they arrive: the frames hyper
+/// hands over are slices of its larger read buffers, and holding them
+/// would hold those (twice the budget in memory, measured); this holds
+/// what was reserved.
+struct Held {
+    data: BytesMut,
+    trailers: Option<Frame<Bytes>>,
+}
+
+impl Held {
+    fn with_capacity(bytes: u64) -> Self {
+        Self { data: BytesMut::with_capacity(usize::try_from(bytes).unwrap_or(0)), trailers: None }
+    }
+
+    fn len(&self) -> u64 {
+        self.data.len() as u64
+    }
+
+    fn push(&mut self, frame: Frame<Bytes>) {
+        match frame.into_data() {
+            Ok(data) => self.data.extend_from_slice(&data),
+            Err(other) => self.trailers = Some(other),
+        }
+    }
+
+    /// The frames to send: the bytes own `reservation`, so the budget gets
+    /// them back only when the last copy is gone (written to the socket),
+    /// not when the body hands its frame over.
+    fn frames(self, reservation: Option<Reservation>) -> VecDeque<Frame<Bytes>> {
+        let mut out = VecDeque::with_capacity(2);
+        if !self.data.is_empty() {
+            out.push_back(Frame::data(Bytes::from_owner(Reserved {
+                data: self.data,
+                _reservation: reservation,
+            })));
+        }
+        out.extend(self.trailers);
+        out
+    }
+}
+
+/// Bytes that keep their share of the budget while they live.
+struct Reserved {
+    data: BytesMut,
+    _reservation: Option<Reservation>,
+}
+
+impl AsRef<[u8]> for Reserved {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
     }
 }
 
 /// A response body as read ahead of the client.
 pub enum ReadAhead<B> {
     /// All of it, in memory: the permit can go back.
-    Whole(VecDeque<Frame<Bytes>>, Option<Reservation>),
+    Whole(VecDeque<Frame<Bytes>>),
     /// Larger than the buffer (or the budget is spent): what was read, and
     /// the rest to stream while holding the permit.
-    Streaming(VecDeque<Frame<Bytes>>, Option<Reservation>, B),
+    Streaming(VecDeque<Frame<Bytes>>, B),
 }
 
 /// Reads up to `http.responseBufferBytes` of `body` before the client gets
@@ -263,25 +315,24 @@ where
     B::Error: Into<BoxError>,
 {
     if body.is_end_stream() {
-        return Ok(ReadAhead::Whole(VecDeque::new(), None));
+        return Ok(ReadAhead::Whole(VecDeque::new()));
     }
     let limit = t.response_buffer_bytes;
     let exact = body.size_hint().exact();
     if limit == 0 || exact.is_some_and(|n| n > limit) {
-        return Ok(ReadAhead::Streaming(VecDeque::new(), None, body));
+        return Ok(ReadAhead::Streaming(VecDeque::new(), body));
     }
     let mut reservation: Option<Reservation> = None;
-    let (mut frames, mut got) = (VecDeque::new(), 0u64);
+    let mut held = Held::with_capacity(exact.unwrap_or(0));
     loop {
         let frame = match timeout(t.idle_timeout, body.frame()).await {
             Err(_) => return Err(Box::new(super::body::Stalled)),
-            Ok(None) => return Ok(ReadAhead::Whole(frames, reservation)),
+            Ok(None) => return Ok(ReadAhead::Whole(held.frames(reservation))),
             Ok(Some(Err(e))) => return Err(e.into()),
             Ok(Some(Ok(frame))) => frame,
         };
         let n = frame.data_ref().map_or(0, |d| d.len() as u64);
-        got += n;
-        let reserved = got <= limit
+        let reserved = held.len() + n <= limit
             && match &mut reservation {
                 Some(r) => r.grow(n, t.buffer_memory_bytes),
                 None => {
@@ -289,13 +340,15 @@ where
                     reservation.is_some()
                 }
             };
-        frames.push_back(frame);
         if !reserved {
-            // Too large, or the budget is spent: stream the rest.
-            return Ok(ReadAhead::Streaming(frames, reservation, body));
+            // Too large, or the budget is spent: stream this frame and the rest.
+            let mut frames = held.frames(reservation);
+            frames.push_back(frame);
+            return Ok(ReadAhead::Streaming(frames, body));
         }
+        held.push(frame);
         if body.is_end_stream() {
-            return Ok(ReadAhead::Whole(frames, reservation));
+            return Ok(ReadAhead::Whole(held.frames(reservation)));
         }
     }
 }

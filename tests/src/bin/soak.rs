@@ -51,6 +51,16 @@ fn metric(page: &str, name: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// Resident memory of a process now, in MiB.
+fn rss_mib(pid: i32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(f64::NAN, |kib| kib / 1024.0)
+}
+
 /// Peak resident memory of a process, in MiB.
 fn peak_rss_mib(pid: i32) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -558,7 +568,65 @@ fn hostile(short: bool) -> Row {
         format!("20 clients vanished mid-body while holding {holding} permits: every permit returned"),
     );
     shield(&mut row, &daemon, proxy, if short { 200 } else { 1_000 });
+    drop(daemon);
+    budget(&mut row, upstream.addr, if short { 400 } else { 1_000 });
     row
+}
+
+/// The buffer budget spent: bodies that do not fit are refused with 503
+/// `buffer_full`, and what the bodies add to the daemon's memory stays
+/// within the budget (measured against the same connections holding only
+/// their heads: the footprint of the connections themselves).
+fn budget(row: &mut Row, upstream: SocketAddr, clients: usize) {
+    const BUDGET: u64 = 16 << 20;
+    const BODY: usize = 60 << 10;
+    let (daemon, proxy) = http_only("budget", upstream, &format!("http.bufferMemoryBytes = {BUDGET}\n"));
+    let pid = daemon.pid().as_raw();
+    let head = format!("POST /sink HTTP/1.1\r\nHost: t\r\nContent-Length: {BODY}\r\n\r\n");
+    let mut held: Vec<TcpStream> = (0..clients)
+        .map(|_| {
+            let mut s = client::connect(proxy);
+            let _ = s.write_all(head.as_bytes());
+            s
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (mut receiving, mut refused);
+    loop {
+        let page = daemon.metrics();
+        receiving = metric(&page, "limiter_http_bodies_receiving ");
+        refused = metric(&page, "limiter_http_refused_total{reason=\"buffer_full\"}");
+        if receiving + refused >= clients as f64 || Instant::now() > deadline {
+            break;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    let heads_only = rss_mib(pid);
+    // Every body but its last byte: held in memory, waiting.
+    let body = vec![b'x'; BODY - 1];
+    for s in &mut held {
+        let _ = s.write_all(&body);
+    }
+    thread::sleep(Duration::from_millis(1000));
+    let with_bodies = rss_mib(pid);
+    let buffered = metric(&daemon.metrics(), "limiter_http_buffered_bytes ");
+    let fit = BUDGET / BODY as u64;
+    drop(held);
+    row.check(
+        receiving == fit as f64 && refused == (clients as u64 - fit) as f64 && buffered <= BUDGET as f64,
+        format!(
+            "{clients} bodies of 60 KiB against a 16 MiB budget: {receiving} held ({fit} fit), {refused} refused buffer_full, {:.1} MiB reserved",
+            buffered / 1048576.0
+        ),
+    );
+    let added = with_bodies - heads_only;
+    row.check(
+        added <= (BUDGET >> 20) as f64 * 1.25,
+        format!(
+            "daemon RSS {heads_only:.1} MiB with the {clients} connections holding their heads, {with_bodies:.1} MiB with the budget spent: the bodies added {added:.1} MiB (target: within the 16 MiB budget, +25 % for allocation)"
+        ),
+    );
+    row.check(pools_empty(&daemon), "every pool back to 0 after the budget case".into());
 }
 
 /// Ordinary GETs answered 200 in `for_`, from 4 clients back to back; and
