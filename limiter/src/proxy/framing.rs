@@ -13,9 +13,9 @@
 //! answers `400 Bad Request`, and nothing is forwarded.
 //!
 //! The watch is only worth something if it finds each message's end where
-//! hyper does, so it follows hyper's own rules (hyper 1.x with its default parser
-//! settings: httparse for heads, hyper's chunked decoder for bodies), not
-//! the RFC's:
+//! hyper does, so it follows hyper's own rules (hyper 1.x as
+//! `server::http1` configures it: httparse for heads, hyper's
+//! chunked decoder for bodies), not the RFC's:
 //!
 //! - a head's lines end at LF, with or without a CR before it; empty lines
 //!   before a request line are skipped; the first empty line after it ends
@@ -41,6 +41,7 @@
 //! first of them. A head with `Upgrade` may turn the connection into a
 //! tunnel: the watch stops there and passes everything, and the proxy
 //! closes the connection after that request unless it is upgraded.
+//! `differential.rs` checks all of this against hyper itself.
 //!
 //! Only a few bytes of state are kept whatever the input: header names are
 //! matched as they stream by, never buffered.
@@ -465,5 +466,7 @@ fn after_size(size: u64, b: u8) -> Scan {
     }
 }
 
+#[cfg(test)]
+mod differential;
 #[cfg(test)]
 mod tests;
