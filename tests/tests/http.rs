@@ -438,6 +438,34 @@ fn malformed_oversized_and_smuggling_requests_are_refused_before_admission() {
 
 #[test]
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn a_bare_lf_in_the_trailers_hides_no_conflicting_head() {
+    let s = setup("");
+    // hyper reads a bare LF after the last chunk (or ending a trailer
+    // line) as part of a trailer line: the trailers run on to the CRLF
+    // after the GET's head, so the bytes that look like the GET's body are
+    // the next head for hyper, one with both framing headers.
+    let smuggled =
+        "POST /smuggled HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n";
+    for trailers in ["0\r\n\n", "0\r\nX-T: 1\n\r\n"] {
+        let raw = format!(
+            "POST /sink HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n{trailers}\
+             GET / HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n{smuggled}0\r\n\r\n",
+            smuggled.len()
+        );
+        let mut stream = connect(s.proxy);
+        stream.write_all(raw.as_bytes()).unwrap();
+        let first = read_reply(&mut stream).unwrap();
+        assert_eq!((first.status, first.text()), (200, "5\n".to_owned()), "{raw:?}");
+        assert_eq!(read_reply(&mut stream).unwrap().status, 400, "{raw:?}");
+        assert!(closed_by_server(&mut stream), "{raw:?}: the connection stayed open");
+    }
+    assert_eq!(s.upstream.hits(), 2, "the conflicting request reached the upstream");
+    assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"framing_conflict\"}"), 2.0);
+    s.assert_pools_empty();
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn hop_by_hop_headers_go_and_forwarding_headers_come() {
     let s = setup("");
     let reply = get(

@@ -1,6 +1,7 @@
 //! The client side of a proxied connection: a `TcpStream` wrapped so that
 //!
-//! - every byte read passes the [`Framing`] watch before hyper parses it;
+//! - every byte read passes the [`Framing`] watch before hyper parses it,
+//!   and none after a byte the watch stopped at because hyper refuses it;
 //! - a write that cannot make progress for the idle timeout (a client that
 //!   stopped reading) fails, and so does a client that, while the proxy
 //!   has bytes for it, reads less than `http.minDataRate` on average after
@@ -150,6 +151,10 @@ impl AsyncRead for ClientIo {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if self.framing.is_lost() {
+            // hyper refused what came before: for it the stream ends here.
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
         let this = &mut *self;
@@ -161,12 +166,13 @@ impl AsyncRead for ClientIo {
             if this.blocked.as_ref().is_some_and(|b| !b.last_pending) {
                 this.blocked = None;
             }
-            let before = this.framing.poisoned;
-            this.framing.feed(fresh);
-            let poisoned = this.framing.poisoned - before;
+            let poisoned_before = this.framing.poisoned;
+            let passed = this.framing.feed(fresh);
+            let poisoned = this.framing.poisoned - poisoned_before;
             if poisoned > 0 {
                 this.counters.framing_conflicts.fetch_add(poisoned, Ordering::Relaxed);
             }
+            buf.set_filled(before + passed);
         }
         Poll::Ready(Ok(()))
     }

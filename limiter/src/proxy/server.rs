@@ -9,12 +9,12 @@ use std::{
     time::Duration,
 };
 
-use hyper::{StatusCode, service::service_fn};
+use hyper::{StatusCode, server::conn::http1, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{net::TcpListener, sync::watch};
 
 use super::{
-    Proxy,
+    Proxy, Tuning,
     headers::{Client, Scheme},
     io::ClientIo,
     pipeline::handle,
@@ -120,6 +120,20 @@ async fn stopping(mut shutdown: watch::Receiver<bool>) {
     }
 }
 
+/// hyper's HTTP/1 server as the proxy runs it. The framing watch must
+/// agree with this parser (its differential test drives this same
+/// builder): a parser setting that changes what a head or a body may be
+/// (`ignore_invalid_headers`, say) changes the watch's rules too.
+pub(super) fn http1(tuning: &Tuning) -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(tuning.header_read_timeout)
+        .max_buf_size(tuning.max_header_bytes)
+        .keep_alive(true);
+    builder
+}
+
 async fn connection(
     stream: tokio::net::TcpStream,
     client: Client,
@@ -142,13 +156,7 @@ async fn connection(
         let proxy = proxy.clone();
         service_fn(move |req| handle(req, proxy.clone(), pool.clone(), client))
     };
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(tuning.header_read_timeout)
-        .max_buf_size(tuning.max_header_bytes)
-        .keep_alive(true);
-    let conn = builder.serve_connection(TokioIo::new(io), service).with_upgrades();
+    let conn = http1(&tuning).serve_connection(TokioIo::new(io), service).with_upgrades();
     tokio::pin!(conn);
     let result = tokio::select! {
         result = conn.as_mut() => result,
