@@ -367,7 +367,7 @@ pub static KEYS: &[Key] = &[
         name: "http.minDataRate",
         default: DefaultValue::Value("1024"),
         reload: Reload::Live,
-        doc: "bytes per second a streamed request body must average after a 3 s grace (then 408; 0: off)",
+        doc: "bytes per second a streamed request body must bring (else 408) and a client read a streamed response (else cut), after a 3 s grace (0: off)",
         set: plain!(|c, v| c.http.min_data_rate = int_at_least(v, 0)?),
     },
     Key {

@@ -39,6 +39,23 @@ impl Budget {
     }
 }
 
+/// Adds `bytes` to `reservation`, starting it if there is none yet;
+/// `false` if the budget of `limit` has no room for them.
+pub fn take_more(
+    budget: &Arc<Budget>,
+    reservation: &mut Option<Reservation>,
+    bytes: u64,
+    limit: u64,
+) -> bool {
+    match reservation {
+        Some(r) => r.grow(bytes, limit),
+        None => {
+            *reservation = budget.reserve(bytes, limit);
+            reservation.is_some()
+        }
+    }
+}
+
 impl Reservation {
     /// Takes `more` bytes into this reservation, if the budget has room.
     pub fn grow(&mut self, more: u64, limit: u64) -> bool {

@@ -14,12 +14,17 @@
 //! [`Permit`]: crate::admission::Permit
 
 use std::{
+    collections::VecDeque,
     convert::Infallible,
     sync::{Arc, atomic::Ordering},
     time::Instant,
 };
 
-use hyper::{Method, Request, Response, StatusCode, body::Incoming, header};
+use hyper::{
+    Method, Request, Response, StatusCode,
+    body::{Body as _, Incoming},
+    header,
+};
 
 use super::{
     Proxy, Tuning,
@@ -29,7 +34,7 @@ use super::{
     headers::{Client, is_upgrade},
     path::is_debug_path,
     respond,
-    shield::{self, ReceiveError},
+    shield::{self, Receipt, ReceiveError},
     upstream::Pool,
 };
 use crate::{
@@ -102,39 +107,46 @@ pub(super) async fn handle(
     };
     let tuning = proxy.tuning();
 
-    // 1-4 at the head, taking nothing: what would be refused now is
-    // refused now, its body unread.
-    if let Some(retry_after_ms) = breaker_at_head(&proxy, debug, &tuning) {
-        return Ok(respond::refuse_breaker(&proxy, retry_after_ms, started));
-    }
-    if let Err(refusal) = proxy.admission.check(ask) {
-        return Ok(respond::refuse(&proxy, Reason::Admission(refusal), started));
-    }
-
-    // The body, holding no permit: a client that sends slowly holds none
-    // of the upstream's threads.
-    proxy.counters.bodies_receiving.fetch_add(1, Ordering::Relaxed);
-    let received = shield::receive(body, &tuning, &proxy.budget).await;
-    proxy.counters.bodies_receiving.fetch_sub(1, Ordering::Relaxed);
-    let receipt = match received {
-        Ok(receipt) => receipt,
-        Err(ReceiveError::BudgetSpent) => {
-            proxy.counters.refused_buffer_full.fetch_add(1, Ordering::Relaxed);
-            return Ok(respond::refuse(&proxy, Reason::BufferFull, started));
+    // A request without a body has nothing to wait for: it is decided
+    // once, below. One with a body is checked at the head, taking nothing
+    // (what would be refused now is refused now, its body unread), and its
+    // body received holding no permit: a client that sends slowly holds
+    // none of the upstream's threads.
+    let receipt = if body.is_end_stream() {
+        if debug && let Some(retry_after_ms) = breaker_at_head(&proxy, debug, &tuning) {
+            return Ok(respond::refuse_breaker(&proxy, retry_after_ms, started));
         }
-        Err(ReceiveError::Deadline) => {
-            proxy.counters.body_timeouts[0].fetch_add(1, Ordering::Relaxed);
-            return Ok(respond::body_timeout(&proxy));
+        Receipt::Whole(VecDeque::new())
+    } else {
+        if let Some(retry_after_ms) = breaker_at_head(&proxy, debug, &tuning) {
+            return Ok(respond::refuse_breaker(&proxy, retry_after_ms, started));
         }
-        Err(ReceiveError::Client(e)) => {
-            proxy.counters.client_body_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(peer = %client.addr, "request body failed before admission: {e}");
-            return Ok(respond::own(
-                &proxy,
-                StatusCode::BAD_REQUEST,
-                "400 Bad Request: the request body failed\n",
-                true,
-            ));
+        if let Err(refusal) = proxy.admission.check(ask) {
+            return Ok(respond::refuse(&proxy, Reason::Admission(refusal), started));
+        }
+        proxy.counters.bodies_receiving.fetch_add(1, Ordering::Relaxed);
+        let received = shield::receive(body, &tuning, &proxy.budget).await;
+        proxy.counters.bodies_receiving.fetch_sub(1, Ordering::Relaxed);
+        match received {
+            Ok(receipt) => receipt,
+            Err(ReceiveError::BudgetSpent) => {
+                proxy.counters.refused_buffer_full.fetch_add(1, Ordering::Relaxed);
+                return Ok(respond::refuse(&proxy, Reason::BufferFull, started));
+            }
+            Err(ReceiveError::Deadline) => {
+                proxy.counters.body_timeouts[0].fetch_add(1, Ordering::Relaxed);
+                return Ok(respond::body_timeout(&proxy));
+            }
+            Err(ReceiveError::Client(e)) => {
+                proxy.counters.client_body_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(peer = %client.addr, "request body failed before admission: {e}");
+                return Ok(respond::own(
+                    &proxy,
+                    StatusCode::BAD_REQUEST,
+                    "400 Bad Request: the request body failed\n",
+                    true,
+                ));
+            }
         }
     };
 

@@ -21,7 +21,7 @@ use tokio::time::{Instant, Sleep, sleep_until, timeout, timeout_at};
 use super::{
     Tuning,
     body::BoxError,
-    budget::{Budget, Reservation},
+    budget::{Budget, Reservation, take_more},
 };
 
 /// How long a streamed body may take before its average rate counts.
@@ -226,14 +226,7 @@ pub async fn receive(mut body: Incoming, t: &Tuning, budget: &Arc<Budget>) -> Re
                 held.push(frame);
                 return Ok(Receipt::Streaming(held.frames(reservation), body));
             }
-            let reserved = match &mut reservation {
-                Some(r) => r.grow(n, t.buffer_memory_bytes),
-                None => {
-                    reservation = budget.reserve(n, t.buffer_memory_bytes);
-                    reservation.is_some()
-                }
-            };
-            if !reserved {
+            if !take_more(budget, &mut reservation, n, t.buffer_memory_bytes) {
                 return Err(ReceiveError::BudgetSpent);
             }
         }
@@ -332,14 +325,8 @@ where
             Ok(Some(Ok(frame))) => frame,
         };
         let n = frame.data_ref().map_or(0, |d| d.len() as u64);
-        let reserved = held.len() + n <= limit
-            && match &mut reservation {
-                Some(r) => r.grow(n, t.buffer_memory_bytes),
-                None => {
-                    reservation = budget.reserve(n, t.buffer_memory_bytes);
-                    reservation.is_some()
-                }
-            };
+        let reserved =
+            held.len() + n <= limit && take_more(budget, &mut reservation, n, t.buffer_memory_bytes);
         if !reserved {
             // Too large, or the budget is spent: stream this frame and the rest.
             let mut frames = held.frames(reservation);
