@@ -27,6 +27,7 @@
 // not expose, and is the only module allowed to use it.
 #![deny(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 pub mod admission;
 pub mod breaker;
@@ -37,3 +38,5 @@ pub mod histogram;
 pub mod kernel;
 pub mod metrics;
 pub mod proxy;
+pub mod tls;
+pub mod utc;

@@ -60,9 +60,22 @@ pub struct HttpStatus {
     /// Upper bound of the bucket holding the 99th percentile of the time to
     /// an admission 503 (`None`: no 503 yet).
     pub time_to_503_p99_bound_seconds: Option<f64>,
+    /// Requests (HTTP/2: streams) received so far, by protocol (`h1`,
+    /// `h1+tls`, `h2+tls`, `h2c`), in that order.
+    #[serde(default)]
+    pub requests_by_proto: Vec<(String, u64)>,
 }
 
 impl HttpStatus {
+    /// Requests by protocol, as `dump` and `top` print them.
+    pub fn protocols(&self, value: impl Fn(&str, u64) -> String) -> String {
+        self.requests_by_proto
+            .iter()
+            .map(|(p, n)| format!("{p} {}", value(p, *n)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// Every 503 refusal so far, whatever the reason.
     pub fn refused_total(&self) -> u64 {
         self.pools.refused.iter().sum::<u64>() + self.refused_breaker + self.refused_buffer_full

@@ -235,6 +235,12 @@ impl Admission {
         Ok(Permit { admission: self.clone(), slot, web, session })
     }
 
+    /// The session of an `Authorization` value as logs may show it: 32 bits
+    /// of its keyed hash (the value itself is never shown).
+    pub fn session_tag(&self, authorization: &[u8]) -> u32 {
+        (self.session_keys.key(authorization) >> 32) as u32
+    }
+
     /// The keyed hash of the request's session (none for `/debug/`).
     fn session_of(&self, ask: Ask<'_>) -> Option<u64> {
         ask.session.filter(|_| !ask.debug).map(|token| self.session_keys.key(token))

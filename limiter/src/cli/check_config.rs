@@ -39,6 +39,9 @@ pub fn describe(c: &Config) -> String {
         ));
     }
     text.push_str(&format!("\n  ignored keys       {} (the business runtime's)\n", c.ignored.len()));
+    for warning in &c.warnings {
+        text.push_str(&format!("  WARNING            {warning}\n"));
+    }
     text
 }
 
@@ -88,10 +91,12 @@ fn summary(c: &Config) -> String {
                 .to_owned()
         }
         Some(upstream) => format!(
-            "  http               listen {}, upstream {}, {} workers\n  \
+            "  http               listen {}{}{}, upstream {}, {} workers\n  \
              http limits        maxThreads {} -> normal pool {}, /debug/ slots {}; per session {}; web clients {}{}\n  \
              breaker            opens above {} errors over {} ms (at least {} results), probes after {} ms\n",
             c.http.listen,
+            if c.http.h2c { " (HTTP/1.1 and h2c)" } else { "" },
+            c.http.tls_listen.map_or_else(String::new, |a| format!(", TLS {a} (h2, http/1.1)")),
             match upstream {
                 Upstream::At(addr) => addr.as_str(),
                 Upstream::Sample => "sample (the built-in demo upstream)",

@@ -197,6 +197,7 @@ fn pools(http: &HttpStatus) -> String {
         http.buffered_bytes, http.bodies_receiving, http.refused_buffer_full
     ));
     out.push_str(&format!("http upstream: {}\n", http.upstream));
+    out.push_str(&format!("http requests by protocol: {}\n", http.protocols(|_, n| n.to_string())));
     let b = &http.breaker;
     let next =
         b.next_probe_in_ms.map(|ms| format!(", next probe in {} s", ms.div_ceil(1000))).unwrap_or_default();

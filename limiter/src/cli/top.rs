@@ -116,6 +116,18 @@ pub fn render(cur: &Sample, prev: Option<&Sample>) -> Vec<String> {
             http.buffered_bytes.div_ceil(1024),
             http.bodies_receiving
         )));
+        let before_proto = |proto: &str| {
+            prev.and_then(|p| match &p.daemon {
+                DaemonView::Running(s) => {
+                    s.http.as_ref()?.requests_by_proto.iter().find(|(q, _)| q == proto).map(|(_, n)| *n)
+                }
+                _ => None,
+            })
+        };
+        out.push(fit(format!(
+            "HTTP req/s by protocol: {}",
+            http.protocols(|p, n| rate(n, before_proto(p), secs))
+        )));
         out.push(fit(format!("breaker {}", dump::breaker_summary(&http.breaker))));
     }
     out

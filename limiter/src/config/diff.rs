@@ -30,6 +30,10 @@ impl Config {
         if self.admin.token_file == new.admin.token_file && self.admin.token != new.admin.token {
             out.push("admin.tokenFile: (contents changed)".into());
         }
+        let (a, b) = (&self.http, &new.http);
+        if (&a.tls_cert_file, &a.tls_key_file) == (&b.tls_cert_file, &b.tls_key_file) && a.tls != b.tls {
+            out.push("http.tls.certFile/keyFile: (contents changed: new handshakes use the new pair)".into());
+        }
         out
     }
 

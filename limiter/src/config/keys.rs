@@ -11,8 +11,8 @@
 use super::{
     Addr, Config, MIN_MAX_THREADS, Secret,
     values::{
-        absolute_path, boolean, int_at_least, int_in, interfaces, log_level, ms, parse_ports, prefixes,
-        ratio, read_token, socket_addr, statuses, table_size, upstream, xdp_mode,
+        absolute_path, access_log, boolean, int_at_least, int_in, interfaces, log_level, ms, parse_ports,
+        prefixes, ratio, read_token, socket_addr, statuses, table_size, upstream, xdp_mode,
     },
 };
 
@@ -369,6 +369,55 @@ pub static KEYS: &[Key] = &[
         reload: Reload::Live,
         doc: "bytes per second a streamed request body must bring (else 408) and a client read a streamed response (else cut), after a 3 s grace (0: off)",
         set: plain!(|c, v| c.http.min_data_rate = int_at_least(v, 0)?),
+    },
+    Key {
+        name: "http.tls.listen",
+        default: DefaultValue::Unset("(none: no TLS listener)"),
+        reload: Reload::Restart,
+        doc: "the proxy's TLS address (TLS 1.2 and 1.3, ALPN h2 and http/1.1)",
+        set: plain!(|c, v| c.http.tls_listen = Some(Addr(socket_addr(v)?))),
+    },
+    Key {
+        name: "http.tls.certFile",
+        default: DefaultValue::Unset("(none)"),
+        reload: Reload::Live,
+        doc: "PEM certificate chain, leaf first; a reload re-reads it for new handshakes",
+        set: plain!(|c, v| c.http.tls_cert_file = Some(absolute_path(v)?)),
+    },
+    Key {
+        name: "http.tls.keyFile",
+        default: DefaultValue::Unset("(none)"),
+        reload: Reload::Live,
+        doc: "PEM private key of the certificate (PKCS#8, RSA or EC); a reload re-reads it",
+        set: plain!(|c, v| c.http.tls_key_file = Some(absolute_path(v)?)),
+    },
+    Key {
+        name: "http.tls.handshakeTimeoutMs",
+        default: DefaultValue::Value("10000"),
+        reload: Reload::Live,
+        doc: "a TLS handshake not done this long after the connection was accepted is cut",
+        set: plain!(|c, v| c.http.tls_handshake_timeout_ms = ms(v, 1)?),
+    },
+    Key {
+        name: "http.h2c",
+        default: DefaultValue::Value("false"),
+        reload: Reload::Restart,
+        doc: "http.listen also accepts prior-knowledge cleartext HTTP/2",
+        set: plain!(|c, v| c.http.h2c = boolean(v)?),
+    },
+    Key {
+        name: "http.h2.maxConcurrentStreams",
+        default: DefaultValue::Value("100"),
+        reload: Reload::Live,
+        doc: "streams one HTTP/2 connection may have open (for connections opened after a reload)",
+        set: plain!(|c, v| c.http.h2_max_concurrent_streams = int_at_least(v, 1)?),
+    },
+    Key {
+        name: "http.accessLog",
+        default: DefaultValue::Value("off"),
+        reload: Reload::Live,
+        doc: "off, stderr or a file: one JSON line per request; SIGUSR1 reopens the file",
+        set: plain!(|c, v| c.http.access_log = access_log(v)?),
     },
     Key {
         name: "http.workers",

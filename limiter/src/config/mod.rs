@@ -93,6 +93,8 @@ pub struct Config {
     pub admin: AdminConfig,
     /// Keys the file had that belong to the business runtime.
     pub ignored: Vec<String>,
+    /// What loads but an operator should know (an expired certificate).
+    pub warnings: Vec<String>,
     /// The daemon's keys as the file wrote them, with their lines
     /// (reloads report what changed from these).
     pub written: BTreeMap<String, Written>,
@@ -245,6 +247,34 @@ pub struct HttpConfig {
     /// Bytes per second a streamed request body must average
     /// (`http.minDataRate`; 0: off).
     pub min_data_rate: u32,
+    /// The TLS listener (`http.tls.listen`); `None`: cleartext only.
+    pub tls_listen: Option<Addr>,
+    /// `http.tls.certFile`: the PEM certificate chain.
+    pub tls_cert_file: Option<PathBuf>,
+    /// `http.tls.keyFile`: the PEM private key.
+    pub tls_key_file: Option<PathBuf>,
+    /// The pair both files hold, read and checked when the configuration
+    /// was loaded (so a reload that rewrote the files is a change).
+    pub tls: Option<crate::tls::Pair>,
+    /// A TLS handshake not finished this long after the connection was
+    /// accepted is cut (`http.tls.handshakeTimeoutMs`).
+    pub tls_handshake_timeout_ms: u64,
+    /// Prior-knowledge HTTP/2 on `http.listen` (`http.h2c`).
+    pub h2c: bool,
+    /// Streams one HTTP/2 connection may have open (`http.h2.maxConcurrentStreams`).
+    pub h2_max_concurrent_streams: u32,
+    /// Where the access log goes (`http.accessLog`).
+    pub access_log: AccessLog,
+}
+
+/// `http.accessLog`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum AccessLog {
+    #[default]
+    Off,
+    Stderr,
+    /// Appended to; reopened on SIGUSR1 and on every successful reload.
+    File(PathBuf),
 }
 
 impl HttpConfig {
@@ -310,6 +340,7 @@ impl Config {
             breaker: BreakerConfig::default(),
             admin: AdminConfig::default(),
             ignored: Vec::new(),
+            warnings: Vec::new(),
             written: BTreeMap::new(),
         };
         let mut lines: BTreeMap<String, usize> = BTreeMap::new();
@@ -340,11 +371,57 @@ impl Config {
                 })?;
             }
         }
-        config.check().map_err(|(key, message)| {
-            let line = config.written.get(&key).map_or(0, |w| w.line);
-            ConfigError::at(name, line, Some(&key), None, message)
-        })?;
+        let blame = |config: &Self, (key, message): (String, String), with_value: bool| {
+            let written = config.written.get(&key);
+            let value = written.filter(|_| with_value).map(|w| w.value.clone());
+            ConfigError::at(name, written.map_or(0, |w| w.line), Some(&key), value.as_deref(), message)
+        };
+        config.check().map_err(|e| blame(&config, e, false))?;
+        // A file's error names the file and what is wrong with it; the key
+        // and its value say where the configuration named it.
+        config.load_tls().map_err(|e| blame(&config, e, true))?;
         Ok(config)
+    }
+
+    /// Reads and checks the certificate pair the TLS keys name, so that a
+    /// bad pair is refused by `check-config`, at start and at reload
+    /// alike, and changes nothing.
+    fn load_tls(&mut self) -> Result<(), (String, String)> {
+        let http = &mut self.http;
+        let (cert, key) = match (&http.tls_cert_file, &http.tls_key_file) {
+            (Some(cert), Some(key)) => (cert.clone(), key.clone()),
+            (None, None) if http.tls_listen.is_some() => {
+                return Err((
+                    "http.tls.listen".into(),
+                    "needs http.tls.certFile and http.tls.keyFile".into(),
+                ));
+            }
+            (None, None) => return Ok(()),
+            (Some(_), None) => {
+                return Err(("http.tls.certFile".into(), "needs http.tls.keyFile beside it".into()));
+            }
+            (None, Some(_)) => {
+                return Err(("http.tls.keyFile".into(), "needs http.tls.certFile beside it".into()));
+            }
+        };
+        let pair = crate::tls::Pair::load(&cert, &key).map_err(|(blame, message)| {
+            let key = match blame {
+                crate::tls::Blame::Cert => "http.tls.certFile",
+                crate::tls::Blame::Key => "http.tls.keyFile",
+            };
+            (key.to_owned(), message)
+        })?;
+        if let Some(warning) = pair.warning(&cert) {
+            self.warnings.push(warning);
+        }
+        if http.tls_listen.is_none() {
+            self.warnings.push(
+                "http.tls.certFile and http.tls.keyFile are set but http.tls.listen is not: no TLS listener"
+                    .into(),
+            );
+        }
+        http.tls = Some(pair);
+        Ok(())
     }
 
     /// Checks that involve more than one key; names the key to blame.
@@ -374,6 +451,20 @@ impl Config {
         }
         if b.window_ms / b.bucket_ms > 3600 {
             return Err(("breaker.windowMs".into(), "more than 3600 buckets; use larger buckets".into()));
+        }
+        if let Some(tls) = self.http.tls_listen {
+            if tls == self.http.listen {
+                return Err((
+                    "http.tls.listen".into(),
+                    format!("{tls} is http.listen too; give TLS its own port"),
+                ));
+            }
+            if self.http.upstream.is_none() {
+                return Err((
+                    "http.tls.listen".into(),
+                    "needs http.upstream (without it there is no proxy)".into(),
+                ));
+            }
         }
         if !self.kernel.enabled && self.http.upstream.is_none() {
             return Err((

@@ -9,7 +9,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::{Prefix, Upstream, XdpModeChoice};
+use super::{AccessLog, Prefix, Upstream, XdpModeChoice};
 
 pub(super) fn int_at_least(value: &str, min: u32) -> Result<u32, String> {
     let n: i64 = value.parse().map_err(|_| format!("not a whole number (expected at least {min})"))?;
@@ -69,6 +69,26 @@ pub(super) fn upstream(value: &str) -> Result<Upstream, String> {
         return Err("expected host:port (or http://host:port, or `sample`)".into());
     }
     Ok(Upstream::At(rest.to_owned()))
+}
+
+/// `http.accessLog`: `off`, `stderr` or an absolute path in a directory
+/// that exists (the file is created, or appended to).
+pub(super) fn access_log(value: &str) -> Result<AccessLog, String> {
+    match value {
+        "off" => Ok(AccessLog::Off),
+        "stderr" => Ok(AccessLog::Stderr),
+        _ => {
+            let path =
+                absolute_path(value).map_err(|_| "expected off, stderr or an absolute path".to_owned())?;
+            if path.is_dir() {
+                return Err(format!("{} is a directory", path.display()));
+            }
+            match path.parent() {
+                Some(dir) if dir.is_dir() => Ok(AccessLog::File(path)),
+                _ => Err(format!("the directory of {} does not exist", path.display())),
+            }
+        }
+    }
 }
 
 /// `kernel.xdp.mode`.

@@ -21,6 +21,7 @@ use crate::{
     kernel::KernelError,
     metrics::{self, Page},
     proxy::Proxy,
+    proxy::proto::Proto,
 };
 
 /// What the admin listener, the signal handlers and the drain share.
@@ -54,6 +55,7 @@ impl Control for Daemon {
                 &proxy.counters,
                 proxy.budget.used(),
             );
+            metrics::http::write_front_door(&mut page, &proxy.counters, &proxy.access_log.stats);
             metrics::breaker::write(&mut page, &proxy.breaker.snapshot());
         }
         Ok(page.finish())
@@ -77,6 +79,13 @@ impl Control for Daemon {
             bodies_receiving: p.counters.bodies_receiving.load(Ordering::Relaxed),
             breaker: p.breaker.snapshot(),
             time_to_503_p99_bound_seconds: p.counters.time_to_503.quantile_bound(0.99),
+            requests_by_proto: Proto::ALL
+                .iter()
+                .map(|proto| {
+                    let n = p.counters.requests_by_proto[proto.index()].load(Ordering::Relaxed);
+                    (proto.as_str().to_owned(), n)
+                })
+                .collect(),
         });
         let config = self.config.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         Ok(Status {

@@ -39,7 +39,7 @@ use tokio::{
 pub use self::control::Daemon;
 use self::gate::HeldGate;
 use crate::{
-    config::{Config, ConfigError, Upstream},
+    config::{Addr, Config, ConfigError, Upstream},
     kernel::{self, KernelError},
     proxy::{self, Proxy},
 };
@@ -71,8 +71,8 @@ pub struct Prepared {
     config: Config,
     options: RunOptions,
     admin: std::net::TcpListener,
-    /// One per worker; `None` without a proxy.
-    http: Option<Vec<std::net::TcpListener>>,
+    /// One per worker and listener; `None` without a proxy.
+    http: Option<proxy::Listeners>,
     gate: Option<HeldGate>,
 }
 
@@ -89,7 +89,12 @@ impl Prepared {
 
     /// Where the proxy listens, if there is one.
     pub fn http_addr(&self) -> Option<SocketAddr> {
-        self.http.as_ref().and_then(|l| l.first()).and_then(|l| l.local_addr().ok())
+        self.http.as_ref().and_then(|l| l.plain.first()).and_then(|l| l.local_addr().ok())
+    }
+
+    /// Where the proxy's TLS listener listens, if there is one.
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.http.as_ref().and_then(|l| l.tls.as_ref()?.first()?.local_addr().ok())
     }
 }
 
@@ -104,6 +109,9 @@ pub fn prepare(config: Config, options: RunOptions) -> Result<Prepared, DaemonEr
     for key in &config.ignored {
         tracing::debug!(key, "ignored: belongs to the business runtime");
     }
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
     let admin_addr = config.admin.listen.0;
     let admin = std::net::TcpListener::bind(admin_addr)
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
@@ -111,7 +119,14 @@ pub fn prepare(config: Config, options: RunOptions) -> Result<Prepared, DaemonEr
     let http = match &config.http.upstream {
         Some(_) => {
             let addr = config.http.listen.0;
-            Some(proxy::bind(addr, config.http.workers).map_err(listen_error("http.listen", addr))?)
+            let plain = proxy::bind(addr, config.http.workers).map_err(listen_error("http.listen", addr))?;
+            let tls = match config.http.tls_listen {
+                Some(Addr(addr)) => Some(
+                    proxy::bind(addr, config.http.workers).map_err(listen_error("http.tls.listen", addr))?,
+                ),
+                None => None,
+            };
+            Some(proxy::Listeners { plain, tls })
         }
         None => None,
     };
@@ -154,8 +169,10 @@ pub async fn run(
     if let (Some(proxy), Some(listeners)) = (&proxy, &http_listeners) {
         let limits = proxy.admission.limits();
         tracing::info!(
-            listen = %listeners[0].local_addr().map(|a| a.to_string()).unwrap_or_default(),
-            workers = listeners.len(),
+            listen = %listeners.plain[0].local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            tls = %listeners.tls.as_ref().and_then(|l| l[0].local_addr().ok()).map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
+            h2c = config.http.h2c,
+            workers = listeners.plain.len(),
             upstream = proxy.upstream(),
             normal = limits.normal,
             debug = limits.debug_reserved,

@@ -52,6 +52,9 @@ impl Daemon {
             return Err(ReloadError::Restart(restart));
         }
         let mut changes = config.changes_to(&new);
+        for warning in &new.warnings {
+            tracing::warn!("reload: {warning}");
+        }
         // The kernel part can fail (a map write); it goes first so that a
         // failure leaves the HTTP side untouched too.
         if let Some(g) = &self.gate {

@@ -1,4 +1,5 @@
-//! The daemon's signals: SIGHUP reloads, SIGTERM and SIGINT drain and stop.
+//! The daemon's signals: SIGHUP reloads, SIGTERM and SIGINT drain and
+//! stop, SIGUSR1 reopens the access log's file.
 //!
 //! `limiter run` blocks them first ([`block`]), so a signal during
 //! start-up waits for the handlers instead of killing the daemon; then
@@ -14,13 +15,13 @@ use tokio::{
 
 fn set() -> SigSet {
     let mut set = SigSet::empty();
-    for s in [Signal::SIGHUP, Signal::SIGTERM, Signal::SIGINT] {
+    for s in [Signal::SIGHUP, Signal::SIGTERM, Signal::SIGINT, Signal::SIGUSR1] {
         set.add(s);
     }
     set
 }
 
-/// Holds SIGHUP, SIGTERM and SIGINT pending on this thread (and the threads
+/// Holds SIGHUP, SIGTERM, SIGINT and SIGUSR1 pending on this thread (and the threads
 /// it starts) until [`install`].
 pub fn block() {
     let _ = set().thread_block();
@@ -34,7 +35,14 @@ pub fn install() -> std::io::Result<(mpsc::UnboundedReceiver<()>, impl Future<Ou
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    let mut usr1 = signal(SignalKind::user_defined1())?;
     let _ = set().thread_unblock();
+    tokio::spawn(async move {
+        while usr1.recv().await.is_some() {
+            tracing::info!("SIGUSR1: reopening the access log");
+            crate::access_log::reopen_all();
+        }
+    });
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         while hup.recv().await.is_some() {

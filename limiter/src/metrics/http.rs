@@ -4,9 +4,91 @@ use std::sync::atomic::Ordering;
 
 use super::Page;
 use crate::{
+    access_log,
     admission::{self, Refusal},
-    proxy::{Counters, Reason, counters::BODY_TIMEOUTS, head::Bad},
+    proxy::{
+        Counters, Reason,
+        counters::{BODY_TIMEOUTS, HANDSHAKES},
+        h2_meter::Flood,
+        head::Bad,
+        proto::Proto,
+    },
 };
+
+/// The front door's families: connections and requests by protocol, TLS
+/// handshakes, HTTP/2 refusals and floods, the access log.
+pub fn write_front_door(page: &mut Page, c: &Counters, log: &access_log::Stats) {
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    page.family(
+        "limiter_http_protocol_connections_total",
+        "counter",
+        "Client connections served, by protocol (after the TLS handshake).",
+    );
+    for proto in Proto::ALL {
+        page.sample(
+            "limiter_http_protocol_connections_total",
+            &[("proto", proto.as_str())],
+            load(&c.connections_by_proto[proto.index()]),
+        );
+    }
+    page.family(
+        "limiter_http_requests_total",
+        "counter",
+        "Requests received (HTTP/2: streams), by protocol.",
+    );
+    for proto in Proto::ALL {
+        page.sample(
+            "limiter_http_requests_total",
+            &[("proto", proto.as_str())],
+            load(&c.requests_by_proto[proto.index()]),
+        );
+    }
+    page.family(
+        "limiter_tls_handshakes_total",
+        "counter",
+        "TLS handshakes, by result: ok or the cause of failure.",
+    );
+    for (i, result) in HANDSHAKES.iter().enumerate() {
+        page.sample("limiter_tls_handshakes_total", &[("result", result)], load(&c.tls_handshakes[i]));
+    }
+    page.family(
+        "limiter_http2_streams_refused_total",
+        "counter",
+        "HTTP/2 streams answered 503 (the connection stays open).",
+    )
+    .sample("limiter_http2_streams_refused_total", &[], load(&c.h2_streams_refused));
+    page.family(
+        "limiter_http2_floods_total",
+        "counter",
+        "HTTP/2 connections cut for a flood of frames that carry no request, by frame.",
+    );
+    for flood in Flood::ALL {
+        page.sample(
+            "limiter_http2_floods_total",
+            &[("frame", flood.as_str())],
+            load(&c.h2_floods[flood.index()]),
+        );
+    }
+    page.family(
+        "limiter_http2_idle_closed_total",
+        "counter",
+        "HTTP/2 connections closed (GOAWAY) after http.idleTimeoutMs without a stream.",
+    )
+    .sample("limiter_http2_idle_closed_total", &[], load(&c.h2_idle_closed));
+    page.family("limiter_access_log_lines_total", "counter", "Access log lines written.").sample(
+        "limiter_access_log_lines_total",
+        &[],
+        load(&log.written),
+    );
+    page.family(
+        "limiter_access_log_dropped_total",
+        "counter",
+        "Access log lines dropped: the queue was full (a slow or blocked file) or no file was open.",
+    )
+    .sample("limiter_access_log_dropped_total", &[], load(&log.dropped));
+    page.family("limiter_access_log_write_errors_total", "counter", "Access log lines the file refused.")
+        .sample("limiter_access_log_write_errors_total", &[], load(&log.write_errors));
+}
 
 /// Writes the proxy's families: admission's pools and refusals (with the
 /// breaker's refusals, counted by the proxy), responses, upstream errors,

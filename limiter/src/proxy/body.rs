@@ -15,7 +15,7 @@ use std::{
 
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, combinators::UnsyncBoxBody};
-use hyper::body::{Body, Frame, SizeHint};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::time::{Instant, Sleep, sleep};
 
 use crate::admission::Permit;
@@ -131,14 +131,69 @@ where
     }
 }
 
+/// The client's request body, its data bytes counted when the access log
+/// wants them (`bytes_in`).
+pub struct ClientBody {
+    inner: Incoming,
+    counted: Option<Arc<AtomicU64>>,
+}
+
+impl ClientBody {
+    pub fn new(inner: Incoming, counted: Option<Arc<AtomicU64>>) -> Self {
+        Self { inner, counted }
+    }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let poll = Pin::new(&mut self.inner).poll_frame(cx);
+        if let (Some(counted), Poll::Ready(Some(Ok(frame)))) = (&self.counted, &poll)
+            && let Some(data) = frame.data_ref()
+        {
+            counted.fetch_add(data.len() as u64, Ordering::Relaxed);
+        }
+        poll
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// Called once when a response body ends (all frames handed to hyper).
 pub type OnEnd = Box<dyn FnOnce() + Send>;
+
+/// Called once with the body bytes handed to hyper, when the response body
+/// ends or is dropped (the client went away).
+pub type OnDone = Box<dyn FnOnce(u64) + Send>;
+
+/// What the exchange learns of a response it did not build: why the proxy
+/// refused it, and how long the upstream took to answer.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Meta {
+    pub refused: Option<&'static str>,
+    pub upstream: Option<Duration>,
+}
 
 /// The body of every response the proxy sends.
 pub struct ProxyBody {
     inner: UnsyncBoxBody<Bytes, BoxError>,
     permit: Option<Permit>,
     on_end: Option<OnEnd>,
+    pub meta: Meta,
+    /// Bytes handed to hyper, counted while `on_done` waits for them.
+    sent: u64,
+    on_done: Option<OnDone>,
 }
 
 impl ProxyBody {
@@ -152,7 +207,13 @@ impl ProxyBody {
     }
 
     pub fn boxed(inner: UnsyncBoxBody<Bytes, BoxError>) -> Self {
-        Self { inner, permit: None, on_end: None }
+        Self { inner, permit: None, on_end: None, meta: Meta::default(), sent: 0, on_done: None }
+    }
+
+    /// Calls `f` with the bytes sent once the body ends or is dropped.
+    pub fn on_done(mut self, f: OnDone) -> Self {
+        self.on_done = Some(f);
+        self
     }
 
     /// Holds `permit` until this body ends or is dropped.
@@ -171,6 +232,17 @@ impl ProxyBody {
         if let Some(f) = self.on_end.take() {
             f();
         }
+        if let Some(f) = self.on_done.take() {
+            f(self.sent);
+        }
+    }
+}
+
+impl Drop for ProxyBody {
+    fn drop(&mut self) {
+        if let Some(f) = self.on_done.take() {
+            f(self.sent);
+        }
     }
 }
 
@@ -183,6 +255,11 @@ impl Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let poll = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &poll
+            && self.on_done.is_some()
+        {
+            self.sent += frame.data_ref().map_or(0, |d| d.len() as u64);
+        }
         match &poll {
             Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.finish(),
             Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.finish(),

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use hyper::StatusCode;
 
-use super::{head::Bad, refusal_log::RefusalLog};
+use super::{h2_meter::Flood, head::Bad, proto::Proto, refusal_log::RefusalLog};
 use crate::histogram::Histogram;
 
 #[derive(Debug, Default)]
@@ -43,7 +43,26 @@ pub struct Counters {
     pub connections_open: AtomicU64,
     pub connections_total: AtomicU64,
     pub upgrades: AtomicU64,
+    /// Connections served, by [`Proto`] (in [`Proto::ALL`] order), once
+    /// the protocol is known (after the TLS handshake).
+    pub connections_by_proto: [AtomicU64; Proto::ALL.len()],
+    /// Requests (HTTP/2: streams) received, by [`Proto`].
+    pub requests_by_proto: [AtomicU64; Proto::ALL.len()],
+    /// TLS handshakes, by [`HANDSHAKES`] outcome.
+    pub tls_handshakes: [AtomicU64; HANDSHAKES.len()],
+    /// HTTP/2 streams answered 503 (the connection stays open).
+    pub h2_streams_refused: AtomicU64,
+    /// HTTP/2 connections cut by the flood meter, by [`Flood`] kind.
+    pub h2_floods: [AtomicU64; Flood::ALL.len()],
+    /// HTTP/2 connections closed after `http.idleTimeoutMs` without streams.
+    pub h2_idle_closed: AtomicU64,
 }
+
+/// How TLS handshakes end: `ok`, or failed by cause (`timeout`: not done
+/// within `http.tls.handshakeTimeoutMs`; `closed`: the client went away;
+/// `alert`: the client refused ours (an untrusted certificate, say);
+/// `protocol`: not TLS, no common version or cipher, a bad message; `io`).
+pub const HANDSHAKES: [&str; 6] = ["ok", "timeout", "closed", "alert", "protocol", "io"];
 
 /// The rules that answer a too slow request body with 408.
 pub const BODY_TIMEOUTS: [&str; 3] = ["deadline", "min_rate", "idle"];

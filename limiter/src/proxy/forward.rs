@@ -24,6 +24,7 @@ use super::{
     headers::{Client, add_forwarded, strip_hop_by_hop},
     respond,
     shield::{self, MinRate, Prefixed, ReadAhead, Receipt, TooSlow},
+    stream_guard,
     upstream::{Pool, Timeouts, UpstreamError},
 };
 use crate::{admission::Permit, breaker::ticket::Ticket};
@@ -60,6 +61,13 @@ pub(super) async fn forward(
         );
     };
     strip_hop_by_hop(&mut parts.headers, upgrade);
+    // HTTP/2 names the host in `:authority`, which hyper puts in the URI.
+    let authority = parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok());
+    if !parts.headers.contains_key(header::HOST)
+        && let Some(a) = authority.filter(|a| super::head::is_valid_host(a.as_bytes()))
+    {
+        parts.headers.insert(header::HOST, a);
+    }
     let host = match parts.headers.get(header::HOST) {
         Some(host) => Some(host.clone()),
         None => {
@@ -154,7 +162,8 @@ pub(super) async fn forward(
         }
         Ok(Ok(response)) => response,
     };
-    proxy.counters.upstream_latency.record(sent.elapsed());
+    let upstream_time = sent.elapsed();
+    proxy.counters.upstream_latency.record(upstream_time);
     if let Some(ticket) = ticket {
         ticket.record(!tuning.is_failure(response.status().as_u16()));
     }
@@ -193,7 +202,17 @@ pub(super) async fn forward(
         }
         Ok(ReadAhead::Streaming(frames, rest)) => {
             let rest = Stall::new(rest, tuning.idle_timeout);
-            ProxyBody::boxed(Prefixed::streaming(frames, rest).boxed_unsync()).with_permit(permit)
+            let body = Prefixed::streaming(frames, rest).boxed_unsync();
+            if client.proto.is_h2() {
+                // One stream can starve while its connection flows: a
+                // watchdog, not the socket, notices.
+                let counters = proxy.counters.clone();
+                let guarded =
+                    stream_guard::guard(body, permit, tuning.min_data_rate, tuning.idle_timeout, counters);
+                ProxyBody::boxed(guarded.boxed_unsync())
+            } else {
+                ProxyBody::boxed(body).with_permit(permit)
+            }
         }
         Err(e) => {
             // Nothing has reached the client yet: it can still be told.
@@ -208,6 +227,8 @@ pub(super) async fn forward(
         }
     };
     proxy.counters.status(parts.status);
+    let mut body = body;
+    body.meta.upstream = Some(upstream_time);
     Response::from_parts(parts, body)
 }
 

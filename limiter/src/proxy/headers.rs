@@ -4,6 +4,8 @@
 
 use std::net::SocketAddr;
 
+use super::proto::Proto;
+
 use hyper::{
     HeaderMap,
     header::{self, HeaderName, HeaderValue},
@@ -64,27 +66,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
-/// The scheme of the listener a request arrived on, as the forwarding
-/// headers tell it to the upstream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scheme {
-    /// `http.listen`, cleartext.
-    Http,
-}
-
-impl Scheme {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Http => "http",
-        }
-    }
-}
-
 /// Who sent a request, as the forwarding headers name it.
 #[derive(Clone, Copy, Debug)]
 pub struct Client {
     pub addr: SocketAddr,
-    pub scheme: Scheme,
+    pub proto: Proto,
 }
 
 /// Appends the client to `X-Forwarded-For` and `Forwarded` (a client-sent
@@ -97,13 +83,13 @@ pub fn add_forwarded(headers: &mut HeaderMap, client: Client, host: Option<&Head
     append(headers, "x-forwarded-for", &ip.to_string());
     // RFC 7239: IPv6 addresses are quoted and bracketed.
     let node = if ip.is_ipv6() { format!("\"[{ip}]\"") } else { ip.to_string() };
-    let mut element = format!("for={node};proto={}", client.scheme.as_str());
+    let mut element = format!("for={node};proto={}", client.proto.scheme());
     if let Some(host) = host.and_then(|h| h.to_str().ok()).filter(|h| !h.is_empty()) {
         element.push_str(";host=");
         element.push_str(&quoted(host));
     }
     append(headers, "forwarded", &element);
-    headers.insert("x-forwarded-proto", HeaderValue::from_static(client.scheme.as_str()));
+    headers.insert("x-forwarded-proto", HeaderValue::from_static(client.proto.scheme()));
 }
 
 /// Sets `name` to its prior lines joined by `, `, then `value`.
@@ -170,7 +156,7 @@ mod tests {
     }
 
     fn client(addr: &str) -> Client {
-        Client { addr: addr.parse().unwrap(), scheme: Scheme::Http }
+        Client { addr: addr.parse().unwrap(), proto: Proto::H1 }
     }
 
     #[test]
@@ -208,6 +194,16 @@ mod tests {
         add_forwarded(&mut h, client("127.0.0.1:5000"), None);
         let protos: Vec<_> = h.get_all("x-forwarded-proto").iter().collect();
         assert_eq!(protos, ["http"]);
+    }
+
+    #[test]
+    fn tls_requests_say_https_whatever_the_protocol() {
+        for proto in [Proto::H1Tls, Proto::H2Tls] {
+            let mut h = HeaderMap::new();
+            add_forwarded(&mut h, Client { addr: "127.0.0.1:5000".parse().unwrap(), proto }, None);
+            assert_eq!(h.get("x-forwarded-proto").unwrap(), "https");
+            assert_eq!(h.get("forwarded").unwrap(), "for=127.0.0.1;proto=https");
+        }
     }
 
     #[test]

@@ -1,7 +1,9 @@
-//! The client side of a proxied connection: a `TcpStream` wrapped so that
+//! The client side of a proxied connection: a `TcpStream` (or the TLS
+//! stream over one) wrapped so that
 //!
-//! - every byte read passes the [`Framing`] watch before hyper parses it,
-//!   and none after a byte the watch stopped at because hyper refuses it;
+//! - on HTTP/1, every byte read passes the [`Framing`] watch before hyper
+//!   parses it, and none after a byte the watch stopped at because hyper
+//!   refuses it; on HTTP/2, every frame header passes the flood [`Meter`];
 //! - a write that cannot make progress for the idle timeout (a client that
 //!   stopped reading) fails, and so does a client that, while the proxy
 //!   has bytes for it, reads less than `http.minDataRate` on average after
@@ -26,14 +28,32 @@ use tokio::{
     time::{Instant, Sleep, sleep, sleep_until},
 };
 
-use super::{Counters, framing::Framing};
+use super::{Counters, framing::Framing, h2_meter::Meter};
+
+/// What reads the client's bytes before hyper does.
+pub enum Watch {
+    /// HTTP/1: the framing watch.
+    Framing(Framing),
+    /// HTTP/2: the flood meter.
+    H2(Meter),
+}
+
+impl Watch {
+    pub fn h1() -> Self {
+        Self::Framing(Framing::default())
+    }
+
+    pub fn h2() -> Self {
+        Self::H2(Meter::default())
+    }
+}
 
 /// Most bytes drained after a 503 before closing anyway.
 pub const LINGER_MAX_BYTES: u64 = 64 * 1024 * 1024;
 
-pub struct ClientIo {
-    inner: TcpStream,
-    framing: Framing,
+pub struct ClientIo<S = TcpStream> {
+    inner: S,
+    watch: Watch,
     counters: Arc<Counters>,
     idle: Duration,
     write_stall: Option<Pin<Box<Sleep>>>,
@@ -61,9 +81,10 @@ struct Closing {
     fin_sent: bool,
 }
 
-impl ClientIo {
+impl<S> ClientIo<S> {
     pub fn new(
-        inner: TcpStream,
+        inner: S,
+        watch: Watch,
         idle: Duration,
         min_rate: u64,
         linger: Duration,
@@ -71,7 +92,7 @@ impl ClientIo {
     ) -> Self {
         Self {
             inner,
-            framing: Framing::default(),
+            watch,
             counters,
             idle,
             write_stall: None,
@@ -145,13 +166,15 @@ impl ClientIo {
     }
 }
 
-impl AsyncRead for ClientIo {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for ClientIo<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if self.framing.is_lost() {
+        if let Watch::Framing(framing) = &self.watch
+            && framing.is_lost()
+        {
             // hyper refused what came before: for it the stream ends here.
             return Poll::Ready(Ok(()));
         }
@@ -166,19 +189,32 @@ impl AsyncRead for ClientIo {
             if this.blocked.as_ref().is_some_and(|b| !b.last_pending) {
                 this.blocked = None;
             }
-            let poisoned_before = this.framing.poisoned;
-            let passed = this.framing.feed(fresh);
-            let poisoned = this.framing.poisoned - poisoned_before;
-            if poisoned > 0 {
-                this.counters.framing_conflicts.fetch_add(poisoned, Ordering::Relaxed);
+            match &mut this.watch {
+                Watch::Framing(framing) => {
+                    let poisoned_before = framing.poisoned;
+                    let passed = framing.feed(fresh);
+                    let poisoned = framing.poisoned - poisoned_before;
+                    if poisoned > 0 {
+                        this.counters.framing_conflicts.fetch_add(poisoned, Ordering::Relaxed);
+                    }
+                    buf.set_filled(before + passed);
+                }
+                Watch::H2(meter) => {
+                    if let Err(flood) = meter.feed(fresh) {
+                        this.counters.h2_floods[flood.index()].fetch_add(1, Ordering::Relaxed);
+                        return Poll::Ready(Err(io::Error::other(format!(
+                            "HTTP/2 flood of {} frames: the connection is cut",
+                            flood.as_str()
+                        ))));
+                    }
+                }
             }
-            buf.set_filled(before + passed);
         }
         Poll::Ready(Ok(()))
     }
 }
 
-impl AsyncWrite for ClientIo {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for ClientIo<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         let poll = Pin::new(&mut self.inner).poll_write(cx, data);
         self.account(&poll);

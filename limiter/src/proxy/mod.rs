@@ -27,26 +27,30 @@
 pub mod body;
 pub mod budget;
 pub mod counters;
+pub mod exchange;
 pub mod forward;
 pub mod framing;
+pub mod h2_meter;
 pub mod head;
 pub mod headers;
 pub mod io;
 pub mod path;
 pub mod pipeline;
+pub mod proto;
 pub mod refusal_log;
 pub mod respond;
 pub mod sample;
 pub mod server;
 pub mod shared;
 pub mod shield;
+pub mod stream_guard;
 pub mod tuning;
 pub mod upstream;
 
 pub use self::{
     counters::Counters,
     pipeline::Reason,
-    server::{bind, run_workers, serve},
+    server::{Listeners, bind, run_workers, serve},
     shared::Proxy,
     tuning::Tuning,
 };

@@ -20,15 +20,11 @@ use std::{
     time::Instant,
 };
 
-use hyper::{
-    Method, Request, Response, StatusCode,
-    body::{Body as _, Incoming},
-    header,
-};
+use hyper::{Method, Request, Response, StatusCode, body::Body as _, header};
 
 use super::{
     Proxy, Tuning,
-    body::ProxyBody,
+    body::{ClientBody, ProxyBody},
     forward::forward,
     head,
     headers::{Client, is_upgrade},
@@ -76,7 +72,7 @@ impl Reason {
 
 /// hyper's service function for one client request.
 pub(super) async fn handle(
-    mut req: Request<Incoming>,
+    mut req: Request<ClientBody>,
     proxy: Arc<Proxy>,
     pool: Arc<Pool>,
     client: Client,

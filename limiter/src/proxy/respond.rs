@@ -1,5 +1,7 @@
 //! Responses the proxy writes itself: admission and breaker 503s (with
 //! `Retry-After`, `Connection: close` and the reason), and its own errors.
+//! On HTTP/2 the exchange drops `Connection: close`: the stream ends with
+//! the response and the connection stays open for its other streams.
 
 use std::{sync::Arc, sync::atomic::Ordering, time::Instant};
 
@@ -60,6 +62,7 @@ pub(super) fn refuse(proxy: &Arc<Proxy>, reason: Reason, started: Instant) -> Re
     h.insert(header::RETRY_AFTER, HeaderValue::from(proxy.tuning().retry_after_secs));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert("x-limiter-refused", HeaderValue::from_static(reason.as_str()));
+    response.body_mut().meta.refused = Some(reason.as_str());
     let counters = proxy.counters.clone();
     response.map(|body| body.on_end(Box::new(move || counters.time_to_503.record(started.elapsed()))))
 }

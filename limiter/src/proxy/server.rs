@@ -1,7 +1,9 @@
 //! The proxy's listeners and workers: one single-threaded event loop per
-//! worker thread, each accepting on its own `SO_REUSEPORT` listener with
-//! its own upstream pool, and each client connection served by hyper on
-//! a task of that loop until it closes or the daemon drains.
+//! worker thread, each accepting on its own `SO_REUSEPORT` listeners
+//! (`http.listen`, and `http.tls.listen`) with its own upstream pool, and
+//! each client connection served by hyper on a task of that loop until it
+//! closes or the daemon drains: HTTP/1.1, or HTTP/2 when ALPN chose `h2`
+//! or a cleartext client sent the HTTP/2 preface (`http.h2c`).
 
 use std::{
     net::SocketAddr,
@@ -9,15 +11,25 @@ use std::{
     time::Duration,
 };
 
-use hyper::{StatusCode, server::conn::http1, service::service_fn};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::{net::TcpListener, sync::watch};
+use hyper::{
+    StatusCode,
+    server::conn::{http1, http2},
+    service::service_fn,
+};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::{TcpListener, TcpStream},
+    sync::watch,
+};
 
 use super::{
     Proxy, Tuning,
-    headers::{Client, Scheme},
-    io::ClientIo,
-    pipeline::handle,
+    counters::HANDSHAKES,
+    exchange::{self, Streams},
+    headers::Client,
+    io::{ClientIo, Watch},
+    proto::Proto,
     upstream::Pool,
 };
 
@@ -39,19 +51,28 @@ pub fn bind(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::T
     Ok(listeners)
 }
 
+/// Each worker's listeners: `http.listen`, and `http.tls.listen` when set.
+pub struct Listeners {
+    pub plain: Vec<std::net::TcpListener>,
+    pub tls: Option<Vec<std::net::TcpListener>>,
+}
+
 /// Runs one worker thread per listener, each with its own single-threaded
 /// runtime and upstream pool, as nginx runs one event loop per worker: a
 /// request never changes thread, so no cross-thread wake-ups on the hot
 /// path. Returns when every worker has stopped after `shutdown`.
 pub fn run_workers(
-    listeners: Vec<std::net::TcpListener>,
+    listeners: Listeners,
     proxy: Arc<Proxy>,
     shutdown: watch::Receiver<bool>,
 ) -> Vec<std::thread::JoinHandle<()>> {
+    let mut tls = listeners.tls.map(Vec::into_iter);
     listeners
+        .plain
         .into_iter()
         .enumerate()
-        .map(|(i, listener)| {
+        .map(|(i, plain)| {
+            let tls = tls.as_mut().and_then(Iterator::next);
             let (proxy, shutdown) = (proxy.clone(), shutdown.clone());
             std::thread::Builder::new()
                 .name(format!("http-worker-{i}"))
@@ -61,8 +82,12 @@ pub fn run_workers(
                         Err(e) => return tracing::error!("HTTP worker {i}: cannot start its runtime: {e}"),
                     };
                     runtime.block_on(async move {
-                        match TcpListener::from_std(listener) {
-                            Ok(listener) => serve(listener, proxy, shutdown).await,
+                        let tls = match tls.map(TcpListener::from_std).transpose() {
+                            Ok(tls) => tls,
+                            Err(e) => return tracing::error!("HTTP worker {i}: http.tls.listen: {e}"),
+                        };
+                        match TcpListener::from_std(plain) {
+                            Ok(plain) => serve(plain, tls, proxy, shutdown).await,
                             Err(e) => tracing::error!("HTTP worker {i}: {e}"),
                         }
                     });
@@ -72,32 +97,46 @@ pub fn run_workers(
         .collect()
 }
 
+/// Accepts one listener's connection, or waits for ever without one.
+async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match listener {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Accepts client connections until `shutdown` turns true, then drains:
-/// the listener closes, each connection finishes the request it is serving
-/// and closes (idle keep-alive connections close at once), and whatever is
-/// still open after `http.drainTimeoutMs` is cut.
-pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, mut shutdown: watch::Receiver<bool>) {
+/// the listeners close, each connection finishes the requests it is
+/// serving and closes (idle keep-alive connections close at once), and
+/// whatever is still open after `http.drainTimeoutMs` is cut.
+pub async fn serve(
+    plain: TcpListener,
+    tls: Option<TcpListener>,
+    proxy: Arc<Proxy>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let pool = proxy.pool();
     let mut tasks = tokio::task::JoinSet::new();
     loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, addr)) => {
-                    // http.listen is cleartext; a TLS listener says Scheme::Https here.
-                    let client = Client { addr, scheme: Scheme::Http };
-                    tasks.spawn(connection(stream, client, proxy.clone(), pool.clone(), shutdown.clone()));
-                }
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!("accept on http.listen failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+        let (accepted, secure) = tokio::select! {
+            accepted = plain.accept() => (accepted, false),
+            accepted = accept(tls.as_ref()) => (accepted, true),
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
             _ = shutdown.changed() => break,
+        };
+        match accepted {
+            Ok((stream, addr)) => {
+                tasks.spawn(connection(stream, addr, secure, proxy.clone(), pool.clone(), shutdown.clone()));
+            }
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                let key = if secure { "http.tls.listen" } else { "http.listen" };
+                tracing::warn!("accept on {key} failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         }
     }
-    drop(listener);
+    drop((plain, tls));
     let drain = proxy.tuning().drain_timeout;
     let drained = tokio::time::timeout(drain, async { while tasks.join_next().await.is_some() {} }).await;
     if drained.is_err() {
@@ -134,41 +173,74 @@ pub(super) fn http1(tuning: &Tuning) -> http1::Builder {
     builder
 }
 
+/// hyper's HTTP/2 server as the proxy runs it: streams per connection from
+/// `http.h2.maxConcurrentStreams`, header lists bounded like HTTP/1 heads,
+/// and h2's own bounds on resets kept (see [`super::h2_meter`] for what
+/// limiter adds).
+fn http2(tuning: &Tuning) -> http2::Builder<TokioExecutor> {
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(tuning.h2_max_concurrent_streams)
+        .max_header_list_size(u32::try_from(tuning.max_header_bytes).unwrap_or(u32::MAX))
+        .max_pending_accept_reset_streams(20)
+        .max_local_error_reset_streams(1024)
+        // A peer that stops answering PINGs is gone.
+        .keep_alive_interval(Some(tuning.idle_timeout / 2))
+        .keep_alive_timeout(Duration::from_secs(20));
+    builder
+}
+
+/// The 24 bytes a prior-knowledge HTTP/2 client sends first.
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether a cleartext connection starts with the HTTP/2 preface, looking
+/// without taking (`false` as soon as a byte differs, at EOF, or when the
+/// client sends nothing for the head timeout: HTTP/1 handles those).
+async fn sends_preface(stream: &TcpStream, within: Duration) -> bool {
+    let look = async {
+        let mut buf = [0u8; PREFACE.len()];
+        loop {
+            if stream.readable().await.is_err() {
+                return false;
+            }
+            match stream.peek(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) if buf[..n] != PREFACE[..n] => return false,
+                Ok(n) if n == PREFACE.len() => return true,
+                // A prefix so far: wait for the rest without spinning.
+                Ok(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+            }
+        }
+    };
+    tokio::time::timeout(within, look).await.unwrap_or(false)
+}
+
 async fn connection(
-    stream: tokio::net::TcpStream,
-    client: Client,
+    stream: TcpStream,
+    addr: SocketAddr,
+    secure: bool,
     proxy: Arc<Proxy>,
     pool: Arc<Pool>,
     shutdown: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
+    let c = &proxy.counters;
+    c.connections_open.fetch_add(1, Ordering::Relaxed);
+    c.connections_total.fetch_add(1, Ordering::Relaxed);
     let tuning = proxy.tuning();
-    let io = ClientIo::new(
-        stream,
-        tuning.idle_timeout,
-        tuning.min_data_rate,
-        tuning.linger,
-        proxy.counters.clone(),
-    );
-    proxy.counters.connections_open.fetch_add(1, Ordering::Relaxed);
-    proxy.counters.connections_total.fetch_add(1, Ordering::Relaxed);
-    let service = {
-        let proxy = proxy.clone();
-        service_fn(move |req| handle(req, proxy.clone(), pool.clone(), client))
-    };
-    let conn = http1(&tuning).serve_connection(TokioIo::new(io), service).with_upgrades();
-    tokio::pin!(conn);
-    let result = tokio::select! {
-        result = conn.as_mut() => result,
-        () = stopping(shutdown) => {
-            // Finish the request in flight (its response goes out without
-            // keep-alive), then close; an idle connection closes now.
-            conn.as_mut().graceful_shutdown();
-            conn.await
+    let result = if secure {
+        match handshake(stream, &tuning, &proxy).await {
+            Some((tls, Proto::H2Tls)) => serve_h2(tls, addr, Proto::H2Tls, &proxy, pool, shutdown).await,
+            Some((tls, proto)) => serve_h1(tls, addr, proto, &proxy, pool, shutdown).await,
+            None => Ok(()),
         }
+    } else if tuning.h2c && sends_preface(&stream, tuning.header_read_timeout).await {
+        serve_h2(stream, addr, Proto::H2c, &proxy, pool, shutdown).await
+    } else {
+        serve_h1(stream, addr, Proto::H1, &proxy, pool, shutdown).await
     };
     if let Err(e) = result {
-        let c = &proxy.counters;
         if e.is_timeout() {
             c.header_timeouts.fetch_add(1, Ordering::Relaxed);
         } else if e.is_parse_too_large() {
@@ -179,7 +251,141 @@ async fn connection(
             c.malformed.fetch_add(1, Ordering::Relaxed);
             c.status(StatusCode::BAD_REQUEST);
         }
-        tracing::debug!(peer = %client.addr, "client connection ended: {e}");
+        tracing::debug!(peer = %addr, "client connection ended: {e}");
     }
-    proxy.counters.connections_open.fetch_sub(1, Ordering::Relaxed);
+    c.connections_open.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// The TLS handshake, within `http.tls.handshakeTimeoutMs` and holding no
+/// permit; counted by outcome. The protocol is what ALPN chose.
+async fn handshake(
+    stream: TcpStream,
+    tuning: &Tuning,
+    proxy: &Proxy,
+) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, Proto)> {
+    let config = tuning.tls.clone()?;
+    let accept = tokio_rustls::TlsAcceptor::from(config).accept(stream);
+    let outcome = match tokio::time::timeout(tuning.tls_handshake_timeout, accept).await {
+        Err(_) => Err("timeout"),
+        Ok(Err(e)) => Err(handshake_failure(&e)),
+        Ok(Ok(tls)) => Ok(tls),
+    };
+    let counted = |name: &str| HANDSHAKES.iter().position(|h| *h == name).unwrap_or(HANDSHAKES.len() - 1);
+    match outcome {
+        Ok(tls) => {
+            proxy.counters.tls_handshakes[counted("ok")].fetch_add(1, Ordering::Relaxed);
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+            Some((tls, if h2 { Proto::H2Tls } else { Proto::H1Tls }))
+        }
+        Err(cause) => {
+            proxy.counters.tls_handshakes[counted(cause)].fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(cause, "TLS handshake failed");
+            None
+        }
+    }
+}
+
+/// The cause label of a failed handshake.
+fn handshake_failure(e: &std::io::Error) -> &'static str {
+    if let Some(tls) = e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()) {
+        return match tls {
+            rustls::Error::AlertReceived(_) => "alert",
+            _ => "protocol",
+        };
+    }
+    match e.kind() {
+        std::io::ErrorKind::UnexpectedEof
+        | std::io::ErrorKind::ConnectionReset
+        | std::io::ErrorKind::BrokenPipe => "closed",
+        std::io::ErrorKind::InvalidData => "protocol",
+        _ => "io",
+    }
+}
+
+/// One HTTP/1 connection, cleartext or TLS.
+async fn serve_h1<S>(
+    stream: S,
+    addr: SocketAddr,
+    proto: Proto,
+    proxy: &Arc<Proxy>,
+    pool: Arc<Pool>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), hyper::Error>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let tuning = proxy.tuning();
+    proxy.counters.connections_by_proto[proto.index()].fetch_add(1, Ordering::Relaxed);
+    let io = client_io(stream, Watch::h1(), &tuning, proxy);
+    let client = Client { addr, proto };
+    let service = {
+        let proxy = proxy.clone();
+        service_fn(move |req| exchange::serve(req, proxy.clone(), pool.clone(), client, None))
+    };
+    let conn = http1(&tuning).serve_connection(TokioIo::new(io), service).with_upgrades();
+    tokio::pin!(conn);
+    tokio::select! {
+        result = conn.as_mut() => result,
+        () = stopping(shutdown) => {
+            // Finish the request in flight (its response goes out without
+            // keep-alive), then close; an idle connection closes now.
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    }
+}
+
+/// One HTTP/2 connection: every stream is a request of its own, admitted
+/// or refused on its own; the connection closes (GOAWAY, streams in
+/// flight finish) on drain or after `http.idleTimeoutMs` without streams,
+/// and is cut if it still has not closed `http.idleTimeoutMs` later.
+async fn serve_h2<S>(
+    stream: S,
+    addr: SocketAddr,
+    proto: Proto,
+    proxy: &Arc<Proxy>,
+    pool: Arc<Pool>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), hyper::Error>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let tuning = proxy.tuning();
+    proxy.counters.connections_by_proto[proto.index()].fetch_add(1, Ordering::Relaxed);
+    let io = client_io(stream, Watch::h2(), &tuning, proxy);
+    let client = Client { addr, proto };
+    let streams = Arc::new(Streams::default());
+    let service = {
+        let (proxy, streams) = (proxy.clone(), streams.clone());
+        service_fn(move |req| {
+            exchange::serve(req, proxy.clone(), pool.clone(), client, Some(streams.clone()))
+        })
+    };
+    let conn = http2(&tuning).serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let idle = tuning.idle_timeout;
+    let closing = tokio::select! {
+        result = conn.as_mut() => return result,
+        () = stopping(shutdown) => false,
+        () = streams.idle_for(idle) => true,
+    };
+    if closing {
+        proxy.counters.h2_idle_closed.fetch_add(1, Ordering::Relaxed);
+    }
+    conn.as_mut().graceful_shutdown();
+    let bound = if closing { idle } else { tuning.drain_timeout };
+    // Streams in flight finish; one a client holds open (a window kept at
+    // 0) does not hold the connection past the bound.
+    tokio::time::timeout(bound, conn).await.unwrap_or(Ok(()))
+}
+
+fn client_io<S>(stream: S, watch: Watch, tuning: &Tuning, proxy: &Proxy) -> ClientIo<S> {
+    ClientIo::new(
+        stream,
+        watch,
+        tuning.idle_timeout,
+        tuning.min_data_rate,
+        tuning.linger,
+        proxy.counters.clone(),
+    )
 }

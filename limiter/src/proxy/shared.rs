@@ -4,6 +4,7 @@ use std::sync::{Arc, RwLock};
 
 use super::{Counters, Tuning, budget::Budget, upstream::Pool};
 use crate::{
+    access_log::AccessLogger,
     admission::{Admission, Limits},
     breaker::{self, Breaker, MonotonicClock},
     config::Config,
@@ -21,6 +22,8 @@ pub struct Proxy {
     /// current one (a reference count, not a copy).
     tuning: RwLock<Arc<Tuning>>,
     upstream: String,
+    /// `http.accessLog`.
+    pub access_log: AccessLogger,
 }
 
 impl Proxy {
@@ -36,6 +39,7 @@ impl Proxy {
             budget: Arc::new(Budget::default()),
             tuning: RwLock::new(Arc::new(Tuning::from_config(config))),
             upstream,
+            access_log: AccessLogger::start(&config.http.access_log),
         })
     }
 
@@ -61,5 +65,6 @@ impl Proxy {
         self.breaker.set_policy(breaker::Policy::from_config(&config.breaker));
         *self.tuning.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
             Arc::new(Tuning::from_config(config));
+        self.access_log.reload(&config.http.access_log);
     }
 }

@@ -15,12 +15,12 @@ use std::{
 
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt as _;
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep, sleep_until, timeout, timeout_at};
 
 use super::{
     Tuning,
-    body::BoxError,
+    body::{BoxError, ClientBody},
     budget::{Budget, Reservation, take_more},
 };
 
@@ -181,7 +181,7 @@ pub enum Receipt {
     Whole(VecDeque<Frame<Bytes>>),
     /// Larger than the buffer: what arrived, and the rest to stream while
     /// holding the permit.
-    Streaming(VecDeque<Frame<Bytes>>, Incoming),
+    Streaming(VecDeque<Frame<Bytes>>, ClientBody),
 }
 
 /// Why a body could not be read before admission.
@@ -198,7 +198,11 @@ pub enum ReceiveError {
 /// Reads `body` whole if it fits `http.requestBufferBytes`; otherwise
 /// returns at once (or as soon as a chunked body outgrows the buffer) with
 /// what it read and the rest.
-pub async fn receive(mut body: Incoming, t: &Tuning, budget: &Arc<Budget>) -> Result<Receipt, ReceiveError> {
+pub async fn receive(
+    mut body: ClientBody,
+    t: &Tuning,
+    budget: &Arc<Budget>,
+) -> Result<Receipt, ReceiveError> {
     if body.is_end_stream() {
         return Ok(Receipt::Whole(VecDeque::new()));
     }

@@ -1,7 +1,7 @@
 //! The proxy's values that a reload may change, read once per connection
 //! or per request (so a reload applies to what comes next).
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use crate::config::Config;
 
@@ -29,6 +29,12 @@ pub struct Tuning {
     pub response_buffer_bytes: u64,
     /// Bytes per second a streamed request body must average (0: off).
     pub min_data_rate: u64,
+    /// What new TLS handshakes use (the pair as last loaded).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub tls_handshake_timeout: Duration,
+    /// Prior-knowledge h2c on `http.listen`.
+    pub h2c: bool,
+    pub h2_max_concurrent_streams: u32,
 }
 
 impl Tuning {
@@ -51,6 +57,10 @@ impl Tuning {
             buffer_memory_bytes: http.buffer_memory_bytes,
             response_buffer_bytes: u64::from(http.response_buffer_bytes),
             min_data_rate: u64::from(http.min_data_rate),
+            tls: http.tls.as_ref().map(crate::tls::Pair::server_config),
+            tls_handshake_timeout: ms(http.tls_handshake_timeout_ms),
+            h2c: http.h2c,
+            h2_max_concurrent_streams: http.h2_max_concurrent_streams,
         }
     }
 

@@ -24,14 +24,14 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use super::{
-    body::Stall,
+    body::{ClientBody, Stall},
     shield::{MinRate, Prefixed},
 };
 
 /// A request body on its way upstream: what was read before admission,
 /// then (for a large body) the rest, streamed with its stall timeout and
 /// minimum rate.
-pub type Body = Prefixed<Stall<MinRate<Incoming>>>;
+pub type Body = Prefixed<Stall<MinRate<ClientBody>>>;
 
 /// Why the upstream did not answer.
 #[derive(Debug, thiserror::Error)]
