@@ -25,15 +25,26 @@ pub const NIGHTLY: &str = "nightly";
 /// Debian packages bpf-linker links against.
 pub const BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev"];
 /// Debian packages the test suite drives (network namespaces, an
-/// independent view of what is attached).
-pub const TEST_PACKAGES: &[&str] =
-    &["iproute2", "bpftool", "util-linux", "ethtool", "systemd", "tmux", "python3-venv"];
+/// independent view of what is attached, the real TLS and HTTP/2 clients:
+/// curl, `openssl s_client`, nghttp2's `nghttp` and `h2load`).
+pub const TEST_PACKAGES: &[&str] = &[
+    "iproute2",
+    "bpftool",
+    "util-linux",
+    "ethtool",
+    "systemd",
+    "tmux",
+    "python3-venv",
+    "curl",
+    "openssl",
+    "nghttp2-client",
+];
 /// The Kubernetes schema validator the deployment test runs (from PyPI,
 /// into a virtualenv under `target/tools`).
 pub const K8S_VALIDATOR: &str = "kubernetes-validate";
 pub const K8S_VALIDATOR_VERSION: &str = "1.37.0";
 /// The peers the benchmarks run in the same run.
-pub const BENCH_PACKAGES: &[&str] = &["iptables", "nginx", "wrk"];
+pub const BENCH_PACKAGES: &[&str] = &["iptables", "nginx", "wrk", "nghttp2-client", "openssl"];
 
 /// What a verb needs beyond the eBPF build.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
