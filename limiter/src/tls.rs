@@ -83,13 +83,19 @@ impl Pair {
             .key_provider
             .load_private_key(private.clone_key())
             .map_err(|e| key(format!("{}: unusable private key: {e}", key_file.display())))?;
-        CertifiedKey::new(chain.clone(), signing).keys_match().map_err(|e| {
-            key(format!(
-                "{}: the key does not match the certificate in {} ({e})",
-                key_file.display(),
-                cert_file.display()
-            ))
-        })?;
+        match CertifiedKey::new(chain.clone(), signing).keys_match() {
+            Ok(()) => {}
+            Err(rustls::Error::InconsistentKeys(e)) => {
+                return Err(key(format!(
+                    "{}: the key does not match the certificate in {} ({e:?})",
+                    key_file.display(),
+                    cert_file.display()
+                )));
+            }
+            Err(e) => {
+                return Err(cert(format!("{}: the certificate cannot be used: {e}", cert_file.display())));
+            }
+        }
         let server = server_config(&chain, &private)
             .map_err(|e| key(format!("{}: rustls refuses the pair: {e}", key_file.display())))?;
         Ok(Self { chain, key: Arc::new(private), server })

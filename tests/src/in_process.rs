@@ -23,6 +23,8 @@ pub struct InProcess {
     file: PathBuf,
     base: String,
     pub proxy: SocketAddr,
+    /// `http.tls.listen`, when `extra` set it.
+    pub tls: Option<SocketAddr>,
     pub admin: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<thread::JoinHandle<()>>,
@@ -51,6 +53,7 @@ impl InProcess {
         let prepared = daemon::prepare(config, options).unwrap();
         let admin = prepared.admin_addr().unwrap();
         let proxy = prepared.http_addr().expect("a proxy: http.upstream is set");
+        let tls = prepared.tls_addr();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -63,7 +66,7 @@ impl InProcess {
                 .unwrap();
             });
         });
-        Self { dir, file, base, proxy, admin, stop: Some(stop), thread: Some(thread) }
+        Self { dir, file, base, proxy, tls, admin, stop: Some(stop), thread: Some(thread) }
     }
 
     /// Rewrites the file with `extra` after the harness's keys and reloads
@@ -87,6 +90,21 @@ impl InProcess {
             "{method} {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 0\r\n{extra}\r\n"
         );
         client::send(self.admin, raw.as_bytes()).expect("an admin answer")
+    }
+
+    /// A sample of `/metrics` (its exact name and labels); 0 when absent.
+    pub fn metric(&self, sample: &str) -> f64 {
+        let page = self.admin("GET", "/metrics", &[]).text();
+        page.lines()
+            .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
+            .map_or(0.0, |v| v.trim().parse().expect("a number"))
+    }
+
+    /// Rewrites the file with `extra` and reloads; the reload's answer
+    /// (applied or not).
+    pub fn try_reload(&self, extra: &str) -> Reply {
+        std::fs::write(&self.file, format!("{}{extra}", self.base)).unwrap();
+        self.admin("POST", "/reload", &[])
     }
 
     /// The breaker's state, from `GET /breaker`.

@@ -63,6 +63,27 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
     ("kernel.trustedReserve", "reload.rs", "trusted_reserve_changes_live"),
     ("kernel.port.<port>.perSourceMax", "reload.rs", "per_source_max_changes_live"),
     ("kernel.port.<port>.dryRun", "reload.rs", "dry_run_ports_change_live"),
+    (
+        "http.tls.certFile",
+        "front_door.rs",
+        "rotation_changes_the_certificate_new_handshakes_present_and_a_bad_pair_changes_nothing",
+    ),
+    (
+        "http.tls.keyFile",
+        "front_door.rs",
+        "rotation_changes_the_certificate_new_handshakes_present_and_a_bad_pair_changes_nothing",
+    ),
+    (
+        "http.tls.handshakeTimeoutMs",
+        "front_door.rs",
+        "handshake_timeout_cuts_silent_connections_and_changes_live",
+    ),
+    ("http.h2.maxConcurrentStreams", "front_door.rs", "max_concurrent_streams_changes_for_new_connections"),
+    (
+        "http.accessLog",
+        "front_door.rs",
+        "the_access_log_lines_add_up_to_the_requests_sent_and_a_reload_reopens_it",
+    ),
 ];
 
 #[test]
@@ -72,6 +93,7 @@ fn every_live_key_has_a_behaviour_test() {
         ("kernel.rs", include_str!("kernel.rs")),
         ("xdp.rs", include_str!("xdp.rs")),
         ("reload.rs", include_str!("reload.rs")),
+        ("front_door.rs", include_str!("front_door.rs")),
         ("live_log_level.rs", include_str!("live_log_level.rs")),
     ];
     let mut covered: Vec<&str> = Vec::new();

@@ -453,7 +453,7 @@ impl Config {
             return Err(("breaker.windowMs".into(), "more than 3600 buckets; use larger buckets".into()));
         }
         if let Some(tls) = self.http.tls_listen {
-            if tls == self.http.listen {
+            if tls == self.http.listen && tls.0.port() != 0 {
                 return Err((
                     "http.tls.listen".into(),
                     format!("{tls} is http.listen too; give TLS its own port"),

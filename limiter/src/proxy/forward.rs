@@ -79,6 +79,9 @@ pub(super) async fn forward(
             None
         }
     };
+    if client.proto.is_h2() {
+        join_cookies(&mut parts.headers);
+    }
     add_forwarded(&mut parts.headers, client, host.as_ref());
     parts.uri = uri;
     parts.version = hyper::Version::HTTP_11;
@@ -252,5 +255,38 @@ async fn answer_within<F: std::future::Future>(
                 }
             }
         }
+    }
+}
+
+/// HTTP/2 may split `Cookie` into one field per cookie; towards an
+/// HTTP/1.1 upstream they are joined with `; ` into one (RFC 9113
+/// §8.2.3).
+fn join_cookies(headers: &mut hyper::HeaderMap) {
+    let mut cookies = headers.get_all(header::COOKIE).iter();
+    if cookies.nth(1).is_none() {
+        return;
+    }
+    let joined: Vec<&[u8]> = headers.get_all(header::COOKIE).iter().map(HeaderValue::as_bytes).collect();
+    if let Ok(value) = HeaderValue::from_bytes(&joined.join(&b"; "[..])) {
+        headers.insert(header::COOKIE, value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_cookies_are_joined_for_the_upstream() {
+        let mut h = hyper::HeaderMap::new();
+        h.append(header::COOKIE, HeaderValue::from_static("a=1"));
+        h.append(header::COOKIE, HeaderValue::from_static("b=2"));
+        join_cookies(&mut h);
+        let all: Vec<_> = h.get_all(header::COOKIE).iter().collect();
+        assert_eq!(all, ["a=1; b=2"]);
+        let mut one = hyper::HeaderMap::new();
+        one.append(header::COOKIE, HeaderValue::from_static("a=1"));
+        join_cookies(&mut one);
+        assert_eq!(one.get(header::COOKIE).unwrap(), "a=1");
     }
 }
