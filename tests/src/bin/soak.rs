@@ -5,7 +5,8 @@
 //! what held, what was lost) and exits 1 if any check failed.
 //!
 //! `--short` (what `cargo xtask test` runs) scales every load down; the
-//! default is the long version, for people.
+//! default is the long version, for people. `--only WORD` runs the
+//! scenarios whose name contains WORD.
 
 use std::{
     io::{ErrorKind, Read as _, Write as _},
@@ -573,6 +574,144 @@ fn hostile(short: bool) -> Row {
     row
 }
 
+/// What h2load said: (succeeded, failed, errored) requests and the
+/// status classes seen.
+fn h2load(args: &[&str], url: &str) -> (u64, u64, u64, String) {
+    let out = std::process::Command::new("h2load")
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("h2load (cargo xtask setup installs it)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = text.lines().find(|l| l.starts_with("requests:")).unwrap_or("").to_owned();
+    let field = |name: &str| -> u64 {
+        line.split(',')
+            .find(|f| f.trim().ends_with(name))
+            .and_then(|f| f.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(u64::MAX)
+    };
+    let codes = text.lines().find(|l| l.starts_with("status codes:")).unwrap_or("").to_owned();
+    (field("succeeded"), field("failed"), field("errored"), codes)
+}
+
+/// 5. HTTP/2 overload: many streams per connection far above the pool,
+///    over TLS and h2c, with rapid-reset connections alongside; every
+///    stream is answered 200 or 503 and every pool is back to 0 after.
+fn http2(short: bool) -> Row {
+    let upstream = Upstream::start();
+    let dir = std::env::temp_dir().join(format!("soak-h2-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "2",
+        ])
+        .args(["-subj", "/CN=localhost", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl");
+    assert!(made.status.success(), "openssl req");
+    let tls: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let (daemon, proxy) = http_only(
+        "h2",
+        upstream.addr,
+        &format!(
+            "http.h2c = true\nhttp.maxThreads = 20\nhttp.maxSessionConnections = 4\nhttp.tls.listen = {tls}\n\
+             http.tls.certFile = {}\nhttp.tls.keyFile = {}\n",
+            cert.display(),
+            key.display()
+        ),
+    );
+    let (n, resetters, resets) = if short { (20_000u64, 4, 2_000) } else { (100_000, 8, 5_000) };
+    let mut row = Row::new(
+        "HTTP/2 overload",
+        format!(
+            "{n} streams over TLS and {n} over h2c (50 connections x 20 streams, upstream 5 ms, 9 normal slots), {resetters} rapid-reset connections of {resets} resets each"
+        ),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let attackers: Vec<_> = (0..resetters)
+        .map(|_| {
+            let stop = stop.clone();
+            thread::spawn(move || {
+                let mut cut = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    let mut s = limiter_tests::h2raw::connect(proxy, &[]);
+                    let mut burst = Vec::new();
+                    for i in 0..resets {
+                        let id = 2 * i + 1;
+                        let block = limiter_tests::h2raw::get_block("/slowhead?ms=5", &[]);
+                        burst.extend(limiter_tests::h2raw::frame(
+                            limiter_tests::h2raw::HEADERS,
+                            0x5,
+                            id,
+                            &block,
+                        ));
+                        burst.extend(limiter_tests::h2raw::frame(
+                            limiter_tests::h2raw::RST_STREAM,
+                            0,
+                            id,
+                            &8u32.to_be_bytes(),
+                        ));
+                    }
+                    let _ = s.write_all(&burst);
+                    if limiter_tests::h2raw::ending(&mut s, Duration::from_secs(10))
+                        != limiter_tests::h2raw::End::Open
+                    {
+                        cut += 1;
+                    }
+                }
+                cut
+            })
+        })
+        .collect();
+    let per = n.to_string();
+    let args = ["-n", per.as_str(), "-c", "50", "-m", "20", "-H", "authorization: Bearer soak"];
+    let started = Instant::now();
+    let over_tls = h2load(&args, &format!("https://{tls}/slowhead?ms=5"));
+    let over_h2c = h2load(&args[..6], &format!("http://{proxy}/slowhead?ms=5"));
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let cut: u32 = attackers.into_iter().map(|a| a.join().unwrap()).sum();
+    let page = daemon.metrics();
+    for (name, (ok, failed, errored, codes)) in [("TLS (one session)", over_tls), ("h2c", over_h2c)] {
+        row.check(
+            ok + failed == n && errored == 0 && ok > 0 && failed > 0,
+            format!(
+                "{name}: {ok} x 200, {failed} x 503, {errored} errored ({codes}) in {:.0} s",
+                took.as_secs_f64()
+            ),
+        );
+    }
+    let floods = metric(&page, "limiter_http2_floods_total{frame=\"rst_stream\"}");
+    row.check(
+        cut > 0,
+        format!(
+            "{cut} rapid-reset connections ended by the server ({floods} by limiter's flood meter, the rest by h2's reset bound)"
+        ),
+    );
+    let refused = metric(&page, "limiter_http2_streams_refused_total");
+    row.check(refused > 0.0, format!("{refused} streams refused with 503, their connections kept"));
+    row.check(pools_empty(&daemon), "every pool and session back to 0 after it".into());
+    let rss = peak_rss_mib(daemon.pid().as_raw());
+    row.check(rss < 256.0, format!("daemon peak RSS {rss:.1} MiB (target < 256)"));
+    row.check(client::get(proxy, "/x", &[]).status == 200, "an ordinary request is served after it".into());
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
+    row
+}
+
 /// The buffer budget spent: bodies that do not fit are refused with 503
 /// `buffer_full`, and what the bodies add to the daemon's memory stays
 /// within the budget (measured against the same connections holding only
@@ -736,7 +875,7 @@ fn shield(row: &mut Row, daemon: &Daemon, proxy: SocketAddr, tricklers: usize) {
     row.check(pools_empty(daemon), "every pool back to 0 after the attack".into());
 }
 
-/// 5. Control-plane faults under load.
+/// 6. Control-plane faults under load.
 fn control_plane(short: bool) -> Row {
     let sb = Sandbox::new().unwrap();
     let p = free_port();
@@ -844,9 +983,17 @@ fn main() -> ExitCode {
     }
     limiter_tests::raise_fd_limit();
     let started = Instant::now();
-    let scenarios: [fn(bool) -> Row; 5] = [overload, flood, upstream_faults, hostile, control_plane];
+    let scenarios: [fn(bool) -> Row; 6] = [overload, flood, upstream_faults, hostile, http2, control_plane];
+    // `--only WORD`: the scenarios whose function name contains WORD (for
+    // working on one; CI runs them all).
+    let args: Vec<String> = std::env::args().collect();
+    let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
+    let names = ["overload", "flood", "upstream_faults", "hostile", "http2", "control_plane"];
     let mut rows = Vec::new();
-    for s in scenarios {
+    for (s, name) in scenarios.into_iter().zip(names) {
+        if only.as_ref().is_some_and(|w| !name.contains(w.as_str())) {
+            continue;
+        }
         let t = Instant::now();
         let row = s(short);
         eprintln!("soak: {} done in {:.1} s", row.scenario, t.elapsed().as_secs_f64());
