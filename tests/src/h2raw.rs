@@ -90,7 +90,13 @@ pub struct Frame {
 
 /// Reads one frame; `Ok(None)` at EOF, `Err` on a timeout or a reset.
 pub fn read_frame(s: &mut TcpStream, timeout: Duration) -> io::Result<Option<Frame>> {
+    // Wait for the first byte without taking it, so that a timeout never
+    // leaves half a frame read; the rest of a frame follows at once.
     s.set_read_timeout(Some(timeout))?;
+    if s.peek(&mut [0u8; 1])? == 0 {
+        return Ok(None);
+    }
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut head = [0u8; 9];
     match s.read_exact(&mut head) {
         Ok(()) => {}

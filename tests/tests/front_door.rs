@@ -649,6 +649,76 @@ fn a_stream_whose_window_is_held_at_zero_gives_its_permit_back() {
 }
 
 #[test]
+fn a_small_response_starved_at_window_zero_gives_its_buffer_back_with_the_idle_connection() {
+    let up = Upstream::start();
+    let d = h2c(&up, "http.idleTimeoutMs = 1000\n");
+    let mut s = h2raw::connect(d.proxy, &[(h2raw::INITIAL_WINDOW_SIZE, 0)]);
+    let block = h2raw::get_block("/big?bytes=20000", &[]);
+    s.write_all(&h2raw::frame(h2raw::HEADERS, h2raw::END_HEADERS | h2raw::END_STREAM, 1, &block)).unwrap();
+    wait_for("the response buffered", WAIT, || d.metric("limiter_http_buffered_bytes") >= 20_000.0);
+    for _ in 0..8 {
+        eprintln!(
+            "buffered {} slow {}",
+            d.metric("limiter_http_buffered_bytes"),
+            d.metric("limiter_http_slow_readers_total")
+        );
+        thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(d.metric("limiter_http_in_flight{pool=\"normal\"}"), 0.0, "read whole: no permit held");
+    // Read ahead whole, the bytes sit in hyper's send buffer; the client
+    // sends nothing more, so after 1 s the connection gets GOAWAY and
+    // after another 1 s it is cut, and the bytes go back to the budget.
+    let started = Instant::now();
+    assert!(matches!(h2raw::ending(&mut s, WAIT), End::GoAway(0) | End::Closed));
+    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+    wait_for("the budget back", WAIT, || d.metric("limiter_http_buffered_bytes") == 0.0);
+}
+
+#[test]
+fn a_long_h2_download_is_not_taken_for_an_idle_connection() {
+    let up = Upstream::start();
+    let d = h2c(&up, "http.idleTimeoutMs = 500\nhttp.minDataRate = 1024\n");
+    let mut s = h2raw::connect(d.proxy, &[]);
+    let block = h2raw::get_block("/big?bytes=600000", &[]);
+    s.write_all(&h2raw::frame(h2raw::HEADERS, h2raw::END_HEADERS | h2raw::END_STREAM, 1, &block)).unwrap();
+    // The client opens its window 64 KiB at a time, every 250 ms: about
+    // 2.3 s of download against a 500 ms idle timeout.
+    let started = Instant::now();
+    let (mut got, mut goaway, mut ended) = (0usize, false, false);
+    while !ended && started.elapsed() < WAIT {
+        let mut credit = 0usize;
+        let round = Instant::now();
+        while round.elapsed() < Duration::from_millis(250) {
+            match h2raw::read_frame(&mut s, Duration::from_millis(50)) {
+                Ok(Some(f)) if f.kind == h2raw::DATA => {
+                    (got, credit) = (got + f.payload.len(), credit + f.payload.len());
+                    ended |= f.flags & h2raw::END_STREAM != 0;
+                }
+                Ok(Some(f)) => goaway |= f.kind == h2raw::GOAWAY,
+                Ok(None) => panic!("closed after {got} bytes"),
+                Err(_) => {}
+            }
+        }
+        if credit > 0 {
+            let grant = (credit as u32).to_be_bytes();
+            s.write_all(
+                &[
+                    h2raw::frame(h2raw::WINDOW_UPDATE, 0, 0, &grant),
+                    h2raw::frame(h2raw::WINDOW_UPDATE, 0, 1, &grant),
+                ]
+                .concat(),
+            )
+            .unwrap();
+        }
+    }
+    assert!(ended && got == 600_000, "{got} bytes, ended {ended}");
+    assert!(started.elapsed() > Duration::from_millis(1500), "{:?}", started.elapsed());
+    assert!(!goaway, "no GOAWAY while a stream was downloading");
+    assert_eq!(d.metric("limiter_http2_idle_closed_total"), 0.0);
+    assert_eq!(d.metric("limiter_http_slow_readers_total"), 0.0);
+}
+
+#[test]
 fn an_idle_h2_connection_is_closed_with_goaway() {
     let up = Upstream::start();
     let d = h2c(&up, "http.idleTimeoutMs = 500\n");
@@ -658,4 +728,82 @@ fn an_idle_h2_connection_is_closed_with_goaway() {
     assert_eq!(end, End::GoAway(0), "GOAWAY NO_ERROR, then the close");
     assert!(started.elapsed() >= Duration::from_millis(450), "{:?}", started.elapsed());
     assert_eq!(d.metric("limiter_http2_idle_closed_total"), 1.0);
+}
+
+/// Python's `ssl` for the TLS cases no ordinary client makes.
+fn python(script: &str) -> String {
+    let out = run_with_deadline(tool("python3").args(["-c", script]), WAIT);
+    let all = text(&out);
+    assert!(out.status.success(), "python: {all}");
+    all
+}
+
+#[test]
+fn crafted_tls_clients_old_versions_no_alpn_and_frames_over_tls() {
+    let up = Upstream::start();
+    let (d, dir) = with_tls(&up, "python", "http.maxThreads = 14\n");
+    let port = d.tls.unwrap().port();
+    let out = python(&format!(
+        r#"
+import socket, ssl, struct
+def ctx(**kw):
+    c = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    c.check_hostname = False
+    c.verify_mode = ssl.CERT_NONE
+    for k, v in kw.items():
+        setattr(c, k, v)
+    return c
+def tls(c, alpn=None):
+    if alpn: c.set_alpn_protocols(alpn)
+    return c.wrap_socket(socket.create_connection(("127.0.0.1", {port})), server_hostname="localhost")
+# TLS 1.1 only: refused by the server.
+old = ctx(minimum_version=ssl.TLSVersion.TLSv1_1, maximum_version=ssl.TLSVersion.TLSv1_1)
+old.set_ciphers("DEFAULT:@SECLEVEL=0")
+try:
+    tls(old); print("tls1.1 accepted")
+except ssl.SSLError as e:
+    print("tls1.1 refused", e.reason)
+# TLS 1.2 with ALPN h2, and no ALPN at all.
+s = tls(ctx(maximum_version=ssl.TLSVersion.TLSv1_2), ["h2", "http/1.1"])
+print("tls1.2", s.version(), s.selected_alpn_protocol())
+s.close()
+s = tls(ctx())
+print("no-alpn", s.version(), s.selected_alpn_protocol())
+s.sendall(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+print("no-alpn answer", s.recv(12))
+s.close()
+# Rapid reset over TLS, frames written by hand.
+s = tls(ctx(), ["h2"])
+def frame(kind, flags, sid, payload):
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", sid) + payload
+burst = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, b"")
+block = bytes([0x82, 0x87, 0x04, 5]) + b"/hold" + bytes([0x01, 1]) + b"a"
+for i in range(3000):
+    burst += frame(1, 5, 2 * i + 1, block) + frame(3, 0, 2 * i + 1, struct.pack(">I", 8))
+try:
+    s.sendall(burst)
+except OSError:
+    pass
+s.settimeout(10)
+ended = "open"
+try:
+    while True:
+        data = s.recv(65536)
+        if not data:
+            ended = "closed"; break
+except socket.timeout:
+    ended = "open"
+except (ssl.SSLError, OSError):
+    ended = "closed"
+print("rapid reset over tls", ended)
+"#
+    ));
+    assert!(out.contains("tls1.1 refused"), "{out}");
+    assert!(out.contains("tls1.2 TLSv1.2 h2"), "{out}");
+    assert!(out.contains("no-alpn TLSv1.3 None") && out.contains("no-alpn answer b'HTTP/1.1 200'"), "{out}");
+    assert!(out.contains("rapid reset over tls closed"), "{out}");
+    assert_eq!(d.metric("limiter_tls_handshakes_total{result=\"protocol\"}"), 1.0, "{out}");
+    up.release();
+    wait_for("the pools back to 0", WAIT, || d.metric("limiter_http_in_flight{pool=\"normal\"}") == 0.0);
+    std::fs::remove_dir_all(dir).unwrap();
 }

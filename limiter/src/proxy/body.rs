@@ -194,6 +194,9 @@ pub struct ProxyBody {
     /// Bytes handed to hyper, counted while `on_done` waits for them.
     sent: u64,
     on_done: Option<OnDone>,
+    /// Whatever must live as long as the body (an HTTP/2 stream's place
+    /// in its connection's count of open streams).
+    kept: Option<Box<dyn Send>>,
 }
 
 impl ProxyBody {
@@ -207,7 +210,13 @@ impl ProxyBody {
     }
 
     pub fn boxed(inner: UnsyncBoxBody<Bytes, BoxError>) -> Self {
-        Self { inner, permit: None, on_end: None, meta: Meta::default(), sent: 0, on_done: None }
+        Self { inner, permit: None, on_end: None, meta: Meta::default(), sent: 0, on_done: None, kept: None }
+    }
+
+    /// Keeps `thing` alive until this body is dropped.
+    pub fn keep(mut self, thing: Box<dyn Send>) -> Self {
+        self.kept = Some(thing);
+        self
     }
 
     /// Calls `f` with the bytes sent once the body ends or is dropped.

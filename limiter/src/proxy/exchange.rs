@@ -33,11 +33,13 @@ pub(super) async fn serve(
     client: Client,
     streams: Option<Arc<Streams>>,
 ) -> Result<Response<ProxyBody>, Infallible> {
-    let _open = streams.as_ref().map(|s| s.open());
+    // Open until the response body is done, not only its head: a long
+    // download keeps its connection from counting as idle.
+    let open = streams.as_ref().map(|s| s.open());
     proxy.counters.requests_by_proto[client.proto.index()].fetch_add(1, Ordering::Relaxed);
     let log = proxy.access_log.enabled().then(|| Logged::new(&req, client, &proxy));
     let req = req.map(|body| ClientBody::new(body, log.as_ref().map(|l| l.bytes_in.clone())));
-    let Ok(mut response) = handle(req, proxy.clone(), pool, client).await;
+    let Ok(mut response) = handle(req, proxy.clone(), pool, client, streams).await;
     if client.proto.is_h2() {
         // HTTP/2 has no connection-specific headers; a refusal ends this
         // stream only.
@@ -45,6 +47,9 @@ pub(super) async fn serve(
         if response.body().meta.refused.is_some() {
             proxy.counters.h2_streams_refused.fetch_add(1, Ordering::Relaxed);
         }
+    }
+    if let Some(open) = open {
+        response = response.map(|body| body.keep(Box::new(open)));
     }
     Ok(match log {
         None => response,
@@ -113,9 +118,15 @@ impl Logged {
 pub struct Streams {
     open: AtomicU32,
     changed: Notify,
+    /// A stream of this connection was starved and cut ([`super::stream_guard`]).
+    pub starved: Notify,
+    /// Frames the client sent (PINGs aside), as the flood meter counts
+    /// them: a client granting window to a download is not idle.
+    pub activity: Arc<AtomicU64>,
 }
 
-/// One open stream; dropped when its handler is done (or cancelled).
+/// One open stream; dropped with its response body (or when its handler
+/// is cancelled).
 pub struct Open(Arc<Streams>);
 
 impl Drop for Open {
@@ -127,23 +138,25 @@ impl Drop for Open {
 }
 
 impl Streams {
-    fn open(self: &Arc<Self>) -> Open {
+    pub(super) fn open(self: &Arc<Self>) -> Open {
         if self.open.fetch_add(1, Ordering::Relaxed) == 0 {
             self.changed.notify_waiters();
         }
         Open(self.clone())
     }
 
-    /// Resolves once no stream has been open for `idle`.
+    /// Resolves once no stream has been open, and the client has sent
+    /// nothing but PINGs, for `idle`.
     pub async fn idle_for(&self, idle: Duration) {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
             if self.open.load(Ordering::Relaxed) == 0 {
+                let seen = self.activity.load(Ordering::Relaxed);
                 tokio::select! {
                     () = tokio::time::sleep(idle) => {
-                        if self.open.load(Ordering::Relaxed) == 0 {
+                        if self.open.load(Ordering::Relaxed) == 0 && self.activity.load(Ordering::Relaxed) == seen {
                             return;
                         }
                     }

@@ -9,6 +9,7 @@ use std::{
 };
 
 use http_body_util::BodyExt as _;
+use hyper::body::Body as _;
 use hyper::{
     Request, Response, StatusCode,
     body::Incoming,
@@ -21,6 +22,7 @@ use hyper_util::rt::TokioIo;
 use super::{
     Proxy,
     body::{Progress, ProxyBody, Stall, Stalled},
+    exchange::Streams,
     headers::{Client, add_forwarded, strip_hop_by_hop},
     respond,
     shield::{self, MinRate, Prefixed, ReadAhead, Receipt, TooSlow},
@@ -39,6 +41,7 @@ pub(super) async fn forward(
     proxy: &Arc<Proxy>,
     pool: &Pool,
     client: Client,
+    h2: Option<Arc<Streams>>,
 ) -> Response<ProxyBody> {
     let tuning = proxy.tuning();
     let upgrade = client_upgrade.is_some();
@@ -201,20 +204,27 @@ pub(super) async fn forward(
             // The upstream has delivered its last byte: its thread is free,
             // however slowly the client reads.
             drop(permit);
-            ProxyBody::boxed(Prefixed::<Stall<Incoming>>::whole(frames).boxed_unsync())
+            let body = Prefixed::<Stall<Incoming>>::whole(frames).boxed_unsync();
+            match &h2 {
+                // On HTTP/2 a starved stream must not keep its bytes for ever.
+                Some(conn) if !body.is_end_stream() => ProxyBody::boxed(
+                    stream_guard::guard(body, None, &tuning, proxy.counters.clone(), conn.clone())
+                        .boxed_unsync(),
+                ),
+                _ => ProxyBody::boxed(body),
+            }
         }
         Ok(ReadAhead::Streaming(frames, rest)) => {
             let rest = Stall::new(rest, tuning.idle_timeout);
             let body = Prefixed::streaming(frames, rest).boxed_unsync();
-            if client.proto.is_h2() {
+            match &h2 {
                 // One stream can starve while its connection flows: a
                 // watchdog, not the socket, notices.
-                let counters = proxy.counters.clone();
-                let guarded =
-                    stream_guard::guard(body, permit, tuning.min_data_rate, tuning.idle_timeout, counters);
-                ProxyBody::boxed(guarded.boxed_unsync())
-            } else {
-                ProxyBody::boxed(body).with_permit(permit)
+                Some(conn) => ProxyBody::boxed(
+                    stream_guard::guard(body, Some(permit), &tuning, proxy.counters.clone(), conn.clone())
+                        .boxed_unsync(),
+                ),
+                None => ProxyBody::boxed(body).with_permit(permit),
             }
         }
         Err(e) => {

@@ -26,6 +26,7 @@ pub const BURST: u32 = 200;
 pub const PER_SECOND: u32 = 100;
 
 const PREFACE_LEN: usize = 24;
+const PING_FRAME: u8 = 0x6;
 const HEADER_LEN: usize = 9;
 
 /// A frame kind the meter counts.
@@ -70,6 +71,9 @@ pub struct Meter {
     payload_left: usize,
     tokens: u32,
     refilled: Option<Instant>,
+    /// Frames other than PING read so far: the client is using the
+    /// connection (a PING may only answer the server's keep-alive).
+    pub active_frames: u64,
 }
 
 impl Default for Meter {
@@ -81,6 +85,7 @@ impl Default for Meter {
             payload_left: 0,
             tokens: BURST,
             refilled: None,
+            active_frames: 0,
         }
     }
 }
@@ -108,6 +113,9 @@ impl Meter {
                     let h = self.header;
                     let len = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
                     self.payload_left = len;
+                    if h[3] != PING_FRAME {
+                        self.active_frames += 1;
+                    }
                     if let Some(kind) = costly(h[3], h[4], len) {
                         self.take(kind)?;
                     }

@@ -17,7 +17,10 @@
 use std::{
     io,
     pin::Pin,
-    sync::{Arc, atomic::Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     task::{Context, Poll, ready},
     time::Duration,
 };
@@ -34,8 +37,9 @@ use super::{Counters, framing::Framing, h2_meter::Meter};
 pub enum Watch {
     /// HTTP/1: the framing watch.
     Framing(Framing),
-    /// HTTP/2: the flood meter.
-    H2(Meter),
+    /// HTTP/2: the flood meter, and where it reports the frames that
+    /// show the client using the connection.
+    H2(Meter, Arc<AtomicU64>),
 }
 
 impl Watch {
@@ -43,8 +47,8 @@ impl Watch {
         Self::Framing(Framing::default())
     }
 
-    pub fn h2() -> Self {
-        Self::H2(Meter::default())
+    pub fn h2(activity: Arc<AtomicU64>) -> Self {
+        Self::H2(Meter::default(), activity)
     }
 }
 
@@ -199,8 +203,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for ClientIo<S> {
                     }
                     buf.set_filled(before + passed);
                 }
-                Watch::H2(meter) => {
-                    if let Err(flood) = meter.feed(fresh) {
+                Watch::H2(meter, activity) => {
+                    let before = meter.active_frames;
+                    let fed = meter.feed(fresh);
+                    if meter.active_frames != before {
+                        activity.store(meter.active_frames, Ordering::Relaxed);
+                    }
+                    if let Err(flood) = fed {
                         this.counters.h2_floods[flood.index()].fetch_add(1, Ordering::Relaxed);
                         return Poll::Ready(Err(io::Error::other(format!(
                             "HTTP/2 flood of {} frames: the connection is cut",

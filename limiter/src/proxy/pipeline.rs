@@ -25,6 +25,7 @@ use hyper::{Method, Request, Response, StatusCode, body::Body as _, header};
 use super::{
     Proxy, Tuning,
     body::{ClientBody, ProxyBody},
+    exchange::Streams,
     forward::forward,
     head,
     headers::{Client, is_upgrade},
@@ -76,6 +77,7 @@ pub(super) async fn handle(
     proxy: Arc<Proxy>,
     pool: Arc<Pool>,
     client: Client,
+    h2: Option<Arc<Streams>>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let started = Instant::now();
     if req.method() == Method::CONNECT {
@@ -159,7 +161,7 @@ pub(super) async fn handle(
         }
     };
     match proxy.admission.admit(ask) {
-        Ok(permit) => Ok(forward(parts, receipt, upgrade, permit, ticket, &proxy, &pool, client).await),
+        Ok(permit) => Ok(forward(parts, receipt, upgrade, permit, ticket, &proxy, &pool, client, h2).await),
         // The ticket is dropped unrecorded: a refusal is not a result.
         Err(refusal) => Ok(respond::refuse(&proxy, Reason::Admission(refusal), started)),
     }

@@ -337,8 +337,11 @@ where
 
 /// One HTTP/2 connection: every stream is a request of its own, admitted
 /// or refused on its own; the connection closes (GOAWAY, streams in
-/// flight finish) on drain or after `http.idleTimeoutMs` without streams,
-/// and is cut if it still has not closed `http.idleTimeoutMs` later.
+/// flight finish) on drain, or after `http.idleTimeoutMs` without an open
+/// stream and without a frame from the client (PINGs aside), or once one
+/// of its streams was starved ([`super::stream_guard`]); after such a
+/// GOAWAY it is cut if it still has not closed `http.idleTimeoutMs` later
+/// (what a starved stream left in hyper's send buffer goes with it).
 async fn serve_h2<S>(
     stream: S,
     addr: SocketAddr,
@@ -352,9 +355,9 @@ where
 {
     let tuning = proxy.tuning();
     proxy.counters.connections_by_proto[proto.index()].fetch_add(1, Ordering::Relaxed);
-    let io = client_io(stream, Watch::h2(), &tuning, proxy);
-    let client = Client { addr, proto };
     let streams = Arc::new(Streams::default());
+    let io = client_io(stream, Watch::h2(streams.activity.clone()), &tuning, proxy);
+    let client = Client { addr, proto };
     let service = {
         let (proxy, streams) = (proxy.clone(), streams.clone());
         service_fn(move |req| {
@@ -367,11 +370,14 @@ where
     let closing = tokio::select! {
         result = conn.as_mut() => return result,
         () = stopping(shutdown) => false,
-        () = streams.idle_for(idle) => true,
+        () = streams.idle_for(idle) => {
+            proxy.counters.h2_idle_closed.fetch_add(1, Ordering::Relaxed);
+            true
+        }
+        // A starved stream holds a chunk inside hyper that only the
+        // connection's end frees.
+        () = streams.starved.notified() => true,
     };
-    if closing {
-        proxy.counters.h2_idle_closed.fetch_add(1, Ordering::Relaxed);
-    }
     conn.as_mut().graceful_shutdown();
     let bound = if closing { idle } else { tuning.drain_timeout };
     // Streams in flight finish; one a client holds open (a window kept at

@@ -1,14 +1,20 @@
-//! An HTTP/2 response streamed while holding its permit, guarded against a
-//! client that stops taking it. On HTTP/1 a client that does not read
-//! stops the socket, and [`super::io::ClientIo`] cuts it; on HTTP/2 one
-//! stream can be starved while the connection flows (its window held at
-//! 0), and hyper then simply stops asking the body for data: nothing on
-//! the request path would ever notice. So a watchdog task checks the
-//! stream's progress from outside: a stream that brings less than
-//! `http.minDataRate` over a stretch after the grace (or, with the rate
-//! off, nothing for `http.idleTimeoutMs`) has its upstream response and
-//! its permit dropped at once; the stream then ends with an error, and
-//! the upstream's thread is free.
+//! An HTTP/2 response guarded against a client that stops taking it. On
+//! HTTP/1 a client that does not read stops the socket, and
+//! [`super::io::ClientIo`] cuts it; on HTTP/2 one stream can be starved
+//! while the connection flows (its window held at 0): hyper then holds the
+//! chunk it took last and simply stops asking the body for more, so
+//! nothing on the request path would ever notice.
+//!
+//! So a watchdog task checks each stream's progress from outside. A chunk
+//! counts as delivered only once hyper asks for the next one (it has sent
+//! the previous one) or drops the body (the stream is done). A stream that
+//! delivers less than `http.minDataRate` over a stretch after the grace
+//! (or, with the rate off, nothing for `http.idleTimeoutMs`) is cut: its
+//! upstream response and its permit are dropped at once, so the upstream's
+//! thread is free, and its connection is told ([`Streams::starved`]): it
+//! gets GOAWAY and is closed once its other streams are done (after
+//! `http.idleTimeoutMs` at most), which frees the chunk hyper still holds
+//! and its bytes of `http.bufferMemoryBytes`.
 
 use std::{
     pin::Pin,
@@ -17,7 +23,6 @@ use std::{
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     task::{Context, Poll},
-    time::Duration,
 };
 
 use bytes::Bytes;
@@ -25,7 +30,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, sleep_until};
 
-use super::{Counters, body::BoxError, shield::rate_due};
+use super::{Counters, Tuning, body::BoxError, exchange::Streams, shield::rate_due};
 use crate::admission::Permit;
 
 /// The stream was starved and cut.
@@ -33,12 +38,23 @@ use crate::admission::Permit;
 #[error("the HTTP/2 stream took its response slower than http.minDataRate")]
 pub struct Starved;
 
+/// The upstream's body and the permit (none once a response was read
+/// whole), held until the end or the cut.
+type Held = Option<(UnsyncBoxBody<Bytes, BoxError>, Option<Permit>)>;
+
 struct Shared {
-    /// The upstream's body and the permit, until the end or the cut.
-    held: Mutex<Option<(UnsyncBoxBody<Bytes, BoxError>, Permit)>>,
-    /// Bytes handed to hyper so far.
-    sent: AtomicU64,
+    held: Mutex<Held>,
+    /// Bytes delivered (hyper asked for more after them).
+    delivered: AtomicU64,
+    /// Bytes of the chunk hyper took last, not yet delivered.
+    pending: AtomicU64,
     done: AtomicBool,
+}
+
+impl Shared {
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// The body hyper streams; the watchdog holds the other reference.
@@ -47,33 +63,44 @@ pub struct Guarded {
     hint: SizeHint,
 }
 
-/// Streams `body` holding `permit`, with a watchdog on the calling runtime.
+/// Streams `body` (holding `permit`, if it still has one), with a watchdog
+/// on the calling runtime that tells `conn` if it cuts the stream.
 pub fn guard(
     body: UnsyncBoxBody<Bytes, BoxError>,
-    permit: Permit,
-    min_rate: u64,
-    idle: Duration,
+    permit: Option<Permit>,
+    tuning: &Tuning,
     counters: Arc<Counters>,
+    conn: Arc<Streams>,
 ) -> Guarded {
     let hint = body.size_hint();
     let shared = Arc::new(Shared {
         held: Mutex::new(Some((body, permit))),
-        sent: AtomicU64::new(0),
+        delivered: AtomicU64::new(0),
+        pending: AtomicU64::new(0),
         done: AtomicBool::new(false),
     });
-    tokio::spawn(watch(shared.clone(), min_rate, idle, counters));
+    let rules = (tuning.min_data_rate, tuning.idle_timeout);
+    tokio::spawn(watch(shared.clone(), rules, counters, conn));
     Guarded { shared, hint }
 }
 
-async fn watch(shared: Arc<Shared>, min_rate: u64, idle: Duration, counters: Arc<Counters>) {
+async fn watch(
+    shared: Arc<Shared>,
+    (min_rate, idle): (u64, std::time::Duration),
+    counters: Arc<Counters>,
+    conn: Arc<Streams>,
+) {
     let (mut since, mut measured) = (Instant::now(), 0u64);
-    let (mut last_sent, mut last_progress) = (0u64, Instant::now());
+    let (mut last, mut last_progress) = (0u64, Instant::now());
     loop {
-        let sent = shared.sent.load(Ordering::Relaxed);
+        if shared.done.load(Ordering::Relaxed) {
+            return;
+        }
+        let delivered = shared.delivered.load(Ordering::Relaxed);
         let now = Instant::now();
-        if sent != last_sent {
-            measured += sent - last_sent;
-            (last_sent, last_progress) = (sent, now);
+        if delivered != last {
+            measured += delivered - last;
+            (last, last_progress) = (delivered, now);
         }
         let stalled_at = last_progress + idle;
         let due = if min_rate == 0 {
@@ -85,21 +112,17 @@ async fn watch(shared: Arc<Shared>, min_rate: u64, idle: Duration, counters: Arc
             break;
         }
         sleep_until(due).await;
-        if shared.done.load(Ordering::Relaxed) {
-            return;
-        }
     }
-    let cut = shared.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
-    if cut.is_some() {
-        counters.slow_readers.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!("HTTP/2 stream starved: its upstream response and permit are dropped");
-    }
+    drop(shared.held().take());
+    counters.slow_readers.fetch_add(1, Ordering::Relaxed);
+    conn.starved.notify_one();
+    tracing::debug!("HTTP/2 stream starved: its upstream response and permit dropped, its connection closes");
 }
 
 impl Drop for Guarded {
     fn drop(&mut self) {
         self.shared.done.store(true, Ordering::Relaxed);
-        self.shared.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        self.shared.held().take();
     }
 }
 
@@ -111,22 +134,23 @@ impl Body for Guarded {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let mut held = self.shared.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let shared = &self.shared;
+        // Asked again: the chunk taken before has gone out.
+        let pending = shared.pending.swap(0, Ordering::Relaxed);
+        shared.delivered.fetch_add(pending, Ordering::Relaxed);
+        let mut held = shared.held();
         let Some((body, _permit)) = held.as_mut() else {
-            if self.shared.done.load(Ordering::Relaxed) {
-                return Poll::Ready(None);
-            }
             return Poll::Ready(Some(Err(Box::new(Starved))));
         };
         let poll = Pin::new(body).poll_frame(cx);
         match &poll {
             Poll::Ready(Some(Ok(frame))) => {
                 let n = frame.data_ref().map_or(0, |d| d.len() as u64);
-                self.shared.sent.fetch_add(n, Ordering::Relaxed);
+                shared.pending.store(n, Ordering::Relaxed);
             }
             Poll::Ready(None | Some(Err(_))) => {
                 // The end (or the upstream's failure): the permit goes back.
-                self.shared.done.store(true, Ordering::Relaxed);
+                shared.done.store(true, Ordering::Relaxed);
                 *held = None;
             }
             Poll::Pending => {}
@@ -135,7 +159,8 @@ impl Body for Guarded {
     }
 
     fn is_end_stream(&self) -> bool {
-        false
+        // The last chunk says so, so that hyper ends the stream with it.
+        self.shared.held().as_ref().is_some_and(|(body, _)| body.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
