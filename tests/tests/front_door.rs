@@ -617,7 +617,8 @@ fn settings_and_ping_floods_are_cut_by_the_meter() {
 #[test]
 fn a_stream_whose_window_is_held_at_zero_gives_its_permit_back() {
     let up = Upstream::start();
-    let d = h2c(&up, "http.maxThreads = 12\nhttp.minDataRate = 1024\n");
+    // 8 KiB/s: a 16 KiB chunk may take the 3 s grace + 2 s.
+    let d = h2c(&up, "http.maxThreads = 12\nhttp.minDataRate = 8192\n");
     // Initial window 0: the server may send no DATA on any stream.
     let mut s = h2raw::connect(d.proxy, &[(h2raw::INITIAL_WINDOW_SIZE, 0)]);
     let block = h2raw::get_block("/big?bytes=4000000", &[]);
@@ -651,7 +652,7 @@ fn a_stream_whose_window_is_held_at_zero_gives_its_permit_back() {
 #[test]
 fn a_small_response_starved_at_window_zero_gives_its_buffer_back_with_the_idle_connection() {
     let up = Upstream::start();
-    let d = h2c(&up, "http.idleTimeoutMs = 1000\n");
+    let d = h2c(&up, "http.idleTimeoutMs = 1000\nhttp.minDataRate = 8192\n");
     let mut s = h2raw::connect(d.proxy, &[(h2raw::INITIAL_WINDOW_SIZE, 0)]);
     let block = h2raw::get_block("/big?bytes=20000", &[]);
     s.write_all(&h2raw::frame(h2raw::HEADERS, h2raw::END_HEADERS | h2raw::END_STREAM, 1, &block)).unwrap();
@@ -665,12 +666,13 @@ fn a_small_response_starved_at_window_zero_gives_its_buffer_back_with_the_idle_c
         thread::sleep(Duration::from_millis(500));
     }
     assert_eq!(d.metric("limiter_http_in_flight{pool=\"normal\"}"), 0.0, "read whole: no permit held");
-    // Read ahead whole, the bytes sit in hyper's send buffer; the client
-    // sends nothing more, so after 1 s the connection gets GOAWAY and
-    // after another 1 s it is cut, and the bytes go back to the budget.
+    // Read ahead whole, its first chunk sits in hyper's send buffer: after
+    // the chunk's allowance (3 s + 2 s) the stream is starved, its
+    // connection gets GOAWAY, is cut 1 s later, and the bytes go back.
     let started = Instant::now();
-    assert!(matches!(h2raw::ending(&mut s, WAIT), End::GoAway(0) | End::Closed));
-    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+    assert!(matches!(h2raw::ending(&mut s, Duration::from_secs(15)), End::GoAway(0) | End::Closed));
+    assert!(started.elapsed() < Duration::from_secs(9), "{:?}", started.elapsed());
+    assert_eq!(d.metric("limiter_http_slow_readers_total"), 1.0);
     wait_for("the budget back", WAIT, || d.metric("limiter_http_buffered_bytes") == 0.0);
 }
 

@@ -5,12 +5,15 @@
 //! chunk it took last and simply stops asking the body for more, so
 //! nothing on the request path would ever notice.
 //!
-//! So a watchdog task checks each stream's progress from outside. A chunk
-//! counts as delivered only once hyper asks for the next one (it has sent
-//! the previous one) or drops the body (the stream is done). A stream that
-//! delivers less than `http.minDataRate` over a stretch after the grace
-//! (or, with the rate off, nothing for `http.idleTimeoutMs`) is cut: its
-//! upstream response and its permit are dropped at once, so the upstream's
+//! So a watchdog task checks each stream's progress from outside. The body
+//! hands hyper chunks of at most [`CHUNK`] bytes, and a chunk counts as
+//! delivered once hyper asks for the next one (it has sent the previous
+//! one) or drops the body (the stream is done). A chunk not delivered
+//! within the grace plus its size at `http.minDataRate` (with the rate
+//! off, within `http.idleTimeoutMs`) means the client does not take the
+//! stream: it is cut. (Waiting on the upstream is not the client's fault:
+//! the upstream body's own stall timeout covers that.) A cut stream has its
+//! upstream response and its permit dropped at once, so the upstream's
 //! thread is free, and its connection is told ([`Streams::starved`]): it
 //! gets GOAWAY and is closed once its other streams are done (after
 //! `http.idleTimeoutMs` at most), which frees the chunk hyper still holds
@@ -23,6 +26,7 @@ use std::{
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     task::{Context, Poll},
+    time::Duration,
 };
 
 use bytes::Bytes;
@@ -30,8 +34,11 @@ use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, sleep_until};
 
-use super::{Counters, Tuning, body::BoxError, exchange::Streams, shield::rate_due};
+use super::{Counters, Tuning, body::BoxError, exchange::Streams, shield::GRACE};
 use crate::admission::Permit;
+
+/// The most a stream hands hyper at once: the unit of progress.
+pub const CHUNK: usize = 16 * 1024;
 
 /// The stream was starved and cut.
 #[derive(Debug, thiserror::Error)]
@@ -44,10 +51,11 @@ type Held = Option<(UnsyncBoxBody<Bytes, BoxError>, Option<Permit>)>;
 
 struct Shared {
     held: Mutex<Held>,
-    /// Bytes delivered (hyper asked for more after them).
-    delivered: AtomicU64,
-    /// Bytes of the chunk hyper took last, not yet delivered.
+    /// Bytes of the chunk hyper took last, not yet delivered (0: none).
     pending: AtomicU64,
+    /// When hyper took it, in milliseconds since `start`.
+    pending_since_ms: AtomicU64,
+    start: Instant,
     done: AtomicBool,
 }
 
@@ -61,6 +69,10 @@ impl Shared {
 pub struct Guarded {
     shared: Arc<Shared>,
     hint: SizeHint,
+    /// What is left of a frame larger than [`CHUNK`].
+    rest: Option<Bytes>,
+    /// The upstream's body has ended (`rest` may still hold its last bytes).
+    ended: bool,
 }
 
 /// Streams `body` (holding `permit`, if it still has one), with a watchdog
@@ -75,43 +87,44 @@ pub fn guard(
     let hint = body.size_hint();
     let shared = Arc::new(Shared {
         held: Mutex::new(Some((body, permit))),
-        delivered: AtomicU64::new(0),
         pending: AtomicU64::new(0),
+        pending_since_ms: AtomicU64::new(0),
+        start: Instant::now(),
         done: AtomicBool::new(false),
     });
     let rules = (tuning.min_data_rate, tuning.idle_timeout);
     tokio::spawn(watch(shared.clone(), rules, counters, conn));
-    Guarded { shared, hint }
+    Guarded { shared, hint, rest: None, ended: false }
+}
+
+/// How long a chunk of `bytes` may take to go out.
+fn allowed(bytes: u64, min_rate: u64, idle: Duration) -> Duration {
+    if min_rate == 0 { idle } else { GRACE + Duration::from_secs_f64(bytes as f64 / min_rate as f64) }
 }
 
 async fn watch(
     shared: Arc<Shared>,
-    (min_rate, idle): (u64, std::time::Duration),
+    (min_rate, idle): (u64, Duration),
     counters: Arc<Counters>,
     conn: Arc<Streams>,
 ) {
-    let (mut since, mut measured) = (Instant::now(), 0u64);
-    let (mut last, mut last_progress) = (0u64, Instant::now());
+    let look_again = GRACE.min(idle);
     loop {
         if shared.done.load(Ordering::Relaxed) {
             return;
         }
-        let delivered = shared.delivered.load(Ordering::Relaxed);
         let now = Instant::now();
-        if delivered != last {
-            measured += delivered - last;
-            (last, last_progress) = (delivered, now);
-        }
-        let stalled_at = last_progress + idle;
-        let due = if min_rate == 0 {
-            stalled_at
+        let pending = shared.pending.load(Ordering::Relaxed);
+        let since = shared.start + Duration::from_millis(shared.pending_since_ms.load(Ordering::Relaxed));
+        if pending > 0 {
+            let due = since + allowed(pending, min_rate, idle);
+            if due <= now {
+                break;
+            }
+            sleep_until(due.min(now + look_again)).await;
         } else {
-            rate_due(&mut since, &mut measured, min_rate).min(stalled_at)
-        };
-        if due <= now {
-            break;
+            sleep_until(now + look_again).await;
         }
-        sleep_until(due).await;
     }
     drop(shared.held().take());
     counters.slow_readers.fetch_add(1, Ordering::Relaxed);
@@ -131,39 +144,74 @@ impl Body for Guarded {
     type Error = BoxError;
 
     fn poll_frame(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let shared = &self.shared;
         // Asked again: the chunk taken before has gone out.
-        let pending = shared.pending.swap(0, Ordering::Relaxed);
-        shared.delivered.fetch_add(pending, Ordering::Relaxed);
-        let mut held = shared.held();
-        let Some((body, _permit)) = held.as_mut() else {
-            return Poll::Ready(Some(Err(Box::new(Starved))));
+        self.shared.pending.store(0, Ordering::Relaxed);
+        let this = &mut *self;
+        let frame = match this.rest.take() {
+            Some(rest) => Frame::data(rest),
+            None => {
+                let mut held = this.shared.held();
+                let Some((body, _permit)) = held.as_mut() else {
+                    if this.ended {
+                        return Poll::Ready(None);
+                    }
+                    return Poll::Ready(Some(Err(Box::new(Starved))));
+                };
+                match Pin::new(&mut *body).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        if body.is_end_stream() {
+                            // The permit goes back with the upstream's last byte.
+                            this.ended = true;
+                            *held = None;
+                        }
+                        frame
+                    }
+                    Poll::Ready(end) => {
+                        // The end (or the upstream's failure).
+                        this.ended = end.is_none();
+                        *held = None;
+                        return Poll::Ready(end);
+                    }
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
         };
-        let poll = Pin::new(body).poll_frame(cx);
-        match &poll {
-            Poll::Ready(Some(Ok(frame))) => {
-                let n = frame.data_ref().map_or(0, |d| d.len() as u64);
-                shared.pending.store(n, Ordering::Relaxed);
+        let frame = match frame.into_data() {
+            Ok(mut data) => {
+                if data.len() > CHUNK {
+                    this.rest = Some(data.split_off(CHUNK));
+                }
+                let since = this.shared.start.elapsed().as_millis() as u64;
+                this.shared.pending_since_ms.store(since, Ordering::Relaxed);
+                this.shared.pending.store(data.len() as u64, Ordering::Relaxed);
+                Frame::data(data)
             }
-            Poll::Ready(None | Some(Err(_))) => {
-                // The end (or the upstream's failure): the permit goes back.
-                shared.done.store(true, Ordering::Relaxed);
-                *held = None;
-            }
-            Poll::Pending => {}
-        }
-        poll
+            Err(other) => other,
+        };
+        Poll::Ready(Some(Ok(frame)))
     }
 
     fn is_end_stream(&self) -> bool {
         // The last chunk says so, so that hyper ends the stream with it.
-        self.shared.held().as_ref().is_some_and(|(body, _)| body.is_end_stream())
+        self.ended && self.rest.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
         self.hint
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunk_may_take_the_grace_plus_its_size_at_the_minimum_rate() {
+        let idle = Duration::from_secs(60);
+        assert_eq!(allowed(16 * 1024, 1024, idle), GRACE + Duration::from_secs(16));
+        assert_eq!(allowed(1, 0, idle), idle, "the rate off: the idle timeout");
     }
 }
