@@ -369,6 +369,16 @@ impl Daemon {
         Self::spawn(cmd, config, None)
     }
 
+    /// [`Self::start`] logging at the config's `admin.logLevel` (info by
+    /// default) instead of debug, as in production: benchmarks, where
+    /// debug would also log each HTTP/2 frame and TLS handshake step
+    /// (h2's and rustls' own events) and halve the proxy's rate.
+    pub fn start_with_config_log_level(config: &Path) -> Result<Self> {
+        let mut cmd = Command::new(limiter_bin());
+        cmd.arg("run").arg("--config").arg(config).env_remove("LIMITER_LOG");
+        Self::spawn(cmd, config, None)
+    }
+
     /// Starts the daemon inside the sandbox: in its network namespace (so
     /// its proxy and admin listeners are there) and in its cgroup (so the
     /// gate counts the proxy's own connections).
@@ -397,8 +407,11 @@ impl Daemon {
             .context("config has admin.listen")?
             .parse()?;
         let log = config.with_extension(format!("log.{}", SEQ.fetch_add(1, Ordering::Relaxed)));
-        let child =
-            cmd.stdout(Stdio::null()).stderr(File::create(&log)?).env("LIMITER_LOG", "debug").spawn()?;
+        // Debug unless the caller chose (or removed) LIMITER_LOG.
+        if cmd.get_envs().all(|(k, _)| k != "LIMITER_LOG") {
+            cmd.env("LIMITER_LOG", "debug");
+        }
+        let child = cmd.stdout(Stdio::null()).stderr(File::create(&log)?).spawn()?;
         let watched = watchdog(Pid::from_raw(child.id() as i32), &log);
         let mut daemon = Self { child, config: config.to_path_buf(), admin, log, netns, watched };
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -15,9 +15,32 @@
 //!     with `LIMITER_BIN_BEFORE` (`cargo xtask bench http --before REV`),
 //!     beside the limiter of an earlier revision, interleaved in one run.
 //!
+//! The front door (issue 13), limiter's TLS listener beside nginx's
+//! (`ssl`, `http2`) in front of the upstream of (1):
+//!
+//! (4) HTTP/2 over TLS (ALPN h2), h2load: 50 connections with 10 streams
+//!     each. h2load prints no percentiles, so p50 and p99 are computed here
+//!     from its `--log-file` (one line per request with its duration).
+//! (5) HTTP/1.1 over TLS, wrk keep-alive, 50 connections.
+//! (6) A new connection per request over TLS: h2load `--h1` with 4,000
+//!     clients of one request each, reported as handshakes per second.
+//!     Every handshake is full: a client that connects once has no session
+//!     to offer. (wrk and h2load reconnecting after `Connection: close`
+//!     offer the previous connection's session, and both servers resume it:
+//!     that would measure resumptions.)
+//!
+//! For (4)-(6) both sides use the same self-signed P-256 certificate, one
+//! worker per core, limits far above the load, and resumption configured
+//! alike: rustls' default (an in-memory cache of 256 sessions, stateful
+//! TLS 1.3 tickets, no ticket key) against nginx's `ssl_session_cache
+//! shared` with `ssl_session_tickets off` (OpenSSL then issues stateful
+//! TLS 1.3 tickets too). Each row also reports the proxy's CPU time per
+//! request (limiter's process, nginx's workers, from /proc), which says
+//! whether a miss is the proxy's own cost.
+//!
 //! nginx is configured fairly: one worker per core, upstream keepalive,
 //! `access_log off`. limiter runs without its kernel gate (not in the HTTP
-//! path).
+//! path), and in (4)-(6) at its configured log level (info), not debug.
 
 use std::{
     fs,
@@ -165,7 +188,7 @@ fn main() -> Result<()> {
     limiter_tests::bench::write_section(
         "http",
         "HTTP admission",
-        "`cargo xtask bench http` (installs nginx and wrk itself).",
+        "`cargo xtask bench http` (installs nginx, wrk, h2load and openssl itself).",
         &report,
     )
 }
@@ -236,6 +259,7 @@ fn bench(dir: &Path) -> Result<String> {
 
     let mut text = report(&targets.map(|t| t.0), &under, &over_targets.map(|t| t.0), &over, p50, p99);
     text.push_str(&bodies);
+    text.push_str(&front_door(dir, upstream, auth)?);
     Ok(text)
 }
 
@@ -348,9 +372,9 @@ fn report(
     let (l_p99, n_p99) = (med(&under[1], |r| r.p99_ms), med(&under[2], |r| r.p99_ms));
     out.push_str(&format!(
         "\nTarget: limiter's throughput >= nginx's: {} ({:.2}x); p99 no worse: {} ({:.2} ms vs {:.2} ms).\n\n",
-        if l_rps >= n_rps { "met" } else { "MISSED" },
+        verdict(l_rps >= n_rps),
         l_rps / n_rps,
-        if l_p99 <= n_p99 { "met" } else { "MISSED" },
+        verdict(l_p99 <= n_p99),
         l_p99,
         n_p99
     ));
@@ -371,9 +395,425 @@ fn report(
          Targets: 503 rate >= nginx's: {} ({:.2}x); server-side time-to-503 p99 under 1 ms: {}.\n",
         fmt(p50),
         fmt(p99),
-        if l503 >= n503 { "met" } else { "MISSED" },
+        verdict(l503 >= n503),
         l503 / n503,
-        if p99.is_some_and(|p| p <= 0.001) { "met" } else { "MISSED" },
+        verdict(p99.is_some_and(|p| p <= 0.001)),
     ));
+    out
+}
+
+/// "met" or "missed", for a target's verdict.
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "missed" }
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+// (4)-(6): the front door.
+
+/// Admission limits of the front-door rows, per session and in total, far
+/// above what they hold at once: 500 streams in (4), [`HANDSHAKE_CLIENTS`]
+/// requests in (6).
+const FRONT_LIMIT: u32 = 8192;
+/// (4): concurrent streams per HTTP/2 connection.
+const STREAMS: u32 = 10;
+/// (6): h2load clients, each making one connection with one request. At
+/// about 1,000-1,500 handshakes per second on 2 shared CPUs a run takes
+/// 3-4 s.
+const HANDSHAKE_CLIENTS: u32 = 4000;
+
+/// One front-door run.
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    /// Requests (in (6): handshakes) per second.
+    rate: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    /// The proxy's CPU time (user + system) per request, in µs.
+    cpu_us: f64,
+}
+
+/// A proxy under test: where to send the load, and the processes whose
+/// CPU time is its cost.
+struct Side {
+    name: &'static str,
+    url: String,
+    pids: Vec<u32>,
+}
+
+impl Nginx {
+    /// The worker processes (the master only supervises them).
+    fn workers(&self) -> Vec<u32> {
+        let master = self.child.id();
+        let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
+        entries
+            .flatten()
+            .filter_map(|e| {
+                let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+                let stat = fs::read_to_string(e.path().join("stat")).ok()?;
+                let ppid: u32 = stat_fields(&stat)?.get(1)?.parse().ok()?;
+                (ppid == master).then_some(pid)
+            })
+            .collect()
+    }
+}
+
+/// The fields of /proc/PID/stat after the command name (which is in
+/// parentheses and may hold spaces): state, ppid, ...
+fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    Some(stat.rsplit_once(')')?.1.split_whitespace().collect())
+}
+
+/// User + system CPU seconds of `pids`, all their threads included. The
+/// kernel reports them in USER_HZ ticks, which Linux fixes at 100 per
+/// second for user space.
+fn cpu_seconds(pids: &[u32]) -> f64 {
+    let ticks: f64 = pids
+        .iter()
+        .filter_map(|pid| {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let f = stat_fields(&stat)?;
+            // utime and stime: fields 14 and 15 of the line, 11 and 12 here.
+            Some(f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?)
+        })
+        .sum();
+    ticks / 100.0
+}
+
+/// What one h2load run printed.
+struct H2load {
+    succeeded: f64,
+    rps: f64,
+    /// Protocol, cipher, key exchange and ALPN, as h2load names them.
+    negotiated: String,
+    alpn: String,
+}
+
+/// Runs h2load and checks that every request it started in time answered
+/// 2xx.
+fn h2load(args: &[&str], url: &str) -> Result<H2load> {
+    let out = Command::new("h2load").args(args).arg(url).output().context("run h2load")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let what = format!("h2load {} {url}", args.join(" "));
+    ensure!(out.status.success(), "{what} failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+    let line = |prefix: &str| text.lines().find_map(|l| l.strip_prefix(prefix)).map(str::trim);
+    // "finished in 5.01s, 42390.00 req/s, 1.17MB/s"
+    let rps: f64 = line("finished in ")
+        .and_then(|l| l.split(", ").nth(1)?.strip_suffix(" req/s")?.parse().ok())
+        .with_context(|| format!("{what}: no req/s in its output: {text}"))?;
+    // "requests: 50214 total, 50450 started, 50214 done, 50000 succeeded, 214 failed, 214 errored, 0 timeout"
+    // "status codes: 50000 2xx, 0 3xx, 0 4xx, 0 5xx"
+    let count = |prefix: &str, name: &str| -> Option<f64> {
+        line(prefix)?.split(", ").find_map(|p| p.trim().strip_suffix(name))?.trim().parse().ok()
+    };
+    let (done, succeeded, ok) =
+        (count("requests:", " done"), count("requests:", " succeeded"), count("status codes:", " 2xx"));
+    let (Some(done), Some(succeeded), Some(ok)) = (done, succeeded, ok) else {
+        bail!("{what}: no request counts in its output: {text}");
+    };
+    ensure!(
+        done > 0.0 && succeeded == done && ok == done,
+        "{what}: not every request answered 2xx:\n{}\n{}",
+        line("requests:").unwrap_or(""),
+        line("status codes:").unwrap_or("")
+    );
+    let negotiated = ["TLS Protocol:", "Cipher:", "Server Temp Key:", "Application protocol:"]
+        .iter()
+        .filter_map(|p| line(p))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let alpn = line("Application protocol:").unwrap_or("").to_owned();
+    Ok(H2load { succeeded, rps, negotiated, alpn })
+}
+
+/// p50 and p99 of the request durations in an h2load `--log-file` (one
+/// line per request: start time, status, duration in µs), in ms.
+fn logged_quantiles(path: &Path) -> Result<(f64, f64)> {
+    let text = fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+    let mut us: Vec<f64> = text.lines().filter_map(|l| l.split_whitespace().nth(2)?.parse().ok()).collect();
+    ensure!(!us.is_empty(), "{}: no requests logged", path.display());
+    us.sort_by(f64::total_cmp);
+    // The nearest-rank quantile: the smallest duration with at least q of
+    // the requests at or below it.
+    let q = |q: f64| us[((q * us.len() as f64).ceil() as usize).clamp(1, us.len()) - 1] / 1000.0;
+    Ok((q(0.50), q(0.99)))
+}
+
+/// Whether this nginx has the `http2` directive (1.25.1 and later); older
+/// ones take `http2` as a `listen` parameter.
+fn nginx_has_http2_directive() -> Result<bool> {
+    let out = Command::new("nginx").arg("-v").output().context("run nginx -v")?;
+    // "nginx version: nginx/1.22.1" (on stderr)
+    let text = String::from_utf8_lossy(&out.stderr);
+    let version: Vec<u32> = text
+        .split_once("nginx/")
+        .and_then(|(_, v)| v.split_whitespace().next())
+        .context("no version in `nginx -v`")?
+        .split('.')
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    Ok(version >= vec![1, 25, 1])
+}
+
+/// nginx as the TLS front door, as limiter is configured: TLS 1.2 and
+/// 1.3, ALPN h2 and http/1.1, at most 100 streams per connection, the
+/// same `limit_conn` keyed on `Authorization` as (1). Its upstream
+/// keepalive cache holds [`HANDSHAKE_CLIENTS`] idle connections per
+/// worker, so that, like limiter's pool (which keeps every idle one), it
+/// keeps the connections the busiest row needed ((1)'s 64 would make
+/// nginx connect anew for most requests of (4) and (6)). And
+/// `keepalive_requests` is lifted: its default of 1,000 would close each
+/// client connection after 1,000 requests (h2load then loses that
+/// connection's clients), where limiter has no such cap.
+fn nginx_front_door(dir: &Path, listen: u16, upstream: SocketAddr, cert: &Path, key: &Path) -> Result<Nginx> {
+    let (listen_http2, http2_on) =
+        if nginx_has_http2_directive()? { ("", "\n    http2 on;") } else { (" http2", "") };
+    nginx(
+        dir,
+        "front-door",
+        &format!(
+            "  upstream up {{ server {upstream}; keepalive {HANDSHAKE_CLIENTS}; }}\n\
+               limit_conn_zone $http_authorization zone=perauth:10m;\n\
+               server {{\n    listen 127.0.0.1:{listen} ssl{listen_http2};{http2_on}\n\
+                 ssl_certificate {cert};\n    ssl_certificate_key {key};\n\
+                 ssl_protocols TLSv1.2 TLSv1.3;\n\
+                 ssl_session_cache shared:SSL:1m;\n    ssl_session_tickets off;\n\
+                 http2_max_concurrent_streams 100;\n    keepalive_requests 1000000;\n\
+                 location / {{\n      limit_conn perauth {FRONT_LIMIT};\n      limit_conn_status 503;\n\
+                 proxy_pass http://up;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}\n  }}",
+            cert = cert.display(),
+            key = key.display(),
+        ),
+    )
+}
+
+/// Runs `one` against each side once (a warm-up, which also checks it),
+/// then [`ROUNDS`] interleaved rounds; the runs of each side.
+fn interleaved(
+    what: &str,
+    sides: &[Side; 2],
+    mut one: impl FnMut(usize, &Side) -> Result<Sample>,
+) -> Result<[Vec<Sample>; 2]> {
+    for (i, side) in sides.iter().enumerate() {
+        one(i, side)?;
+    }
+    let mut runs = [Vec::new(), Vec::new()];
+    for round in 0..ROUNDS {
+        for k in 0..2 {
+            let i = (round + k) % 2;
+            runs[i].push(one(i, &sides[i])?);
+        }
+        eprintln!("{what} round {}/{ROUNDS}", round + 1);
+    }
+    Ok(runs)
+}
+
+/// (4)-(6): limiter's TLS listener beside nginx's, in front of the upstream
+/// of (1).
+fn front_door(dir: &Path, upstream: SocketAddr, auth: &str) -> Result<String> {
+    let tls = dir.join("tls");
+    fs::create_dir_all(&tls)?;
+    let (cert, key) = (tls.join("cert.pem"), tls.join("key.pem"));
+    let path = |p: &Path| p.to_str().map(str::to_owned).context("a temporary path that is not UTF-8");
+    let (key_path, cert_path) = (path(&key)?, path(&cert)?);
+    let mut args: Vec<&str> = "req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 \
+                               -subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1"
+        .split_whitespace()
+        .collect();
+    args.extend(["-keyout", &key_path, "-out", &cert_path]);
+    limiter_tests::run("openssl", &args)?;
+    let cores = cores();
+    let tls_port = free_port();
+    let (config, _) = client::http_config(
+        &dir.join("limiter-tls"),
+        Some(upstream),
+        &format!(
+            // The normal pool is maxThreads - 8 - 3 (README).
+            "http.maxThreads = {}\nhttp.maxSessionConnections = {FRONT_LIMIT}\nhttp.retryAfterMs = 1000\n\
+             http.workers = {cores}\nhttp.accessLog = off\nhttp.h2.maxConcurrentStreams = 100\n\
+             http.tls.listen = 127.0.0.1:{tls_port}\nhttp.tls.certFile = {}\nhttp.tls.keyFile = {}\n",
+            FRONT_LIMIT + 8 + 3,
+            cert.display(),
+            key.display(),
+        ),
+    );
+    let daemon = Daemon::start_with_config_log_level(&config)?;
+    let nginx_port = free_port();
+    let proxy = nginx_front_door(dir, nginx_port, upstream, &cert, &key)?;
+    let workers = proxy.workers();
+    ensure!(
+        !workers.is_empty(),
+        "the front-door nginx has no workers:\n{}",
+        fs::read_to_string(dir.join("front-door/logs/error.log")).unwrap_or_default()
+    );
+    let sides = [
+        Side {
+            name: "limiter",
+            url: format!("https://127.0.0.1:{tls_port}/"),
+            pids: vec![daemon.pid().as_raw() as u32],
+        },
+        Side { name: "nginx", url: format!("https://127.0.0.1:{nginx_port}/"), pids: workers },
+    ];
+    let mut negotiated = [String::new(), String::new()];
+
+    // (4) HTTP/2 over TLS.
+    let log = dir.join("h2load.log");
+    let h2_args = [
+        "-t2".to_owned(),
+        format!("-c{CONNECTIONS}"),
+        format!("-m{STREAMS}"),
+        format!("-D{SECONDS}"),
+        format!("--log-file={}", log.display()),
+        "-H".to_owned(),
+        auth.to_owned(),
+    ];
+    let h2 = interleaved("HTTP/2 over TLS", &sides, |i, side| {
+        let _ = fs::remove_file(&log); // h2load appends to it
+        let before = cpu_seconds(&side.pids);
+        let r = h2load(&h2_args.iter().map(String::as_str).collect::<Vec<_>>(), &side.url)?;
+        let cpu = cpu_seconds(&side.pids) - before;
+        ensure!(r.alpn == "h2", "{}: negotiated {:?}, not h2", side.url, r.alpn);
+        negotiated[i] = r.negotiated;
+        let (p50_ms, p99_ms) = logged_quantiles(&log)?;
+        Ok(Sample { rate: r.rps, p50_ms, p99_ms, cpu_us: cpu / r.succeeded * 1e6 })
+    })?;
+
+    // (5) HTTP/1.1 over TLS (wrk offers no ALPN: HTTP/1.1 on both).
+    let h1 = interleaved("HTTP/1.1 over TLS", &sides, |_, side| {
+        let before = cpu_seconds(&side.pids);
+        let r = wrk(&side.url, &[auth])?;
+        let cpu = cpu_seconds(&side.pids) - before;
+        ensure!(r.non_2xx_per_s == 0.0, "{} answered non-2xx over TLS", side.url);
+        Ok(Sample {
+            rate: r.rps,
+            p50_ms: r.p50_ms,
+            p99_ms: r.p99_ms,
+            cpu_us: cpu / (r.rps * f64::from(SECONDS)) * 1e6,
+        })
+    })?;
+
+    // (6) A full handshake per request.
+    let clients = format!("{HANDSHAKE_CLIENTS}");
+    let hs_args = ["--h1", "-t2", "-c", &clients, "-n", &clients, "-H", auth];
+    let hs = interleaved("TLS handshake", &sides, |_, side| {
+        let before = cpu_seconds(&side.pids);
+        let r = h2load(&hs_args, &side.url)?;
+        let cpu = cpu_seconds(&side.pids) - before;
+        ensure!(r.alpn == "http/1.1", "{}: negotiated {:?}, not http/1.1", side.url, r.alpn);
+        Ok(Sample { rate: r.rps, p50_ms: f64::NAN, p99_ms: f64::NAN, cpu_us: cpu / r.succeeded * 1e6 })
+    })?;
+    drop(daemon);
+
+    Ok(front_door_report(&sides, &negotiated, &h2, &h1, &hs))
+}
+
+fn front_door_report(
+    sides: &[Side; 2],
+    negotiated: &[String; 2],
+    h2: &[Vec<Sample>; 2],
+    h1: &[Vec<Sample>; 2],
+    hs: &[Vec<Sample>; 2],
+) -> String {
+    let values = |runs: &[Sample], f: fn(&Sample) -> f64| runs.iter().map(f).collect::<Vec<_>>();
+    let med = |runs: &[Sample], f: fn(&Sample) -> f64| median(&values(runs, f));
+    let ms = |runs: &[Sample], f: fn(&Sample) -> f64| {
+        let v = values(runs, f);
+        let (min, max) =
+            (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(0.0, f64::max));
+        format!("{:.2} ({min:.2}-{max:.2})", median(&v))
+    };
+    let cores = cores();
+    // What a missed row's own figures say about it.
+    let limits = |runs: &[Vec<Sample>; 2], unit: &str| -> String {
+        let (l, n) = (med(&runs[0], |s| s.cpu_us), med(&runs[1], |s| s.cpu_us));
+        if l > n {
+            format!(
+                "What limits it: CPU. limiter spends {l:.0} µs of CPU per {unit} against nginx's {n:.0} µs ({:.2}x); \
+                 the load generator, both proxies and the upstream share the {cores} CPUs, so every µs the proxy \
+                 spends is taken from the others.\n",
+                l / n
+            )
+        } else {
+            format!(
+                "limiter's CPU per {unit} ({l:.0} µs) is not above nginx's ({n:.0} µs), so its CPU cost does not \
+                 explain the miss; the rest is in when the work is done (scheduling, how writes are batched), \
+                 which this program does not measure.\n"
+            )
+        }
+    };
+    let mut out = format!(
+        "\nFront door (issue 13): limiter's TLS listener beside nginx (`ssl`, `http2`), {cores} workers each, the same \
+         self-signed P-256 certificate, the upstream of (1), limits of {FRONT_LIMIT} (never reached). Session resumption \
+         alike: rustls' default (256-session cache, stateful TLS 1.3 tickets, no ticket key) and nginx \
+         `ssl_session_cache shared:SSL:1m; ssl_session_tickets off` (stateful TLS 1.3 tickets). CPU: user + system \
+         time of limiter's process and of nginx's workers over each run (/proc), per request. {ROUNDS} \
+         interleaved rounds per row.\n\
+         Negotiated (h2load): limiter {}; nginx {}.\n",
+        negotiated[0], negotiated[1]
+    );
+    let latency_row = |out: &mut String, title: &str, runs: &[Vec<Sample>; 2]| {
+        out.push_str(title);
+        out.push_str(
+            "| proxy | requests/s | p50 ms | p99 ms | proxy CPU µs per request |\n|---|---|---|---|---|\n",
+        );
+        for (side, r) in sides.iter().zip(runs) {
+            out.push_str(&format!(
+                "| {} | {} | {:.2} | {} | {:.1} |\n",
+                side.name,
+                spread(&values(r, |s| s.rate)),
+                med(r, |s| s.p50_ms),
+                ms(r, |s| s.p99_ms),
+                med(r, |s| s.cpu_us),
+            ));
+        }
+        let (l_rate, n_rate) = (med(&runs[0], |s| s.rate), med(&runs[1], |s| s.rate));
+        let (l_p99, n_p99) = (med(&runs[0], |s| s.p99_ms), med(&runs[1], |s| s.p99_ms));
+        out.push_str(&format!(
+            "\nTargets: throughput >= nginx's: {} ({:.2}x); p99 no worse: {} ({l_p99:.2} ms vs {n_p99:.2} ms).\n",
+            verdict(l_rate >= n_rate),
+            l_rate / n_rate,
+            verdict(l_p99 <= n_p99),
+        ));
+        if l_rate < n_rate || l_p99 > n_p99 {
+            out.push_str(&limits(runs, "request"));
+        }
+    };
+    latency_row(
+        &mut out,
+        &format!(
+            "\n(4) HTTP/2 over TLS (ALPN h2): h2load -t2 -c{CONNECTIONS} -m{STREAMS} -D {SECONDS}, {} streams in \
+             flight; p50 and p99 computed from h2load's --log-file (every request's duration)\n\n",
+            CONNECTIONS * STREAMS
+        ),
+        h2,
+    );
+    latency_row(
+        &mut out,
+        &format!(
+            "\n(5) HTTP/1.1 over TLS, keep-alive: wrk -t2 -c{CONNECTIONS} -d{SECONDS}s --latency (p50, p99: wrk's)\n\n"
+        ),
+        h1,
+    );
+    out.push_str(&format!(
+        "\n(6) A new connection per request over TLS: h2load --h1 -t2 -c{HANDSHAKE_CLIENTS} -n{HANDSHAKE_CLIENTS}, \
+         each client one connection with one request, so every handshake is full (no client has a session to \
+         offer); all clients start at once, so no latency is reported (each one's is its place in the queue)\n\n\
+         | proxy | handshakes/s | proxy CPU µs per connection |\n|---|---|---|\n"
+    ));
+    for (side, r) in sides.iter().zip(hs) {
+        out.push_str(&format!(
+            "| {} | {} | {:.1} |\n",
+            side.name,
+            spread(&values(r, |s| s.rate)),
+            med(r, |s| s.cpu_us)
+        ));
+    }
+    let (l, n) = (med(&hs[0], |s| s.rate), med(&hs[1], |s| s.rate));
+    out.push_str(&format!("\nTarget: handshakes/s >= nginx's: {} ({:.2}x).\n", verdict(l >= n), l / n));
+    if l < n {
+        out.push_str(&limits(hs, "connection"));
+    }
     out
 }
