@@ -118,8 +118,8 @@ impl Logged {
 pub struct Streams {
     open: AtomicU32,
     changed: Notify,
-    /// A stream of this connection was starved and cut ([`super::stream_guard`]).
-    pub starved: Notify,
+    /// Its streams' responses, watched for starvation ([`super::stream_guard`]).
+    pub watchlist: super::stream_guard::Watchlist,
     /// Frames the client sent (PINGs aside), as the flood meter counts
     /// them: a client granting window to a download is not idle.
     pub activity: Arc<AtomicU64>,

@@ -207,10 +207,9 @@ pub(super) async fn forward(
             let body = Prefixed::<Stall<Incoming>>::whole(frames).boxed_unsync();
             match &h2 {
                 // On HTTP/2 a starved stream must not keep its bytes for ever.
-                Some(conn) if !body.is_end_stream() => ProxyBody::boxed(
-                    stream_guard::guard(body, None, &tuning, proxy.counters.clone(), conn.clone())
-                        .boxed_unsync(),
-                ),
+                Some(conn) if !body.is_end_stream() => {
+                    ProxyBody::boxed(stream_guard::guard(body, None, &conn.watchlist).boxed_unsync())
+                }
                 _ => ProxyBody::boxed(body),
             }
         }
@@ -220,10 +219,9 @@ pub(super) async fn forward(
             match &h2 {
                 // One stream can starve while its connection flows: a
                 // watchdog, not the socket, notices.
-                Some(conn) => ProxyBody::boxed(
-                    stream_guard::guard(body, Some(permit), &tuning, proxy.counters.clone(), conn.clone())
-                        .boxed_unsync(),
-                ),
+                Some(conn) => {
+                    ProxyBody::boxed(stream_guard::guard(body, Some(permit), &conn.watchlist).boxed_unsync())
+                }
                 None => ProxyBody::boxed(body).with_permit(permit),
             }
         }

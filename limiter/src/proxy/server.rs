@@ -376,7 +376,7 @@ where
         }
         // A starved stream holds a chunk inside hyper that only the
         // connection's end frees.
-        () = streams.starved.notified() => true,
+        () = streams.watchlist.starved(&tuning, &proxy.counters) => true,
     };
     conn.as_mut().graceful_shutdown();
     let bound = if closing { idle } else { tuning.drain_timeout };

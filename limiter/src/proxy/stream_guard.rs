@@ -5,7 +5,8 @@
 //! chunk it took last and simply stops asking the body for more, so
 //! nothing on the request path would ever notice.
 //!
-//! So a watchdog task checks each stream's progress from outside. The body
+//! So each HTTP/2 connection's task watches its streams' progress from
+//! outside ([`Watchlist::starved`], polled beside the connection). The body
 //! hands hyper chunks of at most [`CHUNK`] bytes, and a chunk counts as
 //! delivered once hyper asks for the next one (it has sent the previous
 //! one) or drops the body (the stream is done). A chunk not delivered
@@ -14,15 +15,14 @@
 //! stream: it is cut. (Waiting on the upstream is not the client's fault:
 //! the upstream body's own stall timeout covers that.) A cut stream has its
 //! upstream response and its permit dropped at once, so the upstream's
-//! thread is free, and its connection is told ([`Streams::starved`]): it
-//! gets GOAWAY and is closed once its other streams are done (after
+//! thread is free, and its connection gets GOAWAY and is closed once its other streams are done (after
 //! `http.idleTimeoutMs` at most), which frees the chunk hyper still holds
 //! and its bytes of `http.bufferMemoryBytes`.
 
 use std::{
     pin::Pin,
     sync::{
-        Arc, Mutex,
+        Arc, Mutex, Weak,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     task::{Context, Poll},
@@ -32,9 +32,12 @@ use std::{
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::{Body, Frame, SizeHint};
-use tokio::time::{Instant, sleep_until};
+use tokio::{
+    sync::Notify,
+    time::{Instant, sleep},
+};
 
-use super::{Counters, Tuning, body::BoxError, exchange::Streams, shield::GRACE};
+use super::{Counters, Tuning, body::BoxError, shield::GRACE};
 use crate::admission::Permit;
 
 /// The most a stream hands hyper at once: the unit of progress.
@@ -75,15 +78,9 @@ pub struct Guarded {
     ended: bool,
 }
 
-/// Streams `body` (holding `permit`, if it still has one), with a watchdog
-/// on the calling runtime that tells `conn` if it cuts the stream.
-pub fn guard(
-    body: UnsyncBoxBody<Bytes, BoxError>,
-    permit: Option<Permit>,
-    tuning: &Tuning,
-    counters: Arc<Counters>,
-    conn: Arc<Streams>,
-) -> Guarded {
+/// Streams `body` (holding `permit`, if it still has one), watched by its
+/// connection's `list`.
+pub fn guard(body: UnsyncBoxBody<Bytes, BoxError>, permit: Option<Permit>, list: &Watchlist) -> Guarded {
     let hint = body.size_hint();
     let shared = Arc::new(Shared {
         held: Mutex::new(Some((body, permit))),
@@ -92,8 +89,12 @@ pub fn guard(
         start: Instant::now(),
         done: AtomicBool::new(false),
     });
-    let rules = (tuning.min_data_rate, tuning.idle_timeout);
-    tokio::spawn(watch(shared.clone(), rules, counters, conn));
+    let mut streams = list.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    streams.push(Arc::downgrade(&shared));
+    if streams.len() == 1 {
+        list.added.notify_one();
+    }
+    drop(streams);
     Guarded { shared, hint, rest: None, ended: false }
 }
 
@@ -102,34 +103,61 @@ fn allowed(bytes: u64, min_rate: u64, idle: Duration) -> Duration {
     if min_rate == 0 { idle } else { GRACE + Duration::from_secs_f64(bytes as f64 / min_rate as f64) }
 }
 
-async fn watch(
-    shared: Arc<Shared>,
-    (min_rate, idle): (u64, Duration),
-    counters: Arc<Counters>,
-    conn: Arc<Streams>,
-) {
-    let look_again = GRACE.min(idle);
-    loop {
-        if shared.done.load(Ordering::Relaxed) {
-            return;
-        }
-        let now = Instant::now();
-        let pending = shared.pending.load(Ordering::Relaxed);
-        let since = shared.start + Duration::from_millis(shared.pending_since_ms.load(Ordering::Relaxed));
-        if pending > 0 {
-            let due = since + allowed(pending, min_rate, idle);
-            if due <= now {
-                break;
+/// The guarded streams of one HTTP/2 connection.
+#[derive(Default)]
+pub struct Watchlist {
+    streams: Mutex<Vec<Weak<Shared>>>,
+    added: Notify,
+}
+
+impl std::fmt::Debug for Watchlist {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watchlist").finish_non_exhaustive()
+    }
+}
+
+impl Watchlist {
+    /// Resolves once a stream of this connection was starved (and cut):
+    /// looks at the streams every 3 s (or `http.idleTimeoutMs`, if
+    /// shorter) while there are any.
+    pub async fn starved(&self, tuning: &Tuning, counters: &Counters) {
+        let (min_rate, idle) = (tuning.min_data_rate, tuning.idle_timeout);
+        loop {
+            let added = self.added.notified();
+            tokio::pin!(added);
+            added.as_mut().enable();
+            let watching = {
+                let mut streams = self.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                streams.retain(|w| w.upgrade().is_some_and(|s| !s.done.load(Ordering::Relaxed)));
+                let now = Instant::now();
+                let mut cut = 0u64;
+                for shared in streams.iter().filter_map(Weak::upgrade) {
+                    let pending = shared.pending.load(Ordering::Relaxed);
+                    let since =
+                        shared.start + Duration::from_millis(shared.pending_since_ms.load(Ordering::Relaxed));
+                    if pending > 0 && since + allowed(pending, min_rate, idle) <= now {
+                        shared.done.store(true, Ordering::Relaxed);
+                        drop(shared.held().take());
+                        cut += 1;
+                    }
+                }
+                if cut > 0 {
+                    counters.slow_readers.fetch_add(cut, Ordering::Relaxed);
+                    tracing::debug!(
+                        cut,
+                        "HTTP/2 streams starved: their upstream responses and permits dropped"
+                    );
+                    return;
+                }
+                !streams.is_empty()
+            };
+            if watching {
+                sleep(GRACE.min(idle)).await;
+            } else {
+                added.await;
             }
-            sleep_until(due.min(now + look_again)).await;
-        } else {
-            sleep_until(now + look_again).await;
         }
     }
-    drop(shared.held().take());
-    counters.slow_readers.fetch_add(1, Ordering::Relaxed);
-    conn.starved.notify_one();
-    tracing::debug!("HTTP/2 stream starved: its upstream response and permit dropped, its connection closes");
 }
 
 impl Drop for Guarded {
