@@ -33,6 +33,7 @@ pub mod in_process;
 pub mod packet;
 pub mod peer;
 pub mod process;
+pub mod tls;
 pub mod upstream;
 
 use anyhow::{Context as _, Result, bail, ensure};

@@ -29,29 +29,7 @@ const WAIT: Duration = Duration::from_secs(10);
 
 /// A self-signed P-256 pair for `localhost` and 127.0.0.1, named `cn`.
 fn pair(dir: &Path, cn: &str) -> (PathBuf, PathBuf) {
-    let (cert, key) = (dir.join(format!("{cn}.crt")), dir.join(format!("{cn}.key")));
-    let out = run_with_deadline(
-        Command::new("openssl")
-            .args([
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-days",
-                "30",
-            ])
-            .args(["-subj", &format!("/CN={cn}"), "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
-            .arg("-keyout")
-            .arg(&key)
-            .arg("-out")
-            .arg(&cert),
-        WAIT,
-    );
-    assert!(out.status.success(), "openssl req: {}", String::from_utf8_lossy(&out.stderr));
-    (cert, key)
+    limiter_tests::tls::self_signed(dir, cn)
 }
 
 /// The TLS keys for a pair, for the daemon's file.

@@ -60,29 +60,7 @@ fn sigusr1_reopens_the_access_log_and_dump_counts_requests_by_protocol() {
 #[ignore = "black-box: the daemon binary, openssl; run by `cargo xtask test`"]
 fn check_config_and_run_refuse_a_key_that_does_not_match_its_certificate() {
     let dir = scratch("pair");
-    let make = |cn: &str| {
-        let (cert, key) = (dir.join(format!("{cn}.crt")), dir.join(format!("{cn}.key")));
-        let out = Command::new("openssl")
-            .args([
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-days",
-                "5",
-            ])
-            .args(["-subj", &format!("/CN={cn}"), "-keyout"])
-            .arg(&key)
-            .arg("-out")
-            .arg(&cert)
-            .output()
-            .expect("openssl (cargo xtask setup installs it)");
-        assert!(out.status.success());
-        (cert, key)
-    };
+    let make = |cn: &str| limiter_tests::tls::self_signed(&dir, cn);
     let (cert, _) = make("a");
     let (_, wrong) = make("b");
     let (config, _) = client::http_config(

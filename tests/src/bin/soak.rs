@@ -602,26 +602,7 @@ fn http2(short: bool) -> Row {
     let upstream = Upstream::start();
     let dir = std::env::temp_dir().join(format!("soak-h2-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    let made = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-days",
-            "2",
-        ])
-        .args(["-subj", "/CN=localhost", "-keyout"])
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .expect("openssl");
-    assert!(made.status.success(), "openssl req");
+    let (cert, key) = limiter_tests::tls::self_signed(&dir, "localhost");
     let tls: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let (daemon, proxy) = http_only(
         "h2",
