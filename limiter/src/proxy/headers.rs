@@ -25,8 +25,18 @@ const HOP_BY_HOP: [&str; 8] = [
 ];
 
 /// Whether a request asks to switch protocols (WebSocket and the like).
+/// An upgrade to `h2c` is not one the proxy passes on: HTTP/2 inside a
+/// tunnel would bypass per-stream admission (and RFC 9113 retired it), so
+/// the request goes upstream as plain HTTP/1.1 without its `Upgrade`.
 pub fn is_upgrade(headers: &HeaderMap) -> bool {
+    let h2c = headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("h2c"));
     headers.contains_key(header::UPGRADE)
+        && !h2c
         && headers
             .get_all(header::CONNECTION)
             .iter()
@@ -143,6 +153,18 @@ mod tests {
         let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         names.sort();
         assert_eq!(names, vec!["authorization", "x-other"]);
+    }
+
+    #[test]
+    fn an_upgrade_to_h2c_is_not_passed_on() {
+        let mut h = map(&[
+            ("connection", "Upgrade, HTTP2-Settings"),
+            ("upgrade", "h2c"),
+            ("http2-settings", "AAMAAABkAAQAoAAAAAIAAAAA"),
+        ]);
+        assert!(!is_upgrade(&h));
+        strip_hop_by_hop(&mut h, false);
+        assert!(h.is_empty(), "{h:?}");
     }
 
     #[test]
