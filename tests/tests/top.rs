@@ -78,6 +78,7 @@ fn top_in_a_real_terminal_shows_what_the_dump_shows() {
     }
     assert!(screen.contains(&format!("daemon pid {}", daemon.pid())), "{screen}");
     assert!(screen.contains("HTTP in use/limit") && screen.contains("breaker closed"), "{screen}");
+    assert!(screen.contains("HTTP req/s by protocol: h1 "), "the protocols line: {screen}");
     for port in [p, q] {
         let cells = row(&screen, port);
         let want = limiter_tests::port(&d, port);
