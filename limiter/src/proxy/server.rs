@@ -229,16 +229,17 @@ async fn connection(
     c.connections_open.fetch_add(1, Ordering::Relaxed);
     c.connections_total.fetch_add(1, Ordering::Relaxed);
     let tuning = proxy.tuning();
+    let conn = |proto| Conn { client: Client { addr, proto }, proxy: proxy.clone(), pool, shutdown };
     let result = if secure {
         match handshake(stream, &tuning, &proxy).await {
-            Some((tls, Proto::H2Tls)) => serve_h2(tls, addr, Proto::H2Tls, &proxy, pool, shutdown).await,
-            Some((tls, proto)) => serve_h1(tls, addr, proto, &proxy, pool, shutdown).await,
+            Some((tls, Proto::H2Tls)) => serve_h2(tls, conn(Proto::H2Tls)).await,
+            Some((tls, proto)) => serve_h1(tls, conn(proto)).await,
             None => Ok(()),
         }
     } else if tuning.h2c && sends_preface(&stream, tuning.header_read_timeout).await {
-        serve_h2(stream, addr, Proto::H2c, &proxy, pool, shutdown).await
+        serve_h2(stream, conn(Proto::H2c)).await
     } else {
-        serve_h1(stream, addr, Proto::H1, &proxy, pool, shutdown).await
+        serve_h1(stream, conn(Proto::H1)).await
     };
     if let Err(e) = result {
         if e.is_timeout() {
@@ -302,22 +303,30 @@ fn handshake_failure(e: &std::io::Error) -> &'static str {
     }
 }
 
-/// One HTTP/1 connection, cleartext or TLS.
-async fn serve_h1<S>(
-    stream: S,
-    addr: SocketAddr,
-    proto: Proto,
-    proxy: &Arc<Proxy>,
+/// A client connection whose protocol is known, and what serving it needs.
+struct Conn {
+    client: Client,
+    proxy: Arc<Proxy>,
     pool: Arc<Pool>,
     shutdown: watch::Receiver<bool>,
-) -> Result<(), hyper::Error>
+}
+
+impl Conn {
+    /// Counts the connection by protocol; the values it is served with.
+    fn start(&self) -> Arc<Tuning> {
+        self.proxy.counters.connections_by_proto[self.client.proto.index()].fetch_add(1, Ordering::Relaxed);
+        self.proxy.tuning()
+    }
+}
+
+/// One HTTP/1 connection, cleartext or TLS.
+async fn serve_h1<S>(stream: S, conn: Conn) -> Result<(), hyper::Error>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let tuning = proxy.tuning();
-    proxy.counters.connections_by_proto[proto.index()].fetch_add(1, Ordering::Relaxed);
-    let io = client_io(stream, Watch::h1(), &tuning, proxy);
-    let client = Client { addr, proto };
+    let tuning = conn.start();
+    let Conn { client, proxy, pool, shutdown } = conn;
+    let io = client_io(stream, Watch::h1(), &tuning, &proxy);
     let service = {
         let proxy = proxy.clone();
         service_fn(move |req| exchange::serve(req, proxy.clone(), pool.clone(), client, None))
@@ -342,22 +351,14 @@ where
 /// of its streams was starved ([`super::stream_guard`]); after such a
 /// GOAWAY it is cut if it still has not closed `http.idleTimeoutMs` later
 /// (what a starved stream left in hyper's send buffer goes with it).
-async fn serve_h2<S>(
-    stream: S,
-    addr: SocketAddr,
-    proto: Proto,
-    proxy: &Arc<Proxy>,
-    pool: Arc<Pool>,
-    shutdown: watch::Receiver<bool>,
-) -> Result<(), hyper::Error>
+async fn serve_h2<S>(stream: S, conn: Conn) -> Result<(), hyper::Error>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let tuning = proxy.tuning();
-    proxy.counters.connections_by_proto[proto.index()].fetch_add(1, Ordering::Relaxed);
+    let tuning = conn.start();
+    let Conn { client, proxy, pool, shutdown } = conn;
     let streams = Arc::new(Streams::default());
-    let io = client_io(stream, Watch::h2(streams.activity.clone()), &tuning, proxy);
-    let client = Client { addr, proto };
+    let io = client_io(stream, Watch::h2(streams.activity.clone()), &tuning, &proxy);
     let service = {
         let (proxy, streams) = (proxy.clone(), streams.clone());
         service_fn(move |req| {
