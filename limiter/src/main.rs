@@ -56,6 +56,12 @@ enum Command {
         #[arg(long)]
         once: bool,
     },
+    /// Reload the running daemon's configuration and wait until it is
+    /// applied (exit 0) or refused (exit 78, nothing changed).
+    Reload {
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+    },
     /// Detach the kernel gate and remove the daemon's own pins.
     Unload {
         #[command(flatten)]
@@ -82,6 +88,7 @@ fn main() -> ExitCode {
             cli::run::main(cli::run::Args { config, unload_on_exit, log_json, user })
         }
         Command::CheckConfig { file } => cli::check_config::main(&file),
+        Command::Reload { config } => cli::reload::main(&config),
         Command::Dump { json, target: t } => match access(&t) {
             Ok(t) => cli::dump::main(&t, json),
             Err(e) => cli::fail(e),

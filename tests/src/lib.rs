@@ -380,6 +380,14 @@ impl Daemon {
         Self::spawn(cmd, config, None)
     }
 
+    /// [`Self::start`] with these environment variables set (systemd's
+    /// `NOTIFY_SOCKET`, `JOURNAL_STREAM`).
+    pub fn start_with_env(config: &Path, env: &[(&str, &str)]) -> Result<Self> {
+        let mut cmd = Command::new(limiter_bin());
+        cmd.arg("run").arg("--config").arg(config).envs(env.iter().copied());
+        Self::spawn(cmd, config, None)
+    }
+
     /// Starts the daemon inside the sandbox: in its network namespace (so
     /// its proxy and admin listeners are there) and in its cgroup (so the
     /// gate counts the proxy's own connections).

@@ -4,17 +4,14 @@
 
 use std::{path::Path, process::ExitCode};
 
-use super::out;
+use super::{fail_config, out};
 use crate::config::{Config, DEBUG_SLOTS, Upstream};
 
-/// Validates `file`; exit status 2 with the error, or the description.
+/// Validates `file`; exit status 78 with the error, or the description.
 pub fn main(file: &Path) -> ExitCode {
     match Config::load(file) {
         Ok(c) => out(&describe(&c)),
-        Err(e) => {
-            eprintln!("limiter: {e}");
-            ExitCode::from(2)
-        }
+        Err(e) => fail_config(e),
     }
 }
 

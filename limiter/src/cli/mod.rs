@@ -5,10 +5,18 @@
 //! - [`check_config`]: validate a file and describe it, key by key;
 //! - [`dump`], [`top`]: the pinned maps and the daemon's `/status`
 //!   ([`status`] asks for it);
+//! - [`reload`]: a reload that returns once the daemon applied or refused
+//!   it (systemd's `ExecReload`);
 //! - [`unload`]: remove the gate.
+//!
+//! Exit status: 0 success; [`EX_CONFIG`] (78) for what the configuration
+//! gets wrong, from `run`, `check-config` and `reload` alike; 1 for
+//! failures of the environment (a listener that cannot bind, a missing
+//! interface, incompatible pins, capabilities); clap's 2 for usage.
 
 pub mod check_config;
 pub mod dump;
+pub mod reload;
 pub mod run;
 pub mod status;
 pub mod top;
@@ -59,8 +67,19 @@ pub fn out(text: &str) -> ExitCode {
     }
 }
 
-/// Says what failed on stderr; exit status 1.
+/// `sysexits.h`'s EX_CONFIG: the configuration is wrong (systemd's
+/// `RestartPreventExitStatus=78` then stops retrying).
+pub const EX_CONFIG: u8 = 78;
+
+/// Says what failed on stderr; exit status 1 (the environment failed:
+/// worth retrying).
 pub fn fail(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("limiter: {message}");
     ExitCode::FAILURE
+}
+
+/// Says what is wrong with the configuration on stderr; exit status 78.
+pub fn fail_config(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("limiter: {message}");
+    ExitCode::from(EX_CONFIG)
 }

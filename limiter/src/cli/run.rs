@@ -4,10 +4,10 @@
 
 use std::{path::PathBuf, process::ExitCode};
 
-use super::fail;
+use super::{fail, fail_config};
 use crate::{
     config::Config,
-    daemon::{self, RunOptions, logging, privileges, signals},
+    daemon::{self, DaemonError, RunOptions, logging, privileges, signals},
 };
 
 /// What the command line says about `run`.
@@ -33,11 +33,12 @@ pub fn main(args: Args) -> ExitCode {
     logging::init(args.log_json, &level);
     let config = match config {
         Ok(c) => c,
-        Err(e) => return fail(e),
+        Err(e) => return fail_config(e),
     };
     let options = RunOptions { config_path: args.config, unload_on_exit: args.unload_on_exit };
     let prepared = match daemon::prepare(config, options) {
         Ok(p) => p,
+        Err(e @ DaemonError::Config(_)) => return fail_config(e),
         Err(e) => return fail(e),
     };
     if let Err(e) = privileges::drop_to(args.user.as_deref(), prepared.pin_path()) {

@@ -41,15 +41,29 @@ impl DaemonView {
 /// A minimal HTTP/1.0 GET returning the body of a 200: enough for the
 /// daemon's own admin listener.
 fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> Option<String> {
-    let timeout = Duration::from_millis(500);
-    let mut stream = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    match request(addr, "GET", path, token, Duration::from_millis(500)) {
+        Some((200, body)) => Some(body),
+        _ => None,
+    }
+}
+
+/// One HTTP/1.0 request to the admin listener: its status and body
+/// (`None`: no answer within `timeout`).
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    timeout: Duration,
+) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
     stream.set_read_timeout(Some(timeout)).ok()?;
     stream.set_write_timeout(Some(timeout)).ok()?;
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}\r\n").ok()?;
+    write!(stream, "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n{auth}\r\n").ok()?;
     let mut raw = String::new();
     stream.read_to_string(&mut raw).ok()?;
     let (head, body) = raw.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?;
-    (head.starts_with("HTTP/1.") && status == "200").then(|| body.to_owned())
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    head.starts_with("HTTP/1.").then(|| (status, body.to_owned()))
 }

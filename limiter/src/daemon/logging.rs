@@ -1,11 +1,20 @@
 //! Logging: `tracing` to stderr, human-readable by default or JSON
 //! (`run --log-json`), with a filter that a reload can change
-//! (`admin.logLevel`; `LIMITER_LOG`, when set, wins and pins it).
+//! (`admin.logLevel`; `LIMITER_LOG`, when set, wins and pins it). When
+//! stderr is journald's (`JOURNAL_STREAM` is set), each human-readable
+//! line starts with its syslog priority (`<3>` error .. `<7>` debug), so
+//! `journalctl -p warning` finds the warnings.
 
 use std::sync::OnceLock;
 
+use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::{
-    EnvFilter, Registry, layer::SubscriberExt as _, reload, util::SubscriberInitExt as _,
+    EnvFilter, Registry,
+    fmt::{FmtContext, FormatEvent, FormatFields, format::Writer},
+    layer::SubscriberExt as _,
+    registry::LookupSpan,
+    reload,
+    util::SubscriberInitExt as _,
 };
 
 static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
@@ -18,6 +27,16 @@ pub fn init(json: bool, level: &str) {
     let registry = tracing_subscriber::registry().with(filter);
     let installed = if json {
         registry.with(tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr)).try_init()
+    } else if std::env::var_os("JOURNAL_STREAM").is_some() {
+        let format = Priority(tracing_subscriber::fmt::format().without_time());
+        registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .event_format(format)
+                    .with_ansi(false)
+                    .with_writer(std::io::stderr),
+            )
+            .try_init()
     } else {
         registry
             .with(tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr))
@@ -41,4 +60,47 @@ pub fn set_level(level: &str) -> Result<bool, reload::Error> {
     }
     handle.reload(EnvFilter::new(level))?;
     Ok(true)
+}
+
+/// The syslog priority of a level, as `sd-daemon(3)` prefixes it.
+pub fn priority(level: Level) -> u8 {
+    match level {
+        Level::ERROR => 3,
+        Level::WARN => 4,
+        Level::INFO => 6,
+        _ => 7,
+    }
+}
+
+/// A format that starts each line with `<priority>` for journald (which
+/// keeps its own timestamps, so the line has none).
+struct Priority<F>(F);
+
+impl<S, N, F> FormatEvent<S, N> for Priority<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
+        write!(writer, "<{}>", priority(*event.metadata().level()))?;
+        self.0.format_event(ctx, writer, event)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_map_to_syslog_priorities() {
+        let got: Vec<u8> =
+            [Level::ERROR, Level::WARN, Level::INFO, Level::DEBUG, Level::TRACE].map(priority).to_vec();
+        assert_eq!(got, [3, 4, 6, 7, 7]);
+    }
 }

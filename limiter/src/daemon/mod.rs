@@ -16,6 +16,7 @@
 pub mod control;
 pub mod gate;
 pub mod logging;
+pub mod notify;
 pub mod privileges;
 pub mod reload;
 pub mod signals;
@@ -205,6 +206,9 @@ pub async fn run(
         _ => Vec::new(),
     };
 
+    // The gate enforces (prepare loaded or adopted it), the listeners were
+    // bound before and the workers and admin task now serve them.
+    notify::ready();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -219,6 +223,7 @@ pub async fn run(
     // http.drainTimeoutMs), keep the admin listener up meanwhile so
     // /healthz can say so; the kernel gate stays pinned and enforcing.
     daemon.draining.store(true, Ordering::Relaxed);
+    notify::stopping();
     if let Some(proxy) = &proxy {
         let drain = proxy.tuning().drain_timeout;
         tracing::info!(

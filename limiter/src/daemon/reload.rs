@@ -24,6 +24,13 @@ pub enum ReloadError {
 impl Daemon {
     /// Reloads, logs and counts the outcome.
     pub fn reload(&self) -> ReloadOutcome {
+        super::notify::reloading();
+        let outcome = self.reload_and_log();
+        super::notify::ready();
+        outcome
+    }
+
+    fn reload_and_log(&self) -> ReloadOutcome {
         match self.try_reload(&self.config_path) {
             Ok(changes) => {
                 self.reloads_ok.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
