@@ -410,11 +410,11 @@ impl Daemon {
 
     fn spawn(mut cmd: Command, config: &Path, netns: Option<File>) -> Result<Self> {
         let text = fs::read_to_string(config)?;
-        let admin: SocketAddr = text
-            .lines()
-            .find_map(|l| l.strip_prefix("admin.listen = "))
-            .context("config has admin.listen")?
-            .parse()?;
+        let admin: SocketAddr = match text.lines().find_map(|l| l.strip_prefix("admin.listen = ")) {
+            Some(addr) => addr.parse()?,
+            // A file with sections (`[admin]` then `listen = ...`): as the daemon reads it.
+            None => limiter::config::Config::load(config).map_err(|e| anyhow::anyhow!("{e}"))?.admin.listen.0,
+        };
         let log = config.with_extension(format!("log.{}", SEQ.fetch_add(1, Ordering::Relaxed)));
         // Debug unless the caller chose (or removed) LIMITER_LOG.
         if cmd.get_envs().all(|(k, _)| k != "LIMITER_LOG") {

@@ -53,10 +53,20 @@ pub struct Upstream {
 
 impl Upstream {
     pub fn start() -> Self {
+        Self::on(std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+    }
+
+    /// Serves on `listener` (one a test made where it wants it: in a
+    /// sandbox's namespace and cgroup, say).
+    pub fn on(listener: std::net::TcpListener) -> Self {
         let runtime =
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let shared = Arc::new(Shared::default());
-        let listener = runtime.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let listener = {
+            let _entered = runtime.enter();
+            TcpListener::from_std(listener).unwrap()
+        };
         let addr = listener.local_addr().unwrap();
         let s = shared.clone();
         runtime.spawn(async move {

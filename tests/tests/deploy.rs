@@ -117,17 +117,68 @@ fn the_kubernetes_manifest_passes_schema_validation_and_ships_a_valid_config() {
     }
 
     // The ConfigMap's limiter.ini is a valid configuration.
-    let ini: String = yaml
-        .split("limiter.ini: |\n")
-        .nth(1)
-        .unwrap()
-        .lines()
-        .take_while(|l| l.starts_with("    ") || l.is_empty())
-        .map(|l| format!("{}\n", l.trim_start()))
-        .collect();
+    let ini = shipped_ini();
     let file = dir.join("limiter.ini");
     std::fs::write(&file, &ini).unwrap();
     let out = limiter(&["check-config", file.to_str().unwrap()]);
     assert!(out.status.success(), "{}\n{ini}", String::from_utf8_lossy(&out.stderr));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The `limiter.ini` of the manifest's ConfigMap, as the pod sees it.
+fn shipped_ini() -> String {
+    let yaml = std::fs::read_to_string(workspace().join("deploy/kubernetes/limiter.yaml")).unwrap();
+    yaml.split("limiter.ini: |\n")
+        .nth(1)
+        .unwrap()
+        .lines()
+        .take_while(|l| l.starts_with("    ") || l.is_empty())
+        .map(|l| format!("{}\n", l.trim_start()))
+        .collect()
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, a network namespace and cgroup; run by `cargo xtask test`"]
+fn the_shipped_configmap_carries_more_requests_than_its_per_source_cap_without_a_502() {
+    limiter_tests::require_kernel!();
+    let sb = limiter_tests::Sandbox::new().unwrap();
+    // The ConfigMap's own file, its paths adapted to this machine: the
+    // sandbox's pin directory and cgroup; nothing else changes.
+    let ini = shipped_ini()
+        .replace("pinPath = /sys/fs/bpf/limiter", &format!("pinPath = {}", sb.pin_path.display()))
+        .replace("cgroup = /sys/fs/cgroup", &format!("cgroup = {}", sb.cgroup.display()));
+    let cap: usize = ini
+        .lines()
+        .find_map(|l| l.strip_prefix("port.8080.perSourceMax = "))
+        .expect("the shipped per-source cap")
+        .parse()
+        .unwrap();
+    let file = sb.dir.join("shipped.ini");
+    std::fs::write(&file, &ini).unwrap();
+    // The application on 127.0.0.1:8080, counted by the gate.
+    let up = limiter_tests::upstream::Upstream::on(sb.listen("127.0.0.1:8080", 1024));
+    let mut daemon = limiter_tests::Daemon::start_inside(&sb, &file, &[]).expect("the daemon starts");
+    let requests = 2 * cap;
+    let clients: Vec<_> = (0..requests)
+        .map(|_| {
+            let netns = sb.netns_file();
+            std::thread::spawn(move || {
+                limiter_tests::in_netns(&netns, || {
+                    limiter_tests::client::send(
+                        "127.0.0.1:8081".parse().unwrap(),
+                        b"GET /hold HTTP/1.1\r\nHost: app\r\n\r\n",
+                    )
+                    .map(|r| r.status)
+                    .map_err(|e| e.to_string())
+                })
+            })
+        })
+        .collect();
+    up.wait_holding(requests as u64);
+    up.release();
+    let statuses: Vec<Result<u16, String>> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    let ok = statuses.iter().filter(|s| matches!(s, Ok(200))).count();
+    assert_eq!(ok, requests, "{requests} concurrent requests past the cap of {cap}: {statuses:?}");
+    assert_eq!(limiter_tests::process::terminate(&mut daemon, std::time::Duration::from_secs(30)), Some(0));
+    let _ = limiter(&["unload", "--pin-path", sb.pin_path.to_str().unwrap()]);
 }

@@ -173,6 +173,25 @@ pub struct Prefix {
     pub len: u8,
 }
 
+impl Prefix {
+    /// Whether `ip` is in this prefix (an IPv4 address is never in an IPv6
+    /// prefix, nor the reverse).
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr::{V4, V6};
+        match (self.addr, ip) {
+            (V4(net), V4(ip)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.len)).unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (V6(net), V6(ip)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(self.len)).unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
 impl fmt::Display for Prefix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.addr, self.len)
@@ -383,6 +402,39 @@ impl Config {
         Ok(config)
     }
 
+    /// The proxy's own connections to a loopback `http.upstream` all come
+    /// from one address: a per-source cap on that port below the proxy's
+    /// slots would refuse them at the SYN (502s for everyone, and a
+    /// tripped breaker), unless the address is trusted.
+    fn check_own_connections(&self) -> Result<(), (String, String)> {
+        let Some(Upstream::At(addr)) = &self.http.upstream else { return Ok(()) };
+        let Some((host, port)) = addr.rsplit_once(':') else { return Ok(()) };
+        let Ok(port) = port.parse::<u16>() else { return Ok(()) };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let ip: std::net::IpAddr = match host {
+            "localhost" => std::net::Ipv4Addr::LOCALHOST.into(),
+            _ => match host.parse::<std::net::IpAddr>() {
+                Ok(ip) if ip.is_loopback() => ip,
+                _ => return Ok(()),
+            },
+        };
+        let options = self.kernel.port_options.get(&port).copied().unwrap_or_default();
+        let slots = self.http.normal_limit() + DEBUG_SLOTS;
+        let (cap, trusted) = (options.per_source_max, self.kernel.trusted.iter().any(|p| p.contains(ip)));
+        if !self.kernel.enabled || cap == 0 || cap >= slots || trusted || options.dry_run {
+            return Ok(());
+        }
+        Err((
+            format!("kernel.port.{port}.perSourceMax"),
+            format!(
+                "{cap} is below the proxy's {slots} slots, and every connection the proxy opens to \
+                 http.upstream {addr} comes from {ip}: past {cap} in flight the gate would refuse the \
+                 proxy's own connections (502s). Add {ip} to kernel.trusted (trusted sources pass \
+                 per-source caps), or raise the cap to at least {slots}"
+            ),
+        ))
+    }
+
     /// Reads and checks the certificate pair the TLS keys name, so that a
     /// bad pair is refused by `check-config`, at start and at reload
     /// alike, and changes nothing.
@@ -466,6 +518,7 @@ impl Config {
                 ));
             }
         }
+        self.check_own_connections()?;
         if !self.kernel.enabled && self.http.upstream.is_none() {
             return Err((
                 "kernel.enabled".into(),

@@ -375,3 +375,37 @@ fn a_config_with_neither_gate_nor_proxy_is_refused() {
     );
     assert!(parse("kernel.enabled = false\nhttp.upstream = sample\n").is_ok());
 }
+
+#[test]
+fn a_per_source_cap_that_would_refuse_the_proxys_own_connections_is_refused() {
+    let base = "[kernel]\nports = 8080:400\nport.8080.perSourceMax = 50\n[http]\nlisten = 0.0.0.0:8081\nupstream = 127.0.0.1:8080\nmaxThreads = 208\n";
+    let err = Config::parse(base, "limiter.ini").unwrap_err().to_string();
+    assert!(
+        err.starts_with("limiter.ini:3: kernel.port.8080.perSourceMax: 50 is below the proxy's 200 slots"),
+        "{err}"
+    );
+    assert!(err.contains("Add 127.0.0.1 to kernel.trusted"), "{err}");
+    let trusted = base.replace("[http]", "trusted = 127.0.0.0/8, ::1\n[http]");
+    assert!(Config::parse(&trusted, "limiter.ini").is_ok());
+    let wide = base.replace("perSourceMax = 50", "perSourceMax = 200");
+    assert!(Config::parse(&wide, "limiter.ini").is_ok());
+    let elsewhere = base.replace("upstream = 127.0.0.1:8080", "upstream = 10.1.2.3:8080");
+    assert!(Config::parse(&elsewhere, "limiter.ini").is_ok(), "a remote upstream is not this gate's");
+    let named = base.replace("upstream = 127.0.0.1:8080", "upstream = localhost:8080");
+    assert!(Config::parse(&named, "limiter.ini").is_err());
+}
+
+#[test]
+fn prefixes_contain_their_addresses() {
+    let p = |s: &str| {
+        let (a, l) = s.split_once('/').unwrap();
+        Prefix { addr: a.parse().unwrap(), len: l.parse().unwrap() }
+    };
+    assert!(p("127.0.0.0/8").contains("127.0.0.1".parse().unwrap()));
+    assert!(!p("127.0.0.0/8").contains("128.0.0.1".parse().unwrap()));
+    assert!(p("10.0.0.7/32").contains("10.0.0.7".parse().unwrap()));
+    assert!(p("0.0.0.0/0").contains("1.2.3.4".parse().unwrap()));
+    assert!(p("::1/128").contains("::1".parse().unwrap()));
+    assert!(!p("::1/128").contains("127.0.0.1".parse().unwrap()));
+    assert!(p("fd00::/8").contains("fd12::1".parse().unwrap()));
+}
