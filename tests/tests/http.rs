@@ -254,7 +254,7 @@ fn client_aborts_return_their_permits() {
         assert!(Instant::now() < deadline, "the aborted upload was not accounted as a client body error");
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert_eq!(s.metric("limiter_breaker_window_error_rate"), 0.0);
+    assert_eq!(s.metric("limiter_breaker_window_error_ratio"), 0.0);
     assert_eq!(s.metric("limiter_http_upstream_errors_total{kind=\"reset\"}"), 0.0);
     // The pool is whole again: all four slots fit.
     let held: Vec<_> = (0..4).map(|_| s.spawn_get("/hold", &[])).collect();

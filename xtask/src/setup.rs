@@ -26,7 +26,8 @@ pub const NIGHTLY: &str = "nightly";
 pub const BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev"];
 /// Debian packages the test suite drives (network namespaces, an
 /// independent view of what is attached, the real TLS and HTTP/2 clients:
-/// curl, `openssl s_client`, nghttp2's `nghttp` and `h2load`).
+/// curl, `openssl s_client`, nghttp2's `nghttp` and `h2load`; promtool,
+/// from the prometheus package, lints a real scrape).
 pub const TEST_PACKAGES: &[&str] = &[
     "iproute2",
     "bpftool",

@@ -44,9 +44,22 @@ impl Control for Daemon {
         let mut page = Page::default();
         let reloads = (self.reloads_ok.load(Ordering::Relaxed), self.reloads_failed.load(Ordering::Relaxed));
         metrics::daemon::write(&mut page, reloads.0, reloads.1);
+        metrics::process::write(&mut page, &metrics::process::Process::read());
         if let Some(g) = &self.gate {
-            let snap = g.lock().snapshot()?;
-            metrics::kernel::write(&mut page, &snap);
+            // A failed kernel read leaves the gate's families out and says
+            // so; the rest of the page is still worth scraping.
+            let snap = g.lock().snapshot();
+            let ok = snap.is_ok();
+            match snap {
+                Ok(snap) => metrics::kernel::write(&mut page, &snap),
+                Err(e) => tracing::warn!("/metrics: reading the kernel gate's maps failed: {e}"),
+            }
+            page.family(
+                "limiter_kernel_scrape_success",
+                "gauge",
+                "1 when the gate's maps were read for this page, 0 when the read failed (their families are missing).",
+            )
+            .sample("limiter_kernel_scrape_success", &[], u8::from(ok));
         }
         if let Some(proxy) = &self.proxy {
             metrics::http::write(

@@ -22,8 +22,8 @@ pub fn write(page: &mut Page, b: &Snapshot) {
         &[],
         b.window_requests,
     );
-    page.family("limiter_breaker_window_error_rate", "gauge", "Failures / results in the rolling window.")
-        .sample("limiter_breaker_window_error_rate", &[], b.error_rate);
+    page.family("limiter_breaker_window_error_ratio", "gauge", "Failures / results in the rolling window.")
+        .sample("limiter_breaker_window_error_ratio", &[], b.error_rate);
     page.family("limiter_breaker_trips_total", "counter", "Times the breaker opened on its own.").sample(
         "limiter_breaker_trips_total",
         &[],

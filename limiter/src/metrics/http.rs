@@ -196,8 +196,8 @@ pub fn write(page: &mut Page, a: &admission::Snapshot, c: &Counters, buffered_by
         "Client connections cut for reading a response slower than http.minDataRate.",
     )
     .sample("limiter_http_slow_readers_total", &[], c.slow_readers.load(Ordering::Relaxed));
-    page.family("limiter_http_connections", "gauge", "Client connections open.").sample(
-        "limiter_http_connections",
+    page.family("limiter_http_connections_open", "gauge", "Client connections open.").sample(
+        "limiter_http_connections_open",
         &[],
         c.connections_open.load(Ordering::Relaxed),
     );

@@ -1,6 +1,7 @@
 //! Prometheus metrics: [`page`] writes the text format; one module per part
 //! of the daemon renders its families from that part's own snapshot or
-//! counters ([`daemon`], [`kernel`], [`http`], [`breaker`]). Nothing here is called by
+//! counters ([`daemon`], [`kernel`], [`http`], [`breaker`]), and [`process`] the
+//! standard `process_*` families. Nothing here is called by
 //! the parts it renders.
 
 pub mod breaker;
@@ -8,5 +9,6 @@ pub mod daemon;
 pub mod http;
 pub mod kernel;
 pub mod page;
+pub mod process;
 
 pub use self::page::Page;
