@@ -47,24 +47,49 @@ pub trait Control: Send + Sync + 'static {
 
 type Body = Full<Bytes>;
 
+/// Admin connections served at once; more are closed on accept (a local
+/// client cannot pile up connections, each with its buffers).
+pub const MAX_CONNECTIONS: usize = 256;
+/// A request head must arrive within this long of the connection (or of
+/// the previous response); then the connection closes.
+pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Request heads larger than this get 431 and the connection closes.
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+
 /// Serves until `shutdown` turns true. Connections are short; each runs on
-/// its own task.
+/// its own task, within [`MAX_CONNECTIONS`], [`HEADER_TIMEOUT`] and
+/// [`MAX_HEAD_BYTES`]; kernel reads and reloads run off the runtime, so a
+/// slow scrape never delays `/healthz`.
 pub async fn serve(listener: TcpListener, control: Arc<dyn Control>, mut shutdown: watch::Receiver<bool>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+                let Ok((stream, peer)) = accepted else { continue };
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    tracing::debug!(%peer, "admin listener: {MAX_CONNECTIONS} connections open; closing this one");
+                    continue;
+                };
                 let control = control.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req| handle(req, control.clone()));
                     let _ = hyper::server::conn::http1::Builder::new()
+                        .timer(hyper_util::rt::TokioTimer::new())
+                        .header_read_timeout(HEADER_TIMEOUT)
+                        .max_buf_size(MAX_HEAD_BYTES)
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
+                    drop(slot);
                 });
             }
             _ = shutdown.changed() => return,
         }
     }
+}
+
+/// Runs `f` (a kernel read) on the blocking pool.
+async fn off_runtime<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    tokio::task::spawn_blocking(f).await.ok()
 }
 
 async fn handle(req: Request<Incoming>, control: Arc<dyn Control>) -> Result<Response<Body>, Infallible> {
@@ -84,14 +109,24 @@ async fn handle(req: Request<Incoming>, control: Arc<dyn Control>) -> Result<Res
         }
     };
     let response = match (req.method(), req.uri().path()) {
-        (&Method::GET, "/metrics") => match control.metrics() {
-            Ok(text) => reply(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", text),
-            Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("{e}\n")),
-        },
-        (&Method::GET, "/status") => match control.status() {
-            Ok(status) => json(StatusCode::OK, to_json(&status)),
-            Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("{e}\n")),
-        },
+        (&Method::GET, "/metrics") => {
+            let c = control.clone();
+            match off_runtime(move || c.metrics()).await {
+                Some(Ok(text)) => reply(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", text),
+                Some(Err(e)) => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("{e}\n")),
+                None => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", "the scrape failed\n".into()),
+            }
+        }
+        (&Method::GET, "/status") => {
+            let c = control.clone();
+            match off_runtime(move || c.status()).await {
+                Some(Ok(status)) => json(StatusCode::OK, to_json(&status)),
+                Some(Err(e)) => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("{e}\n")),
+                None => {
+                    reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", "the status read failed\n".into())
+                }
+            }
+        }
         (&Method::GET, "/healthz") => {
             if control.draining() {
                 reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n".into())

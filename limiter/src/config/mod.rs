@@ -519,6 +519,17 @@ impl Config {
             }
         }
         self.check_own_connections()?;
+        let admin = self.admin.listen.0.ip();
+        if !admin.is_loopback() && self.admin.token_file.is_none() {
+            return Err((
+                "admin.listen".into(),
+                format!(
+                    "{} is reachable beyond this host and admin.tokenFile is not set: anyone who reaches it \
+                     could reload, open the breaker or read /status; set admin.tokenFile, or listen on loopback",
+                    self.admin.listen
+                ),
+            ));
+        }
         if !self.kernel.enabled && self.http.upstream.is_none() {
             return Err((
                 "kernel.enabled".into(),

@@ -409,3 +409,20 @@ fn prefixes_contain_their_addresses() {
     assert!(!p("::1/128").contains("127.0.0.1".parse().unwrap()));
     assert!(p("fd00::/8").contains("fd12::1".parse().unwrap()));
 }
+
+#[test]
+fn an_admin_listener_beyond_loopback_needs_a_token() {
+    let err = Config::parse("[admin]\nlisten = 0.0.0.0:9901\n", "limiter.ini").unwrap_err().to_string();
+    assert!(
+        err.starts_with("limiter.ini:2: admin.listen: 0.0.0.0:9901 is reachable beyond this host"),
+        "{err}"
+    );
+    assert!(Config::parse("[admin]\nlisten = [::1]:9901\n", "limiter.ini").is_ok());
+    let dir = std::env::temp_dir().join(format!("limiter-admin-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token = dir.join("token");
+    std::fs::write(&token, "0123456789abcdef0123\n").unwrap();
+    let text = format!("[admin]\nlisten = 0.0.0.0:9901\ntokenFile = {}\n", token.display());
+    assert!(Config::parse(&text, "limiter.ini").is_ok());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
