@@ -125,6 +125,34 @@ fn xdp_refuses_at_the_driver_and_sk_lookup_never_sees_the_syn() {
 
 #[test]
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn the_default_mode_on_a_veth_refuses_without_anything_on_the_peer() {
+    require_kernel!();
+    let p = free_port();
+    // kernel.xdp.mode left at auto, and nothing attached to the client's end.
+    let (sb, peer, config) = setup(&format!("{p}:1"), "");
+    let daemon = Daemon::start(&config, &[]).unwrap();
+    let log = daemon.log();
+    assert!(
+        log.contains("XDP refusal attached in generic mode") && log.contains("a veth"),
+        "the log says why:\n{log}"
+    );
+    let l4 = sb.listen(&format!("0.0.0.0:{p}"), 128);
+    let _c1 = peer.connect(sa(peer.server_v4, p), None).unwrap();
+    let _s1 = accept(&l4);
+    wait_established(&sb.pin_path, p, 1);
+    let started = Instant::now();
+    let err = peer.connect(sa(peer.server_v4, p), None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ConnectionRefused, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "refused after {:?}, not a timeout",
+        started.elapsed()
+    );
+    assert_eq!(refusals(&dump(&sb.pin_path), p)["xdp"].as_u64(), Some(1), "refused by XDP");
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn the_crafted_rst_is_correct_on_the_wire_for_ipv4_and_ipv6() {
     require_kernel!();
     let p = free_port();

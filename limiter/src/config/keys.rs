@@ -207,7 +207,7 @@ pub static KEYS: &[Key] = &[
         name: "kernel.xdp.mode",
         default: DefaultValue::Value("auto"),
         reload: Reload::Restart,
-        doc: "auto (driver mode, else generic), driver or generic",
+        doc: "auto (generic on a veth, else driver mode, else generic), driver or generic",
         set: plain!(|c, v| c.kernel.xdp_mode = xdp_mode(v)?),
     },
     // The admin listener.

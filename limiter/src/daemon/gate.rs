@@ -48,8 +48,8 @@ impl HeldGate {
                 Some(why) => tracing::info!(
                     interface = %x.interface,
                     mode = x.mode,
-                    driver_mode_error = %why,
-                    "XDP refusal attached in generic mode (the driver has no native XDP)"
+                    why = %why,
+                    "XDP refusal attached in generic mode, not driver mode"
                 ),
             }
         }

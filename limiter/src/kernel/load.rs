@@ -459,6 +459,14 @@ fn attach_xdp(
         XdpModeChoice::Driver => {
             attempt(XdpMode::Driver).map(|l| attached(l, "driver", None)).map_err(XdpAttachError::Driver)
         }
+        XdpModeChoice::Auto if super::link_kind::kind(netns, interface).as_deref() == Some("veth") => {
+            // Driver mode's XDP_TX on a veth waits on a peer without XDP of
+            // its own: the refused client would time out instead.
+            let why = "a veth: in driver mode a frame sent with XDP_TX waits on the peer unless the peer runs an XDP program (set kernel.xdp.mode = driver to insist)";
+            attempt(XdpMode::Skb)
+                .map(|l| attached(l, "generic", Some(why.to_owned())))
+                .map_err(XdpAttachError::Generic)
+        }
         XdpModeChoice::Auto => match attempt(XdpMode::Driver) {
             Ok(link) => Ok(attached(link, "driver", None)),
             Err(driver) => match attempt(XdpMode::Skb) {

@@ -40,6 +40,7 @@
 pub mod btf;
 pub mod env;
 mod error;
+mod link_kind;
 mod load;
 mod maps;
 mod pins;

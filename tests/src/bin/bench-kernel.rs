@@ -436,7 +436,11 @@ fn across_veth(rounds: usize) -> Result<([Vec<f64>; 4], [u64; 4])> {
     let boxes: Vec<Sandbox> = (0..4).map(|_| Sandbox::new()).collect::<Result<_>>()?;
     let peers: Vec<Peer> = boxes.iter().map(Sandbox::peer).collect::<Result<_>>()?;
     let xdp_config =
-        boxes[0].config(&format!("{PORT}:1"), &format!("kernel.xdp.interfaces = {}\n", peers[0].server_if));
+        // Driver mode, as on a real NIC (auto would choose generic on a veth).
+        boxes[0].config(
+            &format!("{PORT}:1"),
+            &format!("kernel.xdp.interfaces = {}\nkernel.xdp.mode = driver\n", peers[0].server_if),
+        );
     let sk_config = boxes[1].config(&format!("{PORT}:1"), "");
     let _xdp_gate = Daemon::start(&xdp_config, &[])?;
     let _sk_gate = Daemon::start(&sk_config, &[])?;
