@@ -78,6 +78,11 @@ impl InProcess {
         assert!(r.text().contains("\"applied\":true"), "{}", r.text());
     }
 
+    /// The file the daemon reads, and the harness's own keys at its top.
+    pub fn file(&self) -> (&std::path::Path, &str) {
+        (&self.file, &self.base)
+    }
+
     /// A request to the proxy.
     pub fn get(&self, path: &str, headers: &[&str]) -> Reply {
         client::get(self.proxy, path, headers)

@@ -51,6 +51,7 @@ const HERE: &[(&str, &str)] = &[
     ("breaker.failureStatuses", "breaker_failure_statuses_change_live"),
     ("breaker.bypassDebug", "breaker_bypass_debug_changes_live"),
     ("admin.tokenFile", "admin_token_file_changes_live"),
+    ("admin.watchConfig", "admin_watch_config_reloads_on_a_change_and_on_a_configmap_swap"),
 ];
 
 /// Which test in another file proves each remaining live key: the gate's
@@ -614,4 +615,52 @@ fn admin_token_file_changes_live() {
     d.reload(&format!("admin.tokenFile = {}\n", token.display()));
     assert_eq!(d.admin("GET", "/status", &[]).status, 401);
     assert_eq!(d.admin("GET", "/status", &["Authorization: Bearer 0123456789abcdef0123"]).status, 200);
+}
+
+#[test]
+fn admin_watch_config_reloads_on_a_change_and_on_a_configmap_swap() {
+    use std::os::unix::fs::symlink;
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "admin.watchConfig = true\nhttp.maxThreads = 12\n");
+    let (file, base) = d.file();
+    let (file, base) = (file.to_path_buf(), base.to_owned());
+    let limit = || d.metric("limiter_http_pool_limit{pool=\"normal\"}");
+    let text = |threads: u32, watch: bool| {
+        format!("{base}admin.watchConfig = {watch}\nhttp.maxThreads = {threads}\n")
+    };
+    let within = Duration::from_secs(5);
+    assert_eq!(limit(), 1.0);
+    // An edit in place, no signal.
+    std::fs::write(&file, text(13, true)).unwrap();
+    limiter_tests::process::wait_for("the edit applied", within, || limit() == 2.0);
+    // The ConfigMap way: the file is a symlink into `..data`, itself a
+    // symlink swapped to a new directory on each update.
+    let update = |name: &str, body: String| {
+        let data = d.dir.join(name);
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("limiter.ini"), body).unwrap();
+        let tmp = d.dir.join("..data_tmp");
+        let _ = std::fs::remove_file(&tmp);
+        symlink(name, &tmp).unwrap();
+        std::fs::rename(&tmp, d.dir.join("..data")).unwrap();
+    };
+    update("..2026_12_01_a", text(14, true));
+    let tmp = d.dir.join("limiter.ini.tmp");
+    symlink("..data/limiter.ini", &tmp).unwrap();
+    std::fs::rename(&tmp, &file).unwrap();
+    limiter_tests::process::wait_for("the ConfigMap file applied", within, || limit() == 3.0);
+    update("..2026_12_01_b", text(15, true));
+    limiter_tests::process::wait_for("the ..data swap applied", within, || limit() == 4.0);
+    // A bad update applies nothing, once.
+    update("..2026_12_01_c", format!("{base}admin.watchConfig = true\nhttp.maxThreads = lots\n"));
+    let rejected = "limiter_config_reloads_total{result=\"rejected\"}";
+    limiter_tests::process::wait_for("the bad file refused", within, || d.metric(rejected) == 1.0);
+    thread::sleep(Duration::from_millis(2500));
+    assert_eq!((limit(), d.metric(rejected)), (4.0, 1.0), "nothing applied, and not retried in a loop");
+    // Turned off (by a change it still sees): later changes wait for a signal.
+    update("..2026_12_01_d", text(16, false));
+    limiter_tests::process::wait_for("the last watched change applied", within, || limit() == 5.0);
+    update("..2026_12_01_e", text(17, false));
+    thread::sleep(Duration::from_millis(2500));
+    assert_eq!(limit(), 5.0, "watching is off");
 }

@@ -236,6 +236,13 @@ pub static KEYS: &[Key] = &[
         doc: "log filter: error, warn, info, debug, trace, or a tracing directive",
         set: plain!(|c, v| c.admin.log_level = log_level(v)?),
     },
+    Key {
+        name: "admin.watchConfig",
+        default: DefaultValue::Value("false"),
+        reload: Reload::Live,
+        doc: "reload when the file changes (checked every second; Kubernetes' ConfigMap swap included)",
+        set: plain!(|c, v| c.admin.watch_config = boolean(v)?),
+    },
     // The HTTP proxy.
     Key {
         name: "http.drainTimeoutMs",

@@ -330,6 +330,8 @@ pub struct AdminConfig {
     /// Log filter (`admin.logLevel`): `error`, `warn`, `info`, `debug`,
     /// `trace`, or a tracing filter such as `info,limiter::proxy=debug`.
     pub log_level: String,
+    /// Reload when the file changes (`admin.watchConfig`).
+    pub watch_config: bool,
 }
 
 impl Default for Config {

@@ -39,6 +39,13 @@ pub struct Daemon {
     pub(super) reloads_failed: AtomicU64,
 }
 
+impl Daemon {
+    /// Whether `admin.watchConfig` is on in the configuration in force.
+    pub fn watches_config(&self) -> bool {
+        self.config.lock().unwrap_or_else(std::sync::PoisonError::into_inner).admin.watch_config
+    }
+}
+
 impl Control for Daemon {
     fn metrics(&self) -> Result<String, KernelError> {
         let mut page = Page::default();

@@ -13,6 +13,7 @@
 //! - [`gate`]: the kernel gate as the daemon holds it;
 //! - [`privileges`], [`logging`], [`signals`]: process set-up.
 
+pub mod config_watch;
 pub mod control;
 pub mod gate;
 pub mod logging;
@@ -209,6 +210,8 @@ pub async fn run(
     // The gate enforces (prepare loaded or adopted it), the listeners were
     // bound before and the workers and admin task now serve them.
     notify::ready();
+    let (changed_tx, mut changed) = mpsc::unbounded_channel();
+    let watcher = tokio::spawn(config_watch::run(options.config_path.clone(), daemon.clone(), changed_tx));
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -216,9 +219,14 @@ pub async fn run(
                 let daemon = daemon.clone();
                 let _ = tokio::task::spawn_blocking(move || daemon.reload()).await;
             }
+            Some(()) = changed.recv() => {
+                let daemon = daemon.clone();
+                let _ = tokio::task::spawn_blocking(move || daemon.reload()).await;
+            }
             () = &mut shutdown => break,
         }
     }
+    watcher.abort();
     // Drain: stop accepting, let requests in flight finish (up to
     // http.drainTimeoutMs), keep the admin listener up meanwhile so
     // /healthz can say so; the kernel gate stays pinned and enforcing.
