@@ -62,10 +62,14 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         config: PathBuf,
     },
-    /// Detach the kernel gate and remove the daemon's own pins.
+    /// Detach the kernel gate and remove the daemon's own pins (refused
+    /// while a daemon serves it, unless --force).
     Unload {
         #[command(flatten)]
         target: PinTarget,
+        /// Detach even under a running daemon.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -97,8 +101,8 @@ fn main() -> ExitCode {
             Ok(t) => cli::top::main(&t, Duration::from_millis(interval_ms), once),
             Err(e) => cli::fail(e),
         },
-        Command::Unload { target: t } => match access(&t) {
-            Ok(t) => cli::unload::main(&t),
+        Command::Unload { target: t, force } => match access(&t) {
+            Ok(t) => cli::unload::main(&t, force),
             Err(e) => cli::fail(e),
         },
     }

@@ -616,3 +616,33 @@ fn count_returns_to_zero_after_a_reset_flood_that_races_the_listeners_close() {
     }
     eprintln!("{total} connections, count back to 0 after each round");
 }
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn unload_under_a_running_daemon_is_refused_unless_forced_and_the_daemon_notices() {
+    require_kernel!();
+    let sb = Sandbox::new().unwrap();
+    let config = sb.config(&format!("{P}:1"), "");
+    let cfg = config.to_str().unwrap();
+    let mut daemon = Daemon::start(&config, &[]).unwrap();
+    let out = limiter_with_deadline(&["unload", "--config", cfg], DEADLINE);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("pid {}", daemon.pid())) && err.contains("stop it first"), "{err}");
+    assert_eq!(attachments(&sb), (1, 1), "nothing was detached");
+
+    let out = limiter_with_deadline(&["unload", "--config", cfg, "--force"], DEADLINE);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(attachments(&sb), (0, 0));
+    limiter_tests::process::wait_for("the daemon notices", Duration::from_secs(10), || {
+        daemon.log().contains("detached under the running daemon")
+    });
+    let health = limiter_tests::client::send(
+        daemon.admin,
+        b"GET /healthz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!(health.status, 503, "{}", health.text());
+    assert!(daemon.metrics().contains("limiter_kernel_gate_attached 0"));
+    assert_eq!(terminate(&mut daemon, DEADLINE), Some(0));
+}

@@ -35,6 +35,11 @@ pub trait Control: Send + Sync + 'static {
     fn status(&self) -> Result<Status, KernelError>;
     /// Whether the daemon is draining (`/healthz` then says 503).
     fn draining(&self) -> bool;
+    /// Whether the kernel gate was detached under the daemon (`/healthz`
+    /// then says 503 too).
+    fn gate_lost(&self) -> bool {
+        false
+    }
     /// Re-reads and applies the configuration (blocking: run it off the
     /// event loop).
     fn reload(&self) -> ReloadOutcome;
@@ -130,6 +135,8 @@ async fn handle(req: Request<Incoming>, control: Arc<dyn Control>) -> Result<Res
         (&Method::GET, "/healthz") => {
             if control.draining() {
                 reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n".into())
+            } else if control.gate_lost() {
+                reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "the kernel gate was detached\n".into())
             } else {
                 reply(StatusCode::OK, "text/plain", "ok\n".into())
             }

@@ -2,10 +2,23 @@
 
 use std::process::ExitCode;
 
-use super::{Access, fail};
+use super::{Access, DaemonView, fail};
 use crate::kernel;
 
-pub fn main(target: &Access) -> ExitCode {
+/// Unloads the gate; refuses while a daemon serves it, unless `force`.
+pub fn main(target: &Access, force: bool) -> ExitCode {
+    if !force
+        && let DaemonView::Running(status) = DaemonView::fetch(target.admin, target.token.as_deref())
+        && let Some(kernel) = &status.kernel
+        && kernel.gate.as_ref().is_none_or(|g| g.pin_path == target.pin_path)
+    {
+        return fail(format!(
+            "limiter (pid {}) is running with the gate in {}: stop it first (the gate stays pinned when it \
+             stops; `systemctl stop limiter`), then unload; or pass --force to detach the gate under it",
+            status.pid,
+            target.pin_path.display()
+        ));
+    }
     match kernel::unload(&target.pin_path) {
         Ok(out) => {
             for path in &out.removed {

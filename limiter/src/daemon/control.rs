@@ -37,9 +37,24 @@ pub struct Daemon {
     pub(super) started: SystemTime,
     pub(super) reloads_ok: AtomicU64,
     pub(super) reloads_failed: AtomicU64,
+    /// The gate was detached under the running daemon (`limiter unload
+    /// --force`): `/healthz` answers 503.
+    pub(super) gate_lost: AtomicBool,
 }
 
 impl Daemon {
+    /// Looks whether the gate is still attached; the first time it is not,
+    /// says so loudly (it stays so: only a restart attaches it again).
+    pub fn check_gate(&self) {
+        let Some(g) = &self.gate else { return };
+        if !g.lock().attached() && !self.gate_lost.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                "the kernel gate was detached under the running daemon (limiter unload --force?): nothing \
+                 is refused at the SYN now; /healthz answers 503; restart the daemon to attach it again"
+            );
+        }
+    }
+
     /// Whether `admin.watchConfig` is on in the configuration in force.
     pub fn watches_config(&self) -> bool {
         self.config.lock().unwrap_or_else(std::sync::PoisonError::into_inner).admin.watch_config
@@ -120,6 +135,10 @@ impl Control for Daemon {
 
     fn draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
+    }
+
+    fn gate_lost(&self) -> bool {
+        self.gate_lost.load(Ordering::Relaxed)
     }
 
     fn reload(&self) -> ReloadOutcome {

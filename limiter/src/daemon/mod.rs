@@ -198,6 +198,7 @@ pub async fn run(
         started: SystemTime::now(),
         reloads_ok: AtomicU64::new(0),
         reloads_failed: AtomicU64::new(0),
+        gate_lost: AtomicBool::new(false),
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
@@ -210,6 +211,18 @@ pub async fn run(
     // The gate enforces (prepare loaded or adopted it), the listeners were
     // bound before and the workers and admin task now serve them.
     notify::ready();
+    // A gate detached under the daemon is noticed within seconds.
+    let gate_check = {
+        let daemon = daemon.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
+            loop {
+                tick.tick().await;
+                let d = daemon.clone();
+                let _ = tokio::task::spawn_blocking(move || d.check_gate()).await;
+            }
+        })
+    };
     let (changed_tx, mut changed) = mpsc::unbounded_channel();
     let watcher = tokio::spawn(config_watch::run(options.config_path.clone(), daemon.clone(), changed_tx));
     tokio::pin!(shutdown);
@@ -227,6 +240,7 @@ pub async fn run(
         }
     }
     watcher.abort();
+    gate_check.abort();
     // Drain: stop accepting, let requests in flight finish (up to
     // http.drainTimeoutMs), keep the admin listener up meanwhile so
     // /healthz can say so; the kernel gate stays pinned and enforcing.

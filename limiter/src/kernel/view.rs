@@ -133,6 +133,13 @@ impl Gate {
         })
     }
 
+    /// Whether the counting and refusing links are still pinned and
+    /// attached (a few syscalls: the link pins only).
+    pub fn attached(&self) -> bool {
+        let fixed = [LINK_COUNT, LINK_REFUSE];
+        self.links().iter().filter(|l| fixed.contains(&l.pin.as_str())).all(|l| l.link_id.is_some())
+    }
+
     /// The fixed links, then the XDP links.
     fn links(&self) -> Vec<LinkRow> {
         let mut names: Vec<String> = [LINK_COUNT, LINK_REFUSE].iter().map(|s| (*s).to_owned()).collect();
