@@ -25,6 +25,8 @@ pub struct InProcess {
     pub proxy: SocketAddr,
     /// `http.tls.listen`, when `extra` set it.
     pub tls: Option<SocketAddr>,
+    /// `admin.metricsListen`, when `extra` set it.
+    pub metrics: Option<SocketAddr>,
     pub admin: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<thread::JoinHandle<()>>,
@@ -54,6 +56,7 @@ impl InProcess {
         let admin = prepared.admin_addr().unwrap();
         let proxy = prepared.http_addr().expect("a proxy: http.upstream is set");
         let tls = prepared.tls_addr();
+        let metrics = prepared.metrics_addr();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -66,7 +69,7 @@ impl InProcess {
                 .unwrap();
             });
         });
-        Self { dir, file, base, proxy, tls, admin, stop: Some(stop), thread: Some(thread) }
+        Self { dir, file, base, proxy, tls, metrics, admin, stop: Some(stop), thread: Some(thread) }
     }
 
     /// Rewrites the file with `extra` after the harness's keys and reloads

@@ -85,3 +85,33 @@ fn healthz_answers_during_fifty_concurrent_scrapes() {
     eprintln!("/healthz during 50 concurrent scrapes: worst {worst:?}");
     assert!(worst < Duration::from_secs(1), "{worst:?}");
 }
+
+#[test]
+fn the_metrics_listener_serves_metrics_and_healthz_only_without_the_token() {
+    let up = Upstream::start();
+    let dir = std::env::temp_dir().join(format!("limiter-metrics-listen-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token = dir.join("token");
+    std::fs::write(&token, "0123456789abcdef0123\n").unwrap();
+    let d = InProcess::start(
+        up.addr,
+        &format!("admin.tokenFile = {}\nadmin.metricsListen = 127.0.0.1:0\n", token.display()),
+    );
+    let metrics = d.metrics.expect("a metrics listener");
+    let ask = |method: &str, path: &str| {
+        let raw =
+            format!("{method} {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+        limiter_tests::client::send(metrics, raw.as_bytes()).unwrap()
+    };
+    let page = ask("GET", "/metrics");
+    assert_eq!(page.status, 200, "no token needed");
+    assert!(page.text().contains("limiter_http_in_flight"));
+    assert_eq!(ask("GET", "/healthz").status, 200);
+    for path in ["/status", "/breaker", "/reload"] {
+        assert_eq!(ask("GET", path).status, 404, "{path}");
+    }
+    assert_eq!(ask("POST", "/reload").status, 404, "no reload there");
+    assert_eq!(ask("POST", "/metrics").status, 405);
+    assert_eq!(d.admin("GET", "/status", &[]).status, 401, "admin.listen still wants the token");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -88,7 +88,7 @@ fn the_kubernetes_manifest_passes_schema_validation_and_ships_a_valid_config() {
     let manifest = workspace().join("deploy/kubernetes/limiter.yaml");
     let (ok, text) = validate(&manifest);
     assert!(ok, "kubernetes-validate: {text}");
-    assert_eq!(text.matches("passed").count(), 3, "namespace, configmap, daemonset: {text}");
+    assert_eq!(text.matches("passed").count(), 4, "namespace, configmap, secret, daemonset: {text}");
 
     let yaml = std::fs::read_to_string(&manifest).unwrap();
     for needle in [
@@ -100,6 +100,15 @@ fn the_kubernetes_manifest_passes_schema_validation_and_ships_a_valid_config() {
         "livenessProbe:",
         "path: /healthz",
         "terminationGracePeriodSeconds: 45",
+        "privileged: false",
+        "drop: [\"ALL\"]",
+        "automountServiceAccountToken: false",
+        "type: RuntimeDefault",
+        "startupProbe:",
+        "preStop:",
+        "secretName: limiter-admin-token",
+        "prometheus.io/port: \"9902\"",
+        "\"--user\", \"nobody\"",
     ] {
         assert!(yaml.contains(needle), "the manifest lacks `{needle}`");
     }
@@ -116,13 +125,27 @@ fn the_kubernetes_manifest_passes_schema_validation_and_ships_a_valid_config() {
         assert!(!ok, "`{to}` went unnoticed: {text}");
     }
 
-    // The ConfigMap's limiter.ini is a valid configuration.
-    let ini = shipped_ini();
+    // The ConfigMap's limiter.ini is a valid configuration (its token
+    // file, from the Secret, written where the test can read it).
+    assert!(
+        !yaml.contains("containerPort:") && !yaml.contains("hostPort:"),
+        "no ports: surge rollouts overlap"
+    );
+    let ini = shipped_ini().replace("/etc/limiter/secret/token", &token_file(&dir));
     let file = dir.join("limiter.ini");
     std::fs::write(&file, &ini).unwrap();
     let out = limiter(&["check-config", file.to_str().unwrap()]);
     assert!(out.status.success(), "{}\n{ini}", String::from_utf8_lossy(&out.stderr));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The Secret's token, written in `dir` as the pod would see it.
+fn token_file(dir: &Path) -> String {
+    let yaml = std::fs::read_to_string(workspace().join("deploy/kubernetes/limiter.yaml")).unwrap();
+    let token = yaml.lines().find_map(|l| l.trim().strip_prefix("token: ")).expect("the Secret's token");
+    let path = dir.join("token");
+    std::fs::write(&path, format!("{token}\n")).unwrap();
+    path.to_str().unwrap().to_owned()
 }
 
 /// The `limiter.ini` of the manifest's ConfigMap, as the pod sees it.
@@ -146,7 +169,8 @@ fn the_shipped_configmap_carries_more_requests_than_its_per_source_cap_without_a
     // sandbox's pin directory and cgroup; nothing else changes.
     let ini = shipped_ini()
         .replace("pinPath = /sys/fs/bpf/limiter", &format!("pinPath = {}", sb.pin_path.display()))
-        .replace("cgroup = /sys/fs/cgroup", &format!("cgroup = {}", sb.cgroup.display()));
+        .replace("cgroup = /sys/fs/cgroup", &format!("cgroup = {}", sb.cgroup.display()))
+        .replace("/etc/limiter/secret/token", &token_file(&sb.dir));
     let cap: usize = ini
         .lines()
         .find_map(|l| l.strip_prefix("port.8080.perSourceMax = "))

@@ -52,6 +52,16 @@ pub trait Control: Send + Sync + 'static {
 
 type Body = Full<Bytes>;
 
+/// What a listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// `admin.listen`: everything, behind the token when there is one.
+    Full,
+    /// `admin.metricsListen`: `GET /metrics` and `/healthz` only, read-only,
+    /// no token (for Prometheus and the kubelet).
+    MetricsOnly,
+}
+
 /// Admin connections served at once; more are closed on accept (a local
 /// client cannot pile up connections, each with its buffers).
 pub const MAX_CONNECTIONS: usize = 256;
@@ -65,7 +75,12 @@ pub const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// its own task, within [`MAX_CONNECTIONS`], [`HEADER_TIMEOUT`] and
 /// [`MAX_HEAD_BYTES`]; kernel reads and reloads run off the runtime, so a
 /// slow scrape never delays `/healthz`.
-pub async fn serve(listener: TcpListener, control: Arc<dyn Control>, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: TcpListener,
+    control: Arc<dyn Control>,
+    scope: Scope,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         tokio::select! {
@@ -77,7 +92,7 @@ pub async fn serve(listener: TcpListener, control: Arc<dyn Control>, mut shutdow
                 };
                 let control = control.clone();
                 tokio::spawn(async move {
-                    let service = service_fn(move |req| handle(req, control.clone()));
+                    let service = service_fn(move |req| handle(req, control.clone(), scope));
                     let _ = hyper::server::conn::http1::Builder::new()
                         .timer(hyper_util::rt::TokioTimer::new())
                         .header_read_timeout(HEADER_TIMEOUT)
@@ -97,8 +112,25 @@ async fn off_runtime<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) 
     tokio::task::spawn_blocking(f).await.ok()
 }
 
-async fn handle(req: Request<Incoming>, control: Arc<dyn Control>) -> Result<Response<Body>, Infallible> {
-    if req.uri().path() != "/healthz" && !auth::authorized(&req, control.token().as_ref()) {
+async fn handle(
+    req: Request<Incoming>,
+    control: Arc<dyn Control>,
+    scope: Scope,
+) -> Result<Response<Body>, Infallible> {
+    if scope == Scope::MetricsOnly && !matches!(req.uri().path(), "/metrics" | "/healthz") {
+        return Ok(reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "admin.metricsListen serves GET /metrics and /healthz only\n".into(),
+        ));
+    }
+    if scope == Scope::MetricsOnly && req.method() != Method::GET {
+        return Ok(reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n".into()));
+    }
+    if scope == Scope::Full
+        && req.uri().path() != "/healthz"
+        && !auth::authorized(&req, control.token().as_ref())
+    {
         let mut response =
             reply(StatusCode::UNAUTHORIZED, "text/plain", "a bearer token is required\n".into());
         response

@@ -237,6 +237,13 @@ pub static KEYS: &[Key] = &[
         set: plain!(|c, v| c.admin.log_level = log_level(v)?),
     },
     Key {
+        name: "admin.metricsListen",
+        default: DefaultValue::Unset("(none)"),
+        reload: Reload::Restart,
+        doc: "a metrics-only listener: GET /metrics and /healthz, read-only, no token (for Prometheus)",
+        set: plain!(|c, v| c.admin.metrics_listen = Some(Addr(socket_addr(v)?))),
+    },
+    Key {
         name: "admin.watchConfig",
         default: DefaultValue::Value("false"),
         reload: Reload::Live,

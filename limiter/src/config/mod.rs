@@ -332,6 +332,8 @@ pub struct AdminConfig {
     pub log_level: String,
     /// Reload when the file changes (`admin.watchConfig`).
     pub watch_config: bool,
+    /// The metrics-only listener (`admin.metricsListen`).
+    pub metrics_listen: Option<Addr>,
 }
 
 impl Default for Config {
@@ -521,6 +523,15 @@ impl Config {
             }
         }
         self.check_own_connections()?;
+        if let Some(m) = self.admin.metrics_listen
+            && m == self.admin.listen
+            && m.0.port() != 0
+        {
+            return Err((
+                "admin.metricsListen".into(),
+                format!("{m} is admin.listen too; give it its own port"),
+            ));
+        }
         let admin = self.admin.listen.0.ip();
         if !admin.is_loopback() && self.admin.token_file.is_none() {
             return Err((

@@ -73,6 +73,8 @@ pub struct Prepared {
     config: Config,
     options: RunOptions,
     admin: std::net::TcpListener,
+    /// `admin.metricsListen`, when set.
+    metrics: Option<std::net::TcpListener>,
     /// One per worker and listener; `None` without a proxy.
     http: Option<proxy::Listeners>,
     gate: Option<HeldGate>,
@@ -82,6 +84,11 @@ impl Prepared {
     /// The kernel gate's pin directory, when the gate runs.
     pub fn pin_path(&self) -> Option<&Path> {
         self.gate.as_ref().map(|_| self.config.kernel.pin_path.as_path())
+    }
+
+    /// Where the metrics-only listener listens, if there is one.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// Where the admin listener listens.
@@ -118,6 +125,14 @@ pub fn prepare(config: Config, options: RunOptions) -> Result<Prepared, DaemonEr
     let admin = std::net::TcpListener::bind(admin_addr)
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
         .map_err(listen_error("admin.listen", admin_addr))?;
+    let metrics = match config.admin.metrics_listen {
+        Some(Addr(addr)) => Some(
+            std::net::TcpListener::bind(addr)
+                .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                .map_err(listen_error("admin.metricsListen", addr))?,
+        ),
+        None => None,
+    };
     let http = match &config.http.upstream {
         Some(_) => {
             let addr = config.http.listen.0;
@@ -140,7 +155,7 @@ pub fn prepare(config: Config, options: RunOptions) -> Result<Prepared, DaemonEr
         ),
         (Some(_), Some(_)) => {}
     }
-    Ok(Prepared { config, options, admin, http, gate })
+    Ok(Prepared { config, options, admin, metrics, http, gate })
 }
 
 /// Serves until `shutdown` resolves, then drains: reloads whenever
@@ -150,8 +165,9 @@ pub async fn run(
     mut reloads: mpsc::UnboundedReceiver<()>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DaemonError> {
-    let Prepared { config, options, admin, http: http_listeners, gate } = prepared;
+    let Prepared { config, options, admin, metrics, http: http_listeners, gate } = prepared;
     let admin_addr = config.admin.listen.0;
+    let metrics_addr = config.admin.metrics_listen.map_or(admin_addr, |a| a.0);
     let admin = TcpListener::from_std(admin).map_err(listen_error("admin.listen", admin_addr))?;
 
     let proxy = match &config.http.upstream {
@@ -202,7 +218,18 @@ pub async fn run(
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
-    let admin_task = tokio::spawn(crate::admin::serve(admin, daemon.clone(), admin_stop_rx));
+    let metrics_task = match metrics.map(TcpListener::from_std).transpose() {
+        Ok(Some(listener)) => Some(tokio::spawn(crate::admin::serve(
+            listener,
+            daemon.clone(),
+            crate::admin::Scope::MetricsOnly,
+            admin_stop_rx.clone(),
+        ))),
+        Ok(None) => None,
+        Err(e) => return Err(listen_error("admin.metricsListen", metrics_addr)(e)),
+    };
+    let admin_task =
+        tokio::spawn(crate::admin::serve(admin, daemon.clone(), crate::admin::Scope::Full, admin_stop_rx));
     let workers = match (&proxy, http_listeners) {
         (Some(proxy), Some(listeners)) => proxy::run_workers(listeners, proxy.clone(), stop_rx),
         _ => Vec::new(),
@@ -264,6 +291,9 @@ pub async fn run(
     }
     let _ = admin_stop_tx.send(true);
     let _ = admin_task.await;
+    if let Some(task) = metrics_task {
+        let _ = task.await;
+    }
     let had_gate = daemon.gate.is_some();
     drop(daemon);
     if had_gate && options.unload_on_exit {
