@@ -206,3 +206,57 @@ fn the_shipped_configmap_carries_more_requests_than_its_per_source_cap_without_a
     assert_eq!(limiter_tests::process::terminate(&mut daemon, std::time::Duration::from_secs(30)), Some(0));
     let _ = limiter(&["unload", "--pin-path", sb.pin_path.to_str().unwrap()]);
 }
+
+/// Every metric a dashboard panel or an alert names, from its expressions.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for (i, _) in text.match_indices("limiter_").chain(text.match_indices("process_")) {
+        let name: String = text[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        names.insert(name.trim_end_matches("_bucket").to_owned());
+    }
+    names
+}
+
+#[test]
+#[ignore = "black-box: promtool (Debian's prometheus package); run by `cargo xtask test`"]
+fn the_alerting_rules_pass_promtool_and_their_unit_tests_and_name_real_metrics() {
+    let dir = workspace().join("deploy/prometheus");
+    let run = |args: &[&str]| {
+        limiter_tests::process::run_with_deadline(
+            Command::new("promtool").args(args).current_dir(&dir),
+            limiter_tests::process::DEADLINE,
+        )
+    };
+    let check = run(&["check", "rules", "limiter-rules.yaml"]);
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stdout));
+    let tests = run(&["test", "rules", "limiter-rules.test.yaml"]);
+    assert!(
+        tests.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&tests.stdout),
+        String::from_utf8_lossy(&tests.stderr)
+    );
+    // A broken copy is rejected: the unit tests catch a wrong threshold.
+    let scratch = scratch("rules");
+    let rules = std::fs::read_to_string(dir.join("limiter-rules.yaml")).unwrap();
+    std::fs::write(scratch.join("limiter-rules.yaml"), rules.replace(">= 0.9", ">= 0.99")).unwrap();
+    std::fs::copy(dir.join("limiter-rules.test.yaml"), scratch.join("limiter-rules.test.yaml")).unwrap();
+    let broken = limiter_tests::process::run_with_deadline(
+        Command::new("promtool").args(["test", "rules", "limiter-rules.test.yaml"]).current_dir(&scratch),
+        limiter_tests::process::DEADLINE,
+    );
+    assert!(!broken.status.success(), "a wrong threshold went unnoticed");
+    // Every metric the rules and the dashboard name is one the daemon exports
+    // (the README's metrics table lists them all).
+    let readme = std::fs::read_to_string(workspace().join("README.md")).unwrap();
+    let dashboard =
+        std::fs::read_to_string(workspace().join("deploy/grafana/limiter-dashboard.json")).unwrap();
+    let _: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    for name in metric_names(&rules).union(&metric_names(&dashboard)) {
+        assert!(
+            readme.contains(&format!("`{name}`")) || readme.contains(&format!("`{name}` /")),
+            "{name} is not a metric the README lists"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+}
