@@ -33,6 +33,8 @@ pub struct Gate {
     trusted: LpmTrie<MapData, [u8; 16], u32>,
     counters: PerCpuArray<MapData, GateCounters>,
     sources: Array<MapData, SourceSlot>,
+    /// The same map, for batched reads ([`super::sys::array_lookup_batch`]).
+    sources_fd: std::os::fd::OwnedFd,
     ifmac: HashMap<MapData, u32, IfMac>,
 }
 
@@ -125,6 +127,8 @@ impl Gate {
             ifmac: HashMap::try_from(open(map_names::IFMAC)?).map_err(bad(map_names::IFMAC))?,
             config,
             sources,
+            sources_fd: super::sys::obj_get(&pin_dir.join(map_names::SOURCES))
+                .map_err(|e| KernelError::io("opening the source table for batched reads", e))?,
         })
     }
 
@@ -313,13 +317,40 @@ impl Gate {
     pub(super) fn source_groups(&self) -> (Vec<(SourceKey, u64)>, u64) {
         let mut groups: StdHashMap<SourceKey, u64> = StdHashMap::new();
         let mut used = 0;
-        for slot in self.sources.iter().filter_map(Result::ok) {
+        let mut count = |slot: &SourceSlot| {
             if source::state(slot.word) == source::LIVE && source::count(slot.word) > 0 {
                 used += 1;
                 *groups.entry(slot.key).or_default() += u64::from(source::count(slot.word));
             }
+        };
+        if self.source_slots_batched(&mut count).is_err() {
+            // A kernel without batched lookups for arrays (before 5.6): one
+            // lookup per slot.
+            for slot in self.sources.iter().filter_map(Result::ok) {
+                count(&slot);
+            }
         }
         (groups.into_iter().collect(), used)
+    }
+
+    /// Every slot of the source table, read 8,192 at a time.
+    fn source_slots_batched(&self, each: &mut impl FnMut(&SourceSlot)) -> std::io::Result<()> {
+        use std::os::fd::AsFd as _;
+        const BATCH: usize = 8192;
+        let size = size_of::<SourceSlot>();
+        let mut buf = vec![0u8; BATCH * size];
+        let mut after = None;
+        loop {
+            let (read, last) =
+                super::sys::array_lookup_batch(self.sources_fd.as_fd(), after, &mut buf, size)?;
+            for chunk in buf[..read * size].chunks_exact(size) {
+                each(&bytemuck::pod_read_unaligned::<SourceSlot>(chunk));
+            }
+            match last {
+                Some(last) if read > 0 => after = Some(last),
+                _ => return Ok(()),
+            }
+        }
     }
 }
 
