@@ -122,13 +122,17 @@ pub fn prepare(config: Config, options: RunOptions) -> Result<Prepared, DaemonEr
         tracing::warn!("{warning}");
     }
     let admin_addr = config.admin.listen.0;
-    let admin = std::net::TcpListener::bind(admin_addr)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+    // Handover: a second daemon on the same configuration binds beside
+    // this one (SO_REUSEPORT on every listener); with
+    // net.ipv4.tcp_migrate_req = 1 the connections queued on a listener
+    // that closes move to the other daemon's (see the README).
+    let admin = proxy::bind(admin_addr, 1)
+        .map(|mut l| l.remove(0))
         .map_err(listen_error("admin.listen", admin_addr))?;
     let metrics = match config.admin.metrics_listen {
         Some(Addr(addr)) => Some(
-            std::net::TcpListener::bind(addr)
-                .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            proxy::bind(addr, 1)
+                .map(|mut l| l.remove(0))
                 .map_err(listen_error("admin.metricsListen", addr))?,
         ),
         None => None,
