@@ -22,15 +22,11 @@ use limiter_tests::{
     h2raw::{self, End},
     in_process::InProcess,
     process::{run_with_deadline, wait_for},
+    tls::self_signed,
     upstream::Upstream,
 };
 
 const WAIT: Duration = Duration::from_secs(10);
-
-/// A self-signed P-256 pair for `localhost` and 127.0.0.1, named `cn`.
-fn pair(dir: &Path, cn: &str) -> (PathBuf, PathBuf) {
-    limiter_tests::tls::self_signed(dir, cn)
-}
 
 /// The TLS keys for a pair, for the daemon's file.
 fn tls_keys(cert: &Path, key: &Path) -> String {
@@ -51,7 +47,7 @@ fn scratch(name: &str) -> PathBuf {
 /// A daemon with TLS in front of `up`; its scratch directory holds the pair.
 fn with_tls(up: &Upstream, name: &str, extra: &str) -> (InProcess, PathBuf) {
     let dir = scratch(name);
-    let (cert, key) = pair(&dir, "first");
+    let (cert, key) = self_signed(&dir, "first");
     let d = InProcess::start(up.addr, &format!("{}{extra}", tls_keys(&cert, &key)));
     assert!(d.tls.is_some(), "a TLS listener");
     (d, dir)
@@ -233,7 +229,7 @@ fn rotation_changes_the_certificate_new_handshakes_present_and_a_bad_pair_change
 
     // Rotation: new contents at the same paths, then a reload.
     let (cert, key) = (dir.join("first.crt"), dir.join("first.key"));
-    let (new_cert, new_key) = pair(&dir, "second");
+    let (new_cert, new_key) = self_signed(&dir, "second");
     std::fs::copy(&new_cert, &cert).unwrap();
     std::fs::copy(&new_key, &key).unwrap();
     let r = d.try_reload(&tls_keys(&cert, &key));
@@ -244,7 +240,7 @@ fn rotation_changes_the_certificate_new_handshakes_present_and_a_bad_pair_change
     assert_eq!(statuses(&finish(held)), [200], "the established connection finished on its pair");
 
     // A key that does not match: refused, nothing changes.
-    let (_, stray_key) = pair(&dir, "stray");
+    let (_, stray_key) = self_signed(&dir, "stray");
     let r = d.try_reload(&tls_keys(&cert, &stray_key));
     assert_eq!(r.status, 422, "{}", r.text());
     assert!(r.text().contains("does not match the certificate"), "{}", r.text());
@@ -256,8 +252,8 @@ fn rotation_changes_the_certificate_new_handshakes_present_and_a_bad_pair_change
 #[test]
 fn bad_pem_files_are_refused_with_the_file_the_line_and_what_is_wrong() {
     let dir = scratch("pem");
-    let (cert, key) = pair(&dir, "good");
-    let (_, other_key) = pair(&dir, "other");
+    let (cert, key) = self_signed(&dir, "good");
+    let (_, other_key) = self_signed(&dir, "other");
     let garbage = dir.join("garbage.pem");
     std::fs::write(&garbage, "not a pem file\n").unwrap();
     let load = |cert: &Path, key: &Path| {
@@ -375,7 +371,7 @@ fn log_lines(path: &Path, n: usize) -> Vec<serde_json::Value> {
 fn the_access_log_lines_add_up_to_the_requests_sent_and_a_reload_reopens_it() {
     let up = Upstream::start();
     let dir = scratch("access");
-    let (cert, key) = pair(&dir, "first");
+    let (cert, key) = self_signed(&dir, "first");
     let log = dir.join("access.log");
     let keys = format!(
         "{}http.h2c = true\nhttp.maxThreads = 12\nhttp.maxSessionConnections = 5\nhttp.accessLog = {}\n",

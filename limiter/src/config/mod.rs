@@ -177,18 +177,8 @@ impl Prefix {
     /// Whether `ip` is in this prefix (an IPv4 address is never in an IPv6
     /// prefix, nor the reverse).
     pub fn contains(&self, ip: std::net::IpAddr) -> bool {
-        use std::net::IpAddr::{V4, V6};
-        match (self.addr, ip) {
-            (V4(net), V4(ip)) => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(self.len)).unwrap_or(0);
-                u32::from(net) & mask == u32::from(ip) & mask
-            }
-            (V6(net), V6(ip)) => {
-                let mask = u128::MAX.checked_shl(128 - u32::from(self.len)).unwrap_or(0);
-                u128::from(net) & mask == u128::from(ip) & mask
-            }
-            _ => false,
-        }
+        self.addr.is_ipv4() == ip.is_ipv4()
+            && values::mask_addr(ip, self.len) == values::mask_addr(self.addr, self.len)
     }
 }
 

@@ -174,7 +174,8 @@ pub(super) fn prefixes(value: &str) -> Result<Vec<Prefix>, String> {
     Ok(out)
 }
 
-fn mask_addr(addr: std::net::IpAddr, len: u8) -> std::net::IpAddr {
+/// `addr` with every bit past the first `len` cleared.
+pub(super) fn mask_addr(addr: std::net::IpAddr, len: u8) -> std::net::IpAddr {
     match addr {
         std::net::IpAddr::V4(a) => {
             let mask = if len == 0 { 0 } else { u32::MAX << (32 - u32::from(len)) };

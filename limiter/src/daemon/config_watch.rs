@@ -6,7 +6,12 @@
 //! to a new directory) all count. A file that fails to validate is
 //! reported once and applied nothing; the next change is tried again.
 
-use std::{os::unix::fs::MetadataExt as _, path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 use tokio::sync::mpsc;
 
@@ -16,7 +21,7 @@ use super::Daemon;
 pub const INTERVAL: Duration = Duration::from_secs(1);
 
 /// What the path resolves to now (`None`: it cannot be read).
-fn stamp(path: &PathBuf) -> Option<(u64, u64, u64, i64, i64)> {
+fn stamp(path: &Path) -> Option<(u64, u64, u64, i64, i64)> {
     let m = std::fs::metadata(path).ok()?;
     Some((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
 }

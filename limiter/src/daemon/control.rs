@@ -47,7 +47,7 @@ impl Daemon {
     /// says so loudly (it stays so: only a restart attaches it again).
     pub fn check_gate(&self) {
         let Some(g) = &self.gate else { return };
-        if !g.lock().attached() && !self.gate_lost.swap(true, Ordering::Relaxed) {
+        if !g.read().attached() && !self.gate_lost.swap(true, Ordering::Relaxed) {
             tracing::error!(
                 "the kernel gate was detached under the running daemon (limiter unload --force?): nothing \
                  is refused at the SYN now; /healthz answers 503; restart the daemon to attach it again"
@@ -70,7 +70,7 @@ impl Control for Daemon {
         if let Some(g) = &self.gate {
             // A failed kernel read leaves the gate's families out and says
             // so; the rest of the page is still worth scraping.
-            let snap = g.lock().snapshot();
+            let snap = g.read().snapshot();
             let ok = snap.is_ok();
             match snap {
                 Ok(snap) => metrics::kernel::write(&mut page, &snap),
@@ -101,7 +101,7 @@ impl Control for Daemon {
             Some(g) => Some(KernelStatus {
                 origin: g.origin,
                 target: g.target.clone(),
-                gate: Some(g.lock().snapshot()?),
+                gate: Some(g.read().snapshot()?),
             }),
             None => None,
         };

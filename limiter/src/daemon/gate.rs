@@ -1,7 +1,7 @@
 //! The kernel gate as the daemon holds it: started (loaded or adopted) at
 //! start-up, with what it did logged.
 
-use std::sync::Mutex;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::{
     admin::api::GateOrigin,
@@ -10,9 +10,10 @@ use crate::{
 };
 
 pub struct HeldGate {
-    /// Map handles; a mutex because reload writes while metrics read, and
-    /// each operation is a few syscalls.
-    pub gate: Mutex<Gate>,
+    /// Map handles: scrapes read them together (a scrape of a large source
+    /// table takes a while), a reload writes alone, waiting only for the
+    /// reads in progress (the lock prefers a waiting writer).
+    pub gate: RwLock<Gate>,
     pub target: Target,
     pub origin: GateOrigin,
 }
@@ -55,10 +56,16 @@ impl HeldGate {
         }
         let ports: Vec<String> = changes.iter().map(ToString::to_string).collect();
         tracing::info!(changes = %ports.join(" "), "kernel gate enforcing");
-        Ok(Self { gate: Mutex::new(gate), target, origin })
+        Ok(Self { gate: RwLock::new(gate), target, origin })
     }
 
-    pub fn lock(&self) -> std::sync::MutexGuard<'_, Gate> {
-        self.gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// For reading the maps (many at once).
+    pub fn read(&self) -> RwLockReadGuard<'_, Gate> {
+        self.gate.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// For writing them (a reload).
+    pub fn write(&self) -> RwLockWriteGuard<'_, Gate> {
+        self.gate.write().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }

@@ -65,7 +65,7 @@ impl Daemon {
         // The kernel part can fail (a map write); it goes first so that a
         // failure leaves the HTTP side untouched too.
         if let Some(g) = &self.gate {
-            let limits = g.lock().apply(&new.kernel)?;
+            let limits = g.write().apply(&new.kernel)?;
             changes.extend(limits.iter().map(|c| format!("kernel limits {c}")));
         }
         if let Some(proxy) = &self.proxy {

@@ -27,13 +27,18 @@ pub fn kind(netns: &File, interface: &str) -> Option<String> {
 }
 
 fn ask(interface: &str) -> Option<String> {
+    parse(&query(interface).ok()?)
+}
+
+/// The kernel's answer to `RTM_GETLINK` for `interface`.
+fn query(interface: &str) -> std::io::Result<Vec<u8>> {
     let fd =
-        socket(AddressFamily::Netlink, SockType::Raw, SockFlag::SOCK_CLOEXEC, SockProtocol::NetlinkRoute)
-            .ok()?;
-    sendto(fd.as_raw_fd(), &request(interface), &NetlinkAddr::new(0, 0), MsgFlags::empty()).ok()?;
+        socket(AddressFamily::Netlink, SockType::Raw, SockFlag::SOCK_CLOEXEC, SockProtocol::NetlinkRoute)?;
+    sendto(fd.as_raw_fd(), &request(interface), &NetlinkAddr::new(0, 0), MsgFlags::empty())?;
     let mut buf = vec![0u8; 32 * 1024];
-    let n = recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()).ok()?;
-    parse(&buf[..n])
+    let n = recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty())?;
+    buf.truncate(n);
+    Ok(buf)
 }
 
 /// `RTM_GETLINK` for one interface, by name.
@@ -128,9 +133,14 @@ mod tests {
     }
 
     #[test]
-    fn loopback_is_a_kind_of_its_own_or_none_but_answers() {
-        // `lo` has no IFLA_INFO_KIND; asking must not fail the caller.
-        assert_eq!(ask("lo"), None);
-        assert_eq!(ask("no-such-interface-0"), None);
+    fn the_kernel_answers_the_request_for_loopback_with_its_link() {
+        // A real round trip: `lo` comes back as RTM_NEWLINK (a malformed
+        // request would come back as NLMSG_ERROR), with no kind.
+        let answer = query("lo").expect("rtnetlink answers");
+        assert_eq!(u16::from_ne_bytes([answer[4], answer[5]]), RTM_NEWLINK, "{answer:?}");
+        assert_eq!(parse(&answer), None, "loopback has no IFLA_INFO_KIND");
+        let missing = query("no-such-if0").expect("rtnetlink answers");
+        assert_eq!(u16::from_ne_bytes([missing[4], missing[5]]), 2, "an unknown name is an NLMSG_ERROR");
+        assert_eq!(ask("no-such-if0"), None);
     }
 }

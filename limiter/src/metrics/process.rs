@@ -57,42 +57,26 @@ fn max_open_files(limits: &str) -> Option<u64> {
 
 /// Writes the families of what could be read.
 pub fn write(page: &mut Page, p: &Process) {
-    let mut put = |name: &str, kind: &str, help: &str, value: Option<String>| {
-        if let Some(v) = value {
-            page.family(name, kind, help).sample(name, &[], v);
-        }
-    };
-    put(
+    one(
+        page,
         "process_cpu_seconds_total",
         "counter",
         "User and system CPU time spent, in seconds.",
-        p.cpu_seconds.map(|v| v.to_string()),
+        p.cpu_seconds,
     );
-    put(
-        "process_resident_memory_bytes",
-        "gauge",
-        "Resident memory size, in bytes.",
-        p.resident_bytes.map(|v| v.to_string()),
-    );
-    put(
-        "process_virtual_memory_bytes",
-        "gauge",
-        "Virtual memory size, in bytes.",
-        p.virtual_bytes.map(|v| v.to_string()),
-    );
-    put("process_open_fds", "gauge", "Open file descriptors.", p.open_fds.map(|v| v.to_string()));
-    put(
-        "process_max_fds",
-        "gauge",
-        "The most open file descriptors allowed.",
-        p.max_fds.map(|v| v.to_string()),
-    );
-    put(
-        "process_start_time_seconds",
-        "gauge",
-        "When the process started, in seconds since the Unix epoch.",
-        p.start_time_seconds.map(|v| v.to_string()),
-    );
+    one(page, "process_resident_memory_bytes", "gauge", "Resident memory size, in bytes.", p.resident_bytes);
+    one(page, "process_virtual_memory_bytes", "gauge", "Virtual memory size, in bytes.", p.virtual_bytes);
+    one(page, "process_open_fds", "gauge", "Open file descriptors.", p.open_fds);
+    one(page, "process_max_fds", "gauge", "The most open file descriptors allowed.", p.max_fds);
+    let start = "When the process started, in seconds since the Unix epoch.";
+    one(page, "process_start_time_seconds", "gauge", start, p.start_time_seconds);
+}
+
+/// A family of one sample, left out when the value could not be read.
+fn one(page: &mut Page, name: &str, kind: &str, help: &str, value: Option<impl std::fmt::Display>) {
+    if let Some(v) = value {
+        page.family(name, kind, help).sample(name, &[], v);
+    }
 }
 
 #[cfg(test)]
