@@ -18,8 +18,14 @@ use bytemuck::{Pod, Zeroable};
 /// refuses to adopt pins whose [`GateConfig::layout_version`] differs.
 ///
 /// 1: port counts and refusals. 2: per-source caps, trusted prefixes,
-/// refusals by reason and path, XDP, pre-existing connections.
-pub const LAYOUT_VERSION: u32 = 2;
+/// refusals by reason and path, XDP, pre-existing connections. 3: the
+/// source table's change index ([`map_names::SRCVER`]) and the HTTP permit
+/// ledger ([`map_names::PERMITS`]); a layout-2 gate is migrated in place.
+pub const LAYOUT_VERSION: u32 = 3;
+
+/// Older layouts a daemon migrates in place when it adopts them (the maps
+/// they lack are created, the programs swapped, the version rewritten).
+pub const MIGRATES_FROM: [u32; 1] = [2];
 
 /// Names of the maps, as the kernel and the pin directory show them
 /// (at most 15 bytes: `BPF_OBJ_NAME_LEN`).
@@ -54,9 +60,20 @@ pub mod map_names {
     /// Hash ifindex → [`super::IfMac`]: the MAC of each XDP interface, so
     /// XDP answers only frames addressed to this host.
     pub const IFMAC: &str = "LIMITER_IFMAC";
-    /// Every map the daemon pins, in the order it pins them.
-    pub const ALL: [&str; 12] =
-        [CONFIG, LIMITS, LISTED, STATS, ACTIVE, REFUSED, SOCKS, SOURCES, TRUSTED, COUNTERS, WALK, IFMAC];
+    /// Array of `u64` change counters over the source table: one per block
+    /// of [`super::source::BLOCK_SLOTS`] slots, then one per super-block of
+    /// [`super::source::SUPER_BLOCKS`] blocks, bumped after every change of
+    /// a count (see [`super::source::index_len`]), so a reader rereads only
+    /// what changed since its last read.
+    pub const SRCVER: &str = "LIMITER_SRCVER";
+    /// Every map of the kernel object, in the order a new gate pins them.
+    pub const ALL: [&str; 13] = [
+        CONFIG, LIMITS, LISTED, STATS, ACTIVE, REFUSED, SOCKS, SOURCES, TRUSTED, COUNTERS, WALK, IFMAC,
+        SRCVER,
+    ];
+    /// The HTTP permit ledger: a memory-mapped array the daemons serving
+    /// one gate share (no kernel program reads it), created by the daemon.
+    pub const PERMITS: &str = "LIMITER_PERMITS";
 }
 
 /// Names of the programs (the function names in `limiter-ebpf`).
@@ -422,6 +439,28 @@ pub mod source {
 
     /// Slots probed per group.
     pub const PROBES: u32 = 8;
+    /// Slots per block of the change index ([`super::map_names::SRCVER`]).
+    pub const BLOCK_SLOTS: u32 = 16;
+    /// Blocks per super-block of the change index (1,024 slots).
+    pub const SUPER_BLOCKS: u32 = 64;
+
+    /// Blocks of a table of `slots` slots.
+    #[inline(always)]
+    pub const fn blocks(slots: u32) -> u32 {
+        slots.div_ceil(BLOCK_SLOTS)
+    }
+
+    /// Entries of the change index: the blocks, then the super-blocks.
+    pub const fn index_len(slots: u32) -> u32 {
+        blocks(slots) + blocks(slots).div_ceil(SUPER_BLOCKS)
+    }
+
+    /// The index entries a change of slot `slot` bumps, block first.
+    #[inline(always)]
+    pub const fn index_entries(slot: u32, slots: u32) -> [u32; 2] {
+        let block = slot / BLOCK_SLOTS;
+        [block, blocks(slots) + block / SUPER_BLOCKS]
+    }
     /// Never used since the table was created.
     pub const FREE: u64 = 0;
     /// Being given to a group; its key is not readable.

@@ -14,7 +14,7 @@ use limiter_common::{GateConfig, Port, PortKey, SockMark, SourceKey};
 
 use crate::{
     atomic,
-    maps::{LIMITER_ACTIVE, LIMITER_LIMITS, LIMITER_SOCKS, LIMITER_STATS, counters},
+    maps::{LIMITER_ACTIVE, LIMITER_CONFIG, LIMITER_LIMITS, LIMITER_SOCKS, LIMITER_STATS, counters},
     sources,
 };
 
@@ -109,8 +109,11 @@ pub fn uncount(mark: *mut SockMark) {
         if slot != 0 {
             ptr::addr_of_mut!((*mark).slot).write_volatile(0);
         }
-        if slot != 0 && slot != UNTRACKED {
-            sources::release(slot - 1);
+        if slot != 0
+            && slot != UNTRACKED
+            && let Some(config) = LIMITER_CONFIG.get(0)
+        {
+            sources::release(slot - 1, config.source_mask);
         }
         if let Some(stats) = LIMITER_STATS.get_ptr_mut(u32::from(port)) {
             atomic::sub(ptr::addr_of_mut!((*stats).established), 1);

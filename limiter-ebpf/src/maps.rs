@@ -9,7 +9,8 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use limiter_common::{
-    GateConfig, GateCounters, IfMac, MAX_PORTS, PortKey, PortLimit, PortStats, Refusals, SockMark, SourceSlot,
+    GateConfig, GateCounters, IfMac, MAX_PORTS, PortKey, PortLimit, PortStats, Refusals, SockMark,
+    SourceSlot, source,
 };
 
 /// Limit of every port, indexed by port; written only by the daemon.
@@ -46,6 +47,11 @@ pub static LIMITER_SOCKS: SkStorage<SockMark> = SkStorage::new();
 /// size (`kernel.sourceTableSize`) at load time.
 #[btf_map]
 pub static LIMITER_SOURCES: Array<SourceSlot, 65_536> = Array::new();
+
+/// Change counters of the source table (`limiter_common::map_names::SRCVER`);
+/// the daemon sets the real size (`source::index_len`) at load time.
+#[btf_map]
+pub static LIMITER_SRCVER: Array<u64, { source::index_len(65_536) as usize }> = Array::new();
 
 /// Trusted prefixes, keyed as IPv4-mapped IPv6 (`limiter_common::TrustedKey`).
 #[btf_map]

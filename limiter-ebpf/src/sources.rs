@@ -7,7 +7,10 @@ use limiter_common::{
     source::{self, CLAIMING, LIVE, PROBES},
 };
 
-use crate::{atomic, maps::LIMITER_SOURCES};
+use crate::{
+    atomic,
+    maps::{LIMITER_SOURCES, LIMITER_SRCVER},
+};
 
 /// What the SYN path needs to know about a group.
 pub struct Usage {
@@ -82,9 +85,14 @@ pub fn acquire(key: &SourceKey, seed: u32, mask: u32) -> Option<u32> {
             let w = word(s);
             if source::state(w) == LIVE && holds(s, key) {
                 match bump(s, w, key) {
-                    Bump::Counted => return Some(idx),
-                    // The slot was reclaimed for another group meanwhile.
+                    Bump::Counted => {
+                        touch(idx, mask);
+                        return Some(idx);
+                    }
+                    // The slot was reclaimed for another group meanwhile
+                    // (a unit may have come and gone: readers reread it).
                     Bump::Gone => {
+                        touch(idx, mask);
                         contended = true;
                         break;
                     }
@@ -110,6 +118,7 @@ pub fn acquire(key: &SourceKey, seed: u32, mask: u32) -> Option<u32> {
             // Cannot fail: nobody else changes a CLAIMING word.
             let _ = atomic::cas(ptr::addr_of_mut!((*s).word), claiming, source::live(claiming));
         }
+        touch(idx, mask);
         return Some(idx);
     }
     None
@@ -148,13 +157,28 @@ fn bump(s: *mut SourceSlot, mut w: u64, key: &SourceKey) -> Bump {
     Bump::Gone
 }
 
-/// Uncounts one connection counted in slot `idx`.
+/// Uncounts one connection counted in slot `idx` of a table of `mask + 1`
+/// slots.
 #[inline(always)]
-pub fn release(idx: u32) {
+pub fn release(idx: u32, mask: u32) {
     if let Some(s) = LIMITER_SOURCES.get_ptr_mut(idx) {
         // The count is in the low bits and at least 1 (this connection's),
         // so subtracting cannot borrow into the state or generation.
         // SAFETY: array value field, 8-byte aligned.
         unsafe { atomic::sub(ptr::addr_of_mut!((*s).word), 1) };
+        touch(idx, mask);
+    }
+}
+
+/// Tells readers slot `idx` changed: bumps its block's change counter,
+/// then its super-block's, after the change itself (a reader reads the
+/// counters first, so it either sees the change or a newer counter).
+#[inline(always)]
+fn touch(idx: u32, mask: u32) {
+    for entry in source::index_entries(idx, mask.wrapping_add(1)) {
+        if let Some(v) = LIMITER_SRCVER.get_ptr_mut(entry) {
+            // SAFETY: array value, 8-byte aligned.
+            unsafe { atomic::add(v, 1) };
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::fs;
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{build_daemon, cargo, setup, status};
+use crate::{build_daemon, build_revision, cargo, setup, status};
 
 pub fn main(args: &[String]) -> Result<()> {
     let which = args.first().map(String::as_str).unwrap_or("");
@@ -22,42 +22,9 @@ pub fn main(args: &[String]) -> Result<()> {
     cmd.args(["run", "--release", "--package", "limiter-tests", "--bin", bin]).env("LIMITER_BIN", daemon);
     if let Some(i) = args.iter().position(|a| a == "--before") {
         let rev = args.get(i + 1).context("--before needs a git revision")?;
-        cmd.env("LIMITER_BIN_BEFORE", build_revision(rev)?).env("LIMITER_BEFORE_REV", rev);
+        cmd.env("LIMITER_BIN_BEFORE", build_revision(rev, "before", true)?).env("LIMITER_BEFORE_REV", rev);
     }
     status(&format!("benchmark {which}"), &mut cmd)
-}
-
-/// Builds the daemon of git revision `rev` (in a worktree under `target/`,
-/// with its own target directory) for a before/after benchmark.
-fn build_revision(rev: &str) -> Result<std::path::PathBuf> {
-    let root = crate::root();
-    let tree = root.join("target/before-tree");
-    let _ = std::process::Command::new("git")
-        .args(["worktree", "remove", "--force"])
-        .arg(&tree)
-        .current_dir(&root)
-        .status();
-    status(
-        "checking out the revision to compare",
-        std::process::Command::new("git")
-            .args(["worktree", "add", "--detach"])
-            .arg(&tree)
-            .arg(rev)
-            .current_dir(&root),
-    )?;
-    let target = root.join("target/before");
-    let mut build = cargo();
-    build
-        .current_dir(&tree)
-        .args(["build", "--release", "--package", "limiter", "--bin", "limiter"])
-        .env("CARGO_TARGET_DIR", &target);
-    status(&format!("building limiter at {rev}"), &mut build)?;
-    let _ = std::process::Command::new("git")
-        .args(["worktree", "remove", "--force"])
-        .arg(&tree)
-        .current_dir(&root)
-        .status();
-    Ok(target.join("release/limiter"))
 }
 
 /// The breaker's criterion benchmark; its estimates go into BENCHMARKS.md.

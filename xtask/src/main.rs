@@ -8,7 +8,7 @@ mod bench;
 mod setup;
 
 use std::{
-    env,
+    env, fs,
     path::{Path, PathBuf},
     process::Command,
 };
@@ -159,6 +159,57 @@ fn run(args: &[String]) -> Result<()> {
     status("the daemon", Command::new(bin).args(daemon_args))
 }
 
+/// The last commit whose daemon pins layout 2 (`limiter_common::LAYOUT_VERSION`).
+const LAYOUT2_REV: &str = "e2a2f343b702a2566c7da2188551aa15f8502f75";
+
+/// Builds the daemon of git revision `rev` in a worktree under `target/`,
+/// with its own target directory `target/NAME` (benchmarks compare a
+/// revision; the layout-migration test runs an older layout). Built once
+/// per revision: a stamp beside the binary names the revision it is.
+pub fn build_revision(rev: &str, name: &str, release: bool) -> Result<PathBuf> {
+    let root = root();
+    let target = root.join("target").join(name);
+    let bin = target.join(if release { "release" } else { "debug" }).join("limiter");
+    let stamp = target.join("built-revision");
+    let full = Command::new("git").args(["rev-parse", rev]).current_dir(&root).output()?;
+    anyhow::ensure!(
+        full.status.success(),
+        "git revision {rev} is not in this clone (a shallow clone?): {}",
+        String::from_utf8_lossy(&full.stderr).trim()
+    );
+    let full = String::from_utf8_lossy(&full.stdout).trim().to_owned();
+    if bin.is_file() && fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == full) {
+        eprintln!("xtask: limiter at {rev} already built: {}", bin.display());
+        return Ok(bin);
+    }
+    let tree = root.join("target").join(format!("{name}-tree"));
+    let remove = || {
+        let _ = Command::new("git")
+            .args(["worktree", "remove", "--force"])
+            .arg(&tree)
+            .current_dir(&root)
+            .status();
+    };
+    remove();
+    status(
+        &format!("checking out {rev}"),
+        Command::new("git").args(["worktree", "add", "--detach"]).arg(&tree).arg(rev).current_dir(&root),
+    )?;
+    let mut build = cargo();
+    build
+        .current_dir(&tree)
+        .args(["build", "--package", "limiter", "--bin", "limiter"])
+        .env("CARGO_TARGET_DIR", &target);
+    if release {
+        build.arg("--release");
+    }
+    let built = status(&format!("building limiter at {rev}"), &mut build);
+    remove();
+    built?;
+    fs::write(&stamp, &full)?;
+    Ok(bin)
+}
+
 fn test(filter: &[String]) -> Result<()> {
     setup::ensure(setup::Purpose::Test)?;
     // Unit tests: pure logic, no kernel, run in parallel.
@@ -177,11 +228,14 @@ fn test(filter: &[String]) -> Result<()> {
     // time. They are #[ignore]d for a plain `cargo test` (which would run
     // them in parallel, without the binary built); here they all run.
     let bin = build_daemon(false)?;
+    // The last limiter of pinned layout 2, for the layout-migration test.
+    let layout2 = build_revision(LAYOUT2_REV, "layout2", false)?;
     let mut integration = cargo();
     integration
         .args(["test", "--package", "limiter-tests", "--", "--test-threads=1", "--include-ignored"])
         .args(filter)
         .env("LIMITER_BIN", &bin)
+        .env("LIMITER_LAYOUT2_BIN", &layout2)
         .env("LIMITER_DIST", &tarball);
     status("integration tests", &mut integration)?;
     // The short version of every soak scenario.

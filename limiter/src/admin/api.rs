@@ -31,6 +31,8 @@ pub enum GateOrigin {
     Loaded,
     /// Already pinned and enforcing; adopted.
     Adopted,
+    /// Pinned by a limiter of an older layout; adopted and migrated in place.
+    Migrated,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

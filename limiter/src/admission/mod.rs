@@ -12,6 +12,7 @@
 //! disappears when its count reaches zero, so memory is bounded by what is
 //! in flight, whatever the number of distinct tokens.
 
+pub mod ledger;
 mod session;
 
 use std::{
@@ -19,7 +20,10 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use self::session::SessionKeys;
+use self::{
+    ledger::{Change, Ledger, Locked, Others},
+    session::SessionKeys,
+};
 use crate::config::{DEBUG_SLOTS, HttpConfig};
 
 /// Which limit refused a request (or in dry-run would have).
@@ -118,8 +122,11 @@ struct Inner {
 #[derive(Debug)]
 pub struct Admission {
     inner: Mutex<Inner>,
-    /// Keys the session hash; random per process.
+    /// Keys the session hash: random per process, or the ledger's.
     session_keys: SessionKeys,
+    /// The permits of the other daemon serving the same gate during a
+    /// handover (`ledger`); taken after `inner`, published under its lock.
+    ledger: Option<Arc<Ledger>>,
 }
 
 /// Counters and gauges, for metrics and dump.
@@ -137,6 +144,10 @@ pub struct Snapshot {
     pub dry_run: bool,
     pub admitted_normal: u64,
     pub admitted_debug: u64,
+    /// Permits the other daemon serving the gate holds (a handover), by
+    /// pool: normal, `/debug/` reserve, web clients. `None`: no other.
+    #[serde(default)]
+    pub peer_in_use: Option<[u32; 3]>,
     /// Refusals by reason, in [`Refusal::ALL`] order.
     pub refused: [u64; 4],
     pub would_refuse: [u64; 4],
@@ -150,6 +161,8 @@ pub struct Permit {
     slot: Slot,
     web: bool,
     session: Option<u64>,
+    /// The session's unit is in the ledger (to be taken back there).
+    session_published: bool,
 }
 
 impl Permit {
@@ -176,15 +189,45 @@ impl Drop for Permit {
                 inner.sessions.remove(&h);
             }
         }
+        if let Some(ledger) = &self.admission.ledger {
+            let shared = ledger.lock();
+            shared.publish(change(self.slot, self.web, -1));
+            if let (Some(h), true) = (self.session, self.session_published) {
+                shared.publish_session(h, -1);
+            }
+        }
+    }
+}
+
+/// What taking (`sign` 1) or giving back (-1) a permit changes.
+fn change(slot: Slot, web: bool, sign: i64) -> Change {
+    Change {
+        normal: if slot == Slot::Normal { sign } else { 0 },
+        reserved: if slot == Slot::Reserved { sign } else { 0 },
+        web: if web { sign } else { 0 },
     }
 }
 
 impl Admission {
     pub fn new(limits: Limits) -> Arc<Self> {
+        Self::with_ledger(limits, None)
+    }
+
+    /// Admission that counts the permits of the other daemon serving the
+    /// same gate too (`ledger`).
+    pub fn with_ledger(limits: Limits, ledger: Option<Arc<Ledger>>) -> Arc<Self> {
         Arc::new(Self {
             inner: Mutex::new(Inner { limits: Some(limits), ..Inner::default() }),
-            session_keys: SessionKeys::default(),
+            session_keys: ledger
+                .as_ref()
+                .map_or_else(SessionKeys::default, |l| SessionKeys::with_seed(l.seed())),
+            ledger,
         })
+    }
+
+    /// The ledger's lock, when there is a ledger (taken after `inner`).
+    fn shared(&self) -> Option<Locked<'_>> {
+        self.ledger.as_ref().map(|l| l.lock())
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -209,8 +252,9 @@ impl Admission {
     pub fn admit(self: &Arc<Self>, ask: Ask<'_>) -> Result<Permit, Refusal> {
         let session = self.session_of(ask);
         let mut inner = self.lock();
+        let shared = self.shared();
         let limits = inner.limits.expect("set at construction");
-        let Decision { slot, web, session, refusal } = decide(&inner, &limits, ask, session);
+        let Decision { slot, web, session, refusal } = decide(&inner, &limits, ask, session, shared.as_ref());
         if let Some(reason) = refusal {
             if !limits.dry_run {
                 inner.refused[reason.index()] += 1;
@@ -231,8 +275,14 @@ impl Admission {
         if let Some(h) = session {
             *inner.sessions.entry(h).or_insert(0) += 1;
         }
+        let mut session_published = false;
+        if let Some(shared) = &shared {
+            shared.publish(change(slot, web, 1));
+            session_published = session.is_some_and(|h| shared.publish_session(h, 1));
+        }
+        drop(shared);
         drop(inner);
-        Ok(Permit { admission: self.clone(), slot, web, session })
+        Ok(Permit { admission: self.clone(), slot, web, session, session_published })
     }
 
     /// The session of an `Authorization` value as logs may show it: 32 bits
@@ -253,8 +303,9 @@ impl Admission {
     pub fn check(&self, ask: Ask<'_>) -> Result<(), Refusal> {
         let session = self.session_of(ask);
         let mut inner = self.lock();
+        let shared = self.shared();
         let limits = inner.limits.expect("set at construction");
-        match decide(&inner, &limits, ask, session).refusal {
+        match decide(&inner, &limits, ask, session, shared.as_ref()).refusal {
             Some(reason) if !limits.dry_run => {
                 inner.refused[reason.index()] += 1;
                 Err(reason)
@@ -265,6 +316,10 @@ impl Admission {
 
     pub fn snapshot(&self) -> Snapshot {
         let inner = self.lock();
+        let peer_in_use = self.shared().filter(Locked::has_peer).map(|s| {
+            let o = s.others();
+            [o.normal, o.reserved, o.web]
+        });
         let limits = inner.limits.expect("set at construction");
         Snapshot {
             normal_in_use: inner.normal,
@@ -278,6 +333,7 @@ impl Admission {
             dry_run: limits.dry_run,
             admitted_normal: inner.admitted[0],
             admitted_debug: inner.admitted[1],
+            peer_in_use,
             refused: inner.refused,
             would_refuse: inner.would_refuse,
         }
@@ -296,25 +352,38 @@ struct Decision {
     refusal: Option<Refusal>,
 }
 
-fn decide(inner: &Inner, limits: &Limits, ask: Ask<'_>, session: Option<u64>) -> Decision {
+/// Decides with this daemon's counts plus, during a handover, the other
+/// daemon's (`shared`).
+fn decide(
+    inner: &Inner,
+    limits: &Limits,
+    ask: Ask<'_>,
+    session: Option<u64>,
+    shared: Option<&Locked<'_>>,
+) -> Decision {
+    let others = shared.map_or(Others::default(), Locked::others);
+    let normal = inner.normal + others.normal;
+    let reserved = inner.reserved + others.reserved;
     let slot = if ask.debug {
-        if inner.reserved < limits.debug_reserved {
+        if reserved < limits.debug_reserved {
             Ok(Slot::Reserved)
-        } else if inner.normal < limits.normal {
+        } else if normal < limits.normal {
             Ok(Slot::Normal)
         } else {
             Err((Refusal::Debug, Slot::Normal))
         }
-    } else if inner.normal < limits.normal {
+    } else if normal < limits.normal {
         Ok(Slot::Normal)
     } else {
         Err((Refusal::Normal, Slot::Normal))
     };
     let web = ask.web && !ask.debug;
-    let web_full = web && limits.web > 0 && inner.web >= limits.web;
+    let web_full = web && limits.web > 0 && inner.web + others.web >= limits.web;
     let session = session.filter(|_| limits.per_session > 0);
-    let session_full =
-        session.is_some_and(|h| inner.sessions.get(&h).copied().unwrap_or(0) >= limits.per_session);
+    let session_full = session.is_some_and(|h| {
+        let theirs = shared.map_or(0, |s| s.other_session(h));
+        inner.sessions.get(&h).copied().unwrap_or(0) + theirs >= limits.per_session
+    });
     let refusal = match slot {
         Err((reason, _)) => Some(reason),
         Ok(_) if web_full => Some(Refusal::Web),

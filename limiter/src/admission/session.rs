@@ -10,21 +10,42 @@
 //! scheme alone. Spelling variants cannot multiply a client's allowance
 //! (each would still hold one of the upstream's threads).
 //!
-//! The key is a SipHash under a per-process random key, so hashes cannot
-//! be compared across restarts or precomputed from a token; the value
-//! itself is never stored.
+//! The key is a SipHash-2-4 under a random 128-bit key: per process, or
+//! the one the daemons serving a gate share in their permit ledger (so
+//! both count a session under the same key during a handover). Hashes
+//! cannot be precomputed from a token; the value itself is never stored.
 
+#[expect(deprecated, reason = "SipHash-2-4 with explicit keys; std keeps it stable")]
+use std::hash::SipHasher;
 use std::hash::{BuildHasher, Hasher, RandomState};
 
-/// Derives session keys; one per process.
-#[derive(Debug, Default)]
-pub(super) struct SessionKeys(RandomState);
+/// Derives session keys.
+#[derive(Debug)]
+pub(super) struct SessionKeys(u64, u64);
+
+impl Default for SessionKeys {
+    /// A random key for this process alone.
+    fn default() -> Self {
+        Self(random_u64(), random_u64())
+    }
+}
+
+/// 64 random bits (from the standard library's per-instance random keys).
+pub(super) fn random_u64() -> u64 {
+    RandomState::new().hash_one(0u8)
+}
 
 impl SessionKeys {
+    /// Keys under a shared seed.
+    pub(super) fn with_seed((k0, k1): (u64, u64)) -> Self {
+        Self(k0, k1)
+    }
+
     /// The session key of an `Authorization` value.
     pub(super) fn key(&self, authorization: &[u8]) -> u64 {
         let (scheme, credentials) = split(authorization);
-        let mut h = self.0.build_hasher();
+        #[expect(deprecated, reason = "see the import")]
+        let mut h = SipHasher::new_with_keys(self.0, self.1);
         for b in scheme {
             h.write_u8(b.to_ascii_lowercase());
         }
@@ -65,9 +86,12 @@ mod tests {
     }
 
     #[test]
-    fn keys_are_per_process() {
+    fn keys_are_per_process_unless_seeded_alike() {
         let (a, b) = (SessionKeys::default(), SessionKeys::default());
         assert_ne!(a.key(b"Bearer T"), b.key(b"Bearer T"));
+        let (c, d) = (SessionKeys::with_seed((1, 2)), SessionKeys::with_seed((1, 2)));
+        assert_eq!(c.key(b"Bearer T"), d.key(b"bearer  T"));
+        assert_ne!(c.key(b"Bearer T"), SessionKeys::with_seed((1, 3)).key(b"Bearer T"));
     }
 
     #[test]

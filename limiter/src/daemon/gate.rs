@@ -42,6 +42,14 @@ impl HeldGate {
                 );
                 GateOrigin::Adopted
             }
+            Origin::Migrated { from } => {
+                tracing::info!(
+                    pin_path = %config.pin_path.display(),
+                    from_layout = from,
+                    "kernel gate adopted and migrated to this limiter's layout: it kept counting and refusing throughout"
+                );
+                GateOrigin::Migrated
+            }
         };
         for x in &xdp {
             match &x.fallback_reason {

@@ -41,6 +41,7 @@ use tokio::{
 pub use self::control::Daemon;
 use self::gate::HeldGate;
 use crate::{
+    admission::ledger::{self, Ledger},
     config::{Addr, Config, ConfigError, Upstream},
     kernel::{self, KernelError},
     proxy::{self, Proxy},
@@ -57,6 +58,8 @@ pub enum DaemonError {
     Listen { key: &'static str, addr: SocketAddr, source: std::io::Error },
     #[error("starting the sample upstream: {0}")]
     Sample(std::io::Error),
+    #[error(transparent)]
+    Ledger(#[from] crate::admission::ledger::LedgerError),
 }
 
 /// How `run` was asked to behave.
@@ -78,6 +81,9 @@ pub struct Prepared {
     /// One per worker and listener; `None` without a proxy.
     http: Option<proxy::Listeners>,
     gate: Option<HeldGate>,
+    /// The HTTP permits shared with another daemon serving the same gate
+    /// (a handover); with a proxy and a gate.
+    ledger: Option<Arc<Ledger>>,
 }
 
 impl Prepared {
@@ -159,7 +165,16 @@ pub fn prepare(config: Config, options: RunOptions) -> Result<Prepared, DaemonEr
         ),
         (Some(_), Some(_)) => {}
     }
-    Ok(Prepared { config, options, admin, metrics, http, gate })
+    // Joined with the privileges start-up has (the ledger is a pinned map).
+    let ledger = match (&gate, &http) {
+        (Some(_), Some(_)) => {
+            let pin_dir = &config.kernel.pin_path;
+            let memory = kernel::shared_memory::open(pin_dir, ledger::BYTES)?;
+            Some(Ledger::join(memory, pin_dir, std::time::Duration::from_secs(3))?)
+        }
+        _ => None,
+    };
+    Ok(Prepared { config, options, admin, metrics, http, gate, ledger })
 }
 
 /// Serves until `shutdown` resolves, then drains: reloads whenever
@@ -169,7 +184,10 @@ pub async fn run(
     mut reloads: mpsc::UnboundedReceiver<()>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DaemonError> {
-    let Prepared { config, options, admin, metrics, http: http_listeners, gate } = prepared;
+    let Prepared { config, options, admin, metrics, http: http_listeners, gate, ledger } = prepared;
+    if let Some(ledger) = &ledger {
+        tokio::spawn(Ledger::beating(Arc::downgrade(ledger)));
+    }
     let admin_addr = config.admin.listen.0;
     let metrics_addr = config.admin.metrics_listen.map_or(admin_addr, |a| a.0);
     let admin = TcpListener::from_std(admin).map_err(listen_error("admin.listen", admin_addr))?;
@@ -185,7 +203,7 @@ pub async fn run(
                     addr.to_string()
                 }
             };
-            Some(Proxy::new(&config, upstream))
+            Some(Proxy::new(&config, upstream, ledger.clone()))
         }
     };
     if let (Some(proxy), Some(listeners)) = (&proxy, &http_listeners) {

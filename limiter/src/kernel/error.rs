@@ -63,6 +63,13 @@ pub enum KernelError {
     )]
     IncompatiblePins { pin_dir: PathBuf, why: Box<Incompatible> },
     #[error(
+        "the gate pinned in {dir} has layout version {from}; this limiter (layout {LAYOUT_VERSION}) \
+         migrates it in place when `limiter run` adopts it (counts kept, gate never detached); until \
+         then, read it with the limiter that made it",
+        dir = pin_dir.display()
+    )]
+    NeedsMigration { pin_dir: PathBuf, from: u32 },
+    #[error(
         "the gate pinned at {dir} counts the network namespace with cookie {pinned}, but the \
          configuration targets cookie {wanted}: changing kernel.netns needs `limiter unload` first",
         dir = pin_dir.display()

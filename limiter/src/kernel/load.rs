@@ -25,7 +25,7 @@ use limiter_common::{GateConfig, LAYOUT_VERSION, map_names, program_names};
 use serde::Serialize;
 
 use super::{
-    Gate, KernelError, LimitChange, XdpAttachError, XdpModeError, btf, env,
+    Gate, KernelError, LimitChange, XdpAttachError, XdpModeError, btf, env, migrate,
     pins::{self, LINK_COUNT, LINK_REFUSE, PinRollback, PinState},
     sys,
 };
@@ -41,6 +41,9 @@ pub enum Origin {
     Loaded { mounted_bpffs: bool },
     /// A gate was already pinned and enforcing; it was adopted as it is.
     Adopted,
+    /// A gate of the older layout `from` was pinned and enforcing; it was
+    /// adopted and migrated in place.
+    Migrated { from: u32 },
 }
 
 /// Where the gate acts.
@@ -181,8 +184,9 @@ fn check_shape(
 /// `config`, and swaps this binary's programs into its links.
 fn adopt(config: &KernelConfig, probed: Probed) -> Result<Started, KernelError> {
     let pin_dir = &config.pin_path;
-    let mut gate = Gate::open(pin_dir)?;
-    let pinned_xdp = check_shape(&gate.config()?, config, &probed.target, pin_dir)?;
+    let pinned = Gate::pinned_config(pin_dir)?;
+    let plan = migrate::plan(pin_dir, pinned.layout_version)?;
+    let pinned_xdp = check_shape(&pinned, config, &probed.target, pin_dir)?;
     // A configured interface without a pin failed to attach at load: say
     // so, go on.
     for missing in config.xdp_interfaces.iter().filter(|i| !pinned_xdp.contains(i)) {
@@ -192,17 +196,25 @@ fn adopt(config: &KernelConfig, probed: Probed) -> Result<Started, KernelError> 
              sk_lookup refuses there; `limiter unload` and a restart retry it"
         );
     }
+    // Against the pinned maps; a map an older layout lacks is created and
+    // pinned here (aya pins what it does not find).
+    let mut ebpf = load_object(config.source_table_size, Some(pin_dir))?;
+    install(&mut ebpf, &pinned_xdp, &mut Swap { pin_dir })?;
+    migrate::finish(pin_dir, plan)?;
+    let mut gate = Gate::open(pin_dir)?;
     let changes = gate.apply(config)?;
     for interface in &pinned_xdp {
         gate.remember_mac(interface, &probed.netns)?;
     }
-    let mut ebpf = load_object(config.source_table_size, Some(pin_dir))?;
-    install(&mut ebpf, &pinned_xdp, &mut Swap { pin_dir })?;
     let xdp = pinned_xdp
         .into_iter()
         .map(|interface| XdpAttachment { interface, mode: "adopted", fallback_reason: None })
         .collect();
-    Ok(Started { gate, origin: Origin::Adopted, target: probed.target, changes, xdp, walked: 0 })
+    let origin = match plan {
+        migrate::Plan::Current => Origin::Adopted,
+        migrate::Plan::Migrate { from } => Origin::Migrated { from },
+    };
+    Ok(Started { gate, origin, target: probed.target, changes, xdp, walked: 0 })
 }
 
 /// Loads a new gate into an empty `config.pin_path`: writes its
@@ -266,11 +278,10 @@ fn load_object(source_slots: u32, pinned: Option<&Path>) -> Result<Ebpf, KernelE
     let paths: Vec<(&str, PathBuf)> =
         pinned.map(|dir| map_names::ALL.iter().map(|n| (*n, dir.join(n))).collect()).unwrap_or_default();
     let mut loader = EbpfLoader::new();
-    loader.map_max_entries(map_names::SOURCES, source_slots).override_global(
-        "LIMITER_OFFSETS",
-        &offsets,
-        true,
-    );
+    loader.map_max_entries(map_names::SOURCES, source_slots);
+    loader
+        .map_max_entries(map_names::SRCVER, limiter_common::source::index_len(source_slots))
+        .override_global("LIMITER_OFFSETS", &offsets, true);
     for (name, path) in &paths {
         loader.map_pin_path(name, path.as_path());
     }

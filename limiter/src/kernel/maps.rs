@@ -4,7 +4,7 @@
 //! read.
 
 use std::{
-    collections::{BTreeMap, HashMap as StdHashMap},
+    collections::BTreeMap,
     fs, io,
     path::{Path, PathBuf},
 };
@@ -14,11 +14,14 @@ use aya::maps::{
     lpm_trie::{Key, LpmTrie},
 };
 use limiter_common::{
-    GateConfig, GateCounters, IfMac, LAYOUT_VERSION, LIMIT_FLAG_DRY_RUN, PortKey, PortLimit, PortStats,
-    Refusals, SourceKey, SourceSlot, map_names, source,
+    GateConfig, GateCounters, IfMac, LAYOUT_VERSION, LIMIT_FLAG_DRY_RUN, MIGRATES_FROM, PortKey, PortLimit,
+    PortStats, Refusals, SourceSlot, map_names,
 };
 
-use super::{Incompatible, KernelError, env};
+use super::{
+    Incompatible, KernelError, env,
+    source_index::{Groups, ReadCost, SourceIndex},
+};
 use crate::config::{KernelConfig, Prefix};
 
 /// Open handles on a pinned gate's maps.
@@ -32,9 +35,9 @@ pub struct Gate {
     config: Array<MapData, GateConfig>,
     trusted: LpmTrie<MapData, [u8; 16], u32>,
     counters: PerCpuArray<MapData, GateCounters>,
-    sources: Array<MapData, SourceSlot>,
-    /// The same map, for batched reads ([`super::sys::array_lookup_batch`]).
-    sources_fd: std::os::fd::OwnedFd,
+    source_slots: u32,
+    /// The source table and its change index, read by what changed.
+    sources: SourceIndex,
     ifmac: HashMap<MapData, u32, IfMac>,
 }
 
@@ -80,34 +83,45 @@ impl std::fmt::Display for LimitChange {
 }
 
 impl Gate {
+    /// The configuration of the gate pinned in `pin_dir`, whatever its
+    /// layout version (from version 2 on, the value has this shape).
+    pub(super) fn pinned_config(pin_dir: &Path) -> Result<GateConfig, KernelError> {
+        let config = open_config(pin_dir)?;
+        config.get(&0, 0).map_err(KernelError::map("reading the gate's configuration"))
+    }
+
+    /// Rewrites the layout version of the gate pinned in `pin_dir` (the
+    /// last step of a migration), keeping the rest of its configuration.
+    pub(super) fn set_layout_version(pin_dir: &Path, version: u32) -> Result<(), KernelError> {
+        let mut config = open_config(pin_dir)?;
+        let value = config.get(&0, 0).map_err(KernelError::map("reading the gate's configuration"))?;
+        config
+            .set(0, GateConfig { layout_version: version, ..value }, 0)
+            .map_err(KernelError::map("writing the gate's layout version"))
+    }
+
     /// Opens the maps pinned in `pin_dir`, checking their layout.
     pub fn open(pin_dir: &Path) -> Result<Self, KernelError> {
-        if !pin_dir.join(map_names::CONFIG).exists() {
-            return Err(KernelError::NotLoaded(pin_dir.to_path_buf()));
-        }
         let incompatible =
             |why| KernelError::IncompatiblePins { pin_dir: pin_dir.to_path_buf(), why: Box::new(why) };
-        let open = |name: &'static str| -> Result<Map, KernelError> {
-            let data = MapData::from_pin(pin_dir.join(name)).map_err(|e| match e {
-                MapError::SyscallError(ref s) if s.io_error.kind() == io::ErrorKind::NotFound => {
-                    incompatible(Incompatible::MissingMap(name))
-                }
-                MapError::SyscallError(ref s)
-                    if s.io_error.raw_os_error() == Some(libc::EPERM)
-                        || s.io_error.raw_os_error() == Some(libc::EACCES) =>
-                {
-                    KernelError::Privileges { missing: "CAP_BPF".into() }
-                }
-                other => KernelError::Map { what: format!("opening pinned map {name}"), source: other },
-            })?;
-            Map::from_map_data(data).map_err(|source| incompatible(Incompatible::Map { name, source }))
-        };
-        let config: Array<MapData, GateConfig> = Array::try_from(open(map_names::CONFIG)?)
-            .map_err(|source| incompatible(Incompatible::OlderLayout { name: map_names::CONFIG, source }))?;
+        let open = |name: &'static str| open_pinned(pin_dir, name);
+        let config = open_config(pin_dir)?;
         let value = config.get(&0, 0).map_err(KernelError::map("reading the gate's configuration"))?;
+        if MIGRATES_FROM.contains(&value.layout_version) {
+            return Err(KernelError::NeedsMigration {
+                pin_dir: pin_dir.to_path_buf(),
+                from: value.layout_version,
+            });
+        }
         if value.layout_version != LAYOUT_VERSION {
             return Err(incompatible(Incompatible::LayoutVersion(value.layout_version)));
         }
+        let fd = |name: &'static str| {
+            super::sys::obj_get(&pin_dir.join(name)).map_err(|e| match e.kind() {
+                io::ErrorKind::NotFound => incompatible(Incompatible::MissingMap(name)),
+                _ => KernelError::io(format!("opening pinned map {name}"), e),
+            })
+        };
         let bad = |name: &'static str| move |source| incompatible(Incompatible::Map { name, source });
         let sources: Array<MapData, SourceSlot> =
             Array::try_from(open(map_names::SOURCES)?).map_err(bad(map_names::SOURCES))?;
@@ -126,9 +140,8 @@ impl Gate {
             counters: PerCpuArray::try_from(open(map_names::COUNTERS)?).map_err(bad(map_names::COUNTERS))?,
             ifmac: HashMap::try_from(open(map_names::IFMAC)?).map_err(bad(map_names::IFMAC))?,
             config,
-            sources,
-            sources_fd: super::sys::obj_get(&pin_dir.join(map_names::SOURCES))
-                .map_err(|e| KernelError::io("opening the source table for batched reads", e))?,
+            source_slots: sources.len(),
+            sources: SourceIndex::new(fd(map_names::SOURCES)?, fd(map_names::SRCVER)?, sources.len()),
         })
     }
 
@@ -308,50 +321,47 @@ impl Gate {
 
     /// Slots in the source table.
     pub(super) fn source_slots(&self) -> u32 {
-        self.sources.len()
+        self.source_slots
     }
 
     /// Groups with connections now (duplicate slots of one group summed),
-    /// and the number of slots holding them. One map read per slot: about
-    /// 30 ms for the default 65,536 slots.
-    pub(super) fn source_groups(&self) -> (Vec<(SourceKey, u64)>, u64) {
-        let mut groups: StdHashMap<SourceKey, u64> = StdHashMap::new();
-        let mut used = 0;
-        let mut count = |slot: &SourceSlot| {
-            if source::state(slot.word) == source::LIVE && source::count(slot.word) > 0 {
-                used += 1;
-                *groups.entry(slot.key).or_default() += u64::from(source::count(slot.word));
-            }
-        };
-        if self.source_slots_batched(&mut count).is_err() {
-            // A kernel without batched lookups for arrays (before 5.6): one
-            // lookup per slot.
-            for slot in self.sources.iter().filter_map(Result::ok) {
-                count(&slot);
-            }
-        }
-        (groups.into_iter().collect(), used)
+    /// and the number of slots holding them, read by what changed since
+    /// the last call (see [`SourceIndex`]).
+    pub(super) fn source_groups(&self) -> Result<(Groups, ReadCost), KernelError> {
+        self.sources.groups().map_err(|e| KernelError::io("reading the source table", e))
     }
+}
 
-    /// Every slot of the source table, read 8,192 at a time.
-    fn source_slots_batched(&self, each: &mut impl FnMut(&SourceSlot)) -> std::io::Result<()> {
-        use std::os::fd::AsFd as _;
-        const BATCH: usize = 8192;
-        let size = size_of::<SourceSlot>();
-        let mut buf = vec![0u8; BATCH * size];
-        let mut after = None;
-        loop {
-            let (read, last) =
-                super::sys::array_lookup_batch(self.sources_fd.as_fd(), after, &mut buf, size)?;
-            for chunk in buf[..read * size].chunks_exact(size) {
-                each(&bytemuck::pod_read_unaligned::<SourceSlot>(chunk));
-            }
-            match last {
-                Some(last) if read > 0 => after = Some(last),
-                _ => return Ok(()),
-            }
+/// Opens the map `name` pinned in `pin_dir`.
+fn open_pinned(pin_dir: &Path, name: &'static str) -> Result<Map, KernelError> {
+    let incompatible =
+        |why| KernelError::IncompatiblePins { pin_dir: pin_dir.to_path_buf(), why: Box::new(why) };
+    let data = MapData::from_pin(pin_dir.join(name)).map_err(|e| match e {
+        MapError::SyscallError(ref s) if s.io_error.kind() == io::ErrorKind::NotFound => {
+            incompatible(Incompatible::MissingMap(name))
         }
+        MapError::SyscallError(ref s)
+            if s.io_error.raw_os_error() == Some(libc::EPERM)
+                || s.io_error.raw_os_error() == Some(libc::EACCES) =>
+        {
+            KernelError::Privileges { missing: "CAP_BPF".into() }
+        }
+        other => KernelError::Map { what: format!("opening pinned map {name}"), source: other },
+    })?;
+    Map::from_map_data(data).map_err(|source| incompatible(Incompatible::Map { name, source }))
+}
+
+/// The gate's configuration map pinned in `pin_dir`.
+fn open_config(pin_dir: &Path) -> Result<Array<MapData, GateConfig>, KernelError> {
+    if !pin_dir.join(map_names::CONFIG).exists() {
+        return Err(KernelError::NotLoaded(pin_dir.to_path_buf()));
     }
+    Array::try_from(open_pinned(pin_dir, map_names::CONFIG)?).map_err(|source| {
+        KernelError::IncompatiblePins {
+            pin_dir: pin_dir.to_path_buf(),
+            why: Box::new(Incompatible::OlderLayout { name: map_names::CONFIG, source }),
+        }
+    })
 }
 
 /// The trie key of a prefix: IPv4 as IPv4-mapped IPv6.

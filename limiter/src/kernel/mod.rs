@@ -7,6 +7,10 @@
 //!   one sequence for both;
 //! - `pins`: the pin directory (which pins are ours, rollback, [`unload`]);
 //! - `maps`: [`Gate`], the map handles and every read and write;
+//! - `source_index`: reading the source table by what changed;
+//! - `migrate`: pinned layouts older than this binary's, migrated in place;
+//! - [`shared_memory`]: memory the daemons serving one gate share (the
+//!   HTTP permit ledger of `admission::ledger`);
 //! - `view`: the read-only [`Snapshot`] that `dump`, `top` and `/metrics` show;
 //! - `error`: [`KernelError`] and the typed causes it carries;
 //! - [`btf`]: the struct offsets the start-up walk needs, from the kernel's
@@ -28,6 +32,8 @@
 //! | `LIMITER_TRUSTED` | LPM trie [`TrustedKey`](limiter_common::TrustedKey) → `u32`: trusted prefixes |
 //! | `LIMITER_COUNTS` | per-CPU array, index 0: [`GateCounters`](limiter_common::GateCounters) |
 //! | `LIMITER_WALK` | array, index port → `u32`: scratch of the start-up walk |
+//! | `LIMITER_SRCVER` | array of `u64`: change counters over the source table (`source_index`) |
+//! | `LIMITER_PERMITS` | memory-mapped array, index 0: the HTTP permit ledger of the daemons serving the gate (`admission::ledger`) |
 //! | `link_sock_ops` | bpf link: `limiter_count` on the cgroup |
 //! | `link_sk_lookup` | bpf link: `limiter_refuse` on the network namespace |
 //! | `link_xdp_<interface>` | bpf link: `limiter_xdp` on one interface |
@@ -43,7 +49,10 @@ mod error;
 mod link_kind;
 mod load;
 mod maps;
+mod migrate;
 mod pins;
+pub mod shared_memory;
+mod source_index;
 #[allow(unsafe_code, reason = "the two bpf(2) calls aya does not expose; see sys.rs")]
 mod sys;
 mod view;

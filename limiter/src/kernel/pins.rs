@@ -26,7 +26,7 @@ pub const LINK_REFUSE: &str = "link_sk_lookup";
 pub const LINK_XDP_PREFIX: &str = "link_xdp_";
 /// Every fixed pin the daemon owns; `unload` removes exactly these and the
 /// `link_xdp_*` pins.
-pub const OWN_PINS: [&str; 14] = [
+pub const OWN_PINS: [&str; 16] = [
     LINK_REFUSE,
     LINK_COUNT,
     map_names::SOURCES,
@@ -40,6 +40,8 @@ pub const OWN_PINS: [&str; 14] = [
     map_names::ACTIVE,
     map_names::REFUSED,
     map_names::SOCKS,
+    map_names::SRCVER,
+    map_names::PERMITS,
     map_names::CONFIG,
 ];
 

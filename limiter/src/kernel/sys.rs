@@ -2,8 +2,10 @@
 //! swap the program behind a link atomically (`BPF_LINK_UPDATE`, for the
 //! cgroup `sock_ops` and netns `sk_lookup` links), and read many elements
 //! of an array map in one call (`BPF_MAP_LOOKUP_BATCH`, so a scrape of the
-//! source table is a few calls, not one per slot). The only `unsafe` in
-//! the daemon, kept to these three calls.
+//! source table is a few calls, not one per slot), and create, pin and
+//! map into memory an array shared by processes (`BPF_MAP_CREATE` with
+//! `BPF_F_MMAPABLE`, `BPF_OBJ_PIN`, `mmap`). The only `unsafe` in the
+//! daemon, kept to these calls.
 
 use std::{
     ffi::CString,
@@ -13,7 +15,11 @@ use std::{
     path::Path,
 };
 
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
+const BPF_F_MMAPABLE: u32 = 1 << 10;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 
@@ -86,5 +92,91 @@ pub fn array_lookup_batch(
         // The last batch: ENOENT, with the count of what it did fill.
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok((attr.0[8] as usize, None)),
         Err(e) => Err(e),
+    }
+}
+
+/// Creates an array map of one `value_size`-byte element that processes can
+/// map into memory (`BPF_F_MMAPABLE`), named `name` (at most 15 bytes).
+pub fn create_mmapable(name: &str, value_size: u32) -> io::Result<OwnedFd> {
+    let mut attr = Attr([0; 32]);
+    // struct { __u32 map_type, key_size, value_size, max_entries, map_flags,
+    //          inner_map_fd, numa_node; char map_name[16]; ... }
+    attr.0[0] = BPF_MAP_TYPE_ARRAY;
+    attr.0[1] = 4;
+    attr.0[2] = value_size;
+    attr.0[3] = 1;
+    attr.0[4] = BPF_F_MMAPABLE;
+    let mut map_name = [0u8; 16];
+    let n = name.len().min(15);
+    map_name[..n].copy_from_slice(&name.as_bytes()[..n]);
+    for (i, word) in map_name.chunks_exact(4).enumerate() {
+        attr.0[7 + i] = u32::from_ne_bytes(word.try_into().expect("4 bytes"));
+    }
+    let fd = bpf(BPF_MAP_CREATE, &mut attr)?;
+    // SAFETY: a new file descriptor the kernel just returned, owned by no one else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Pins the object `fd` at `path` (`BPF_OBJ_PIN`; fails with `EEXIST` if
+/// something is pinned there).
+pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    let path = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    let mut attr = Attr([0; 32]);
+    // struct { __aligned_u64 pathname; __u32 bpf_fd; __u32 file_flags; }
+    let ptr = path.as_ptr() as u64;
+    attr.0[0] = ptr as u32;
+    attr.0[1] = (ptr >> 32) as u32;
+    attr.0[2] = fd.as_raw_fd() as u32;
+    bpf(BPF_OBJ_PIN, &mut attr).map(drop)
+}
+
+/// A shared, writable mapping of a memory-mappable map's values, as words
+/// that processes change only with atomic operations. Unmapped on drop.
+pub struct Mapping {
+    ptr: std::ptr::NonNull<std::sync::atomic::AtomicU64>,
+    words: usize,
+}
+
+// SAFETY: the mapping is plain shared memory accessed only through atomics.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps the first `bytes` (a multiple of 8) of the values of `map`.
+    pub fn new(map: BorrowedFd<'_>, bytes: usize) -> io::Result<Self> {
+        assert!(bytes.is_multiple_of(8) && bytes > 0, "whole words");
+        // SAFETY: a fresh shared mapping of a map file descriptor; the
+        // kernel checks the length against the map and the flags.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                map.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = std::ptr::NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        Ok(Self { ptr, words: bytes / 8 })
+    }
+
+    /// The mapped words.
+    pub fn words(&self) -> &[std::sync::atomic::AtomicU64] {
+        // SAFETY: `words` 8-byte-aligned (page-aligned) words mapped for
+        // as long as `self` lives; `AtomicU64` has the layout of `u64`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.words) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, no longer borrowed (`words`
+        // borrows `self`).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.words * 8) };
     }
 }

@@ -84,6 +84,11 @@ pub struct Snapshot {
     pub source_slots: u64,
     /// Slots counting a group with connections now.
     pub source_slots_used: u64,
+    /// Batched map reads this snapshot made of the source table and its
+    /// change index (the whole table on a process's first read, then only
+    /// what changed).
+    #[serde(default)]
+    pub source_read_calls: u64,
     pub trusted: Vec<String>,
     pub trusted_reserve: u32,
     pub links: Vec<LinkRow>,
@@ -99,7 +104,7 @@ impl Gate {
         let limits = self.limits()?;
         let refusals = self.refusals()?;
         let counters = self.counters()?;
-        let (groups, slots_used) = self.source_groups();
+        let ((groups, slots_used), cost) = self.source_groups()?;
         let mut sources_per_port: BTreeMap<u16, u64> = BTreeMap::new();
         for (key, _) in &groups {
             *sources_per_port.entry(key.port).or_default() += 1;
@@ -125,6 +130,7 @@ impl Gate {
             source_prefix_v6: config.prefix_v6,
             source_slots: u64::from(self.source_slots()),
             source_slots_used: slots_used,
+            source_read_calls: cost.calls,
             trusted: self.trusted_prefixes()?.iter().map(ToString::to_string).collect(),
             trusted_reserve: config.trusted_reserve,
             links: self.links(),

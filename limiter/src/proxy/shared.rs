@@ -5,7 +5,7 @@ use std::sync::{Arc, RwLock};
 use super::{Counters, Tuning, budget::Budget, upstream::Pool};
 use crate::{
     access_log::AccessLogger,
-    admission::{Admission, Limits},
+    admission::{Admission, Limits, ledger::Ledger},
     breaker::{self, Breaker, MonotonicClock},
     config::Config,
 };
@@ -27,9 +27,11 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    pub fn new(config: &Config, upstream: String) -> Arc<Self> {
+    /// With `ledger`, admission counts the permits of the other daemon
+    /// serving the same gate too (a handover).
+    pub fn new(config: &Config, upstream: String, ledger: Option<Arc<Ledger>>) -> Arc<Self> {
         Arc::new(Self {
-            admission: Admission::new(Limits::from_config(&config.http)),
+            admission: Admission::with_ledger(Limits::from_config(&config.http), ledger),
             breaker: Arc::new(Breaker::new(
                 breaker::Policy::from_config(&config.breaker),
                 MonotonicClock::default(),
