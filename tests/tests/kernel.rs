@@ -482,8 +482,9 @@ fn bad_environments_get_one_clear_sentence() {
     assert_eq!(
         start_err(&config, &[]),
         format!(
-            "limiter: the pins in {dir} were made by an incompatible limiter (layout version 99, this limiter uses 2); \
+            "limiter: the pins in {dir} were made by an incompatible limiter (layout version 99, this limiter uses {}); \
              run `limiter unload --pin-path {dir}` (this drops the gate's counts) and start again",
+            limiter_common::LAYOUT_VERSION,
             dir = sb.pin_path.display()
         )
     );
@@ -517,7 +518,7 @@ fn dump_and_metrics_agree_with_what_was_opened() {
         port(&d, other),
         PortView { limit: None, established: 7, high_watermark: 7, admitted: 7, refused: 0 }
     );
-    assert_eq!(d["kernel"]["layout_version"], 2);
+    assert_eq!(d["kernel"]["layout_version"], limiter_common::LAYOUT_VERSION);
     let with_daemon =
         limiter_with_deadline(&["dump", "--json", "--config", config.to_str().unwrap()], DEADLINE);
     let with_daemon: serde_json::Value = serde_json::from_slice(&with_daemon.stdout).unwrap();
