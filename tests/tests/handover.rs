@@ -80,3 +80,87 @@ fn a_second_run_beside_the_first_then_sigterm_to_the_first_refuses_no_connection
     assert_eq!(terminate(&mut second, Duration::from_secs(30)), Some(0));
     let _ = limiter_tests::limiter(&["unload", "--pin-path", sb.pin_path.to_str().unwrap()]);
 }
+
+/// Sends `n` requests for `path` at once, each on its own connection;
+/// returns the statuses (0: a connection error).
+fn burst(netns: &std::fs::File, proxy: SocketAddr, path: &str, n: usize) -> Vec<u16> {
+    let raw = format!("GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    let threads: Vec<_> = (0..n)
+        .map(|_| {
+            let (netns, raw) = (netns.try_clone().unwrap(), raw.clone());
+            thread::spawn(move || {
+                in_netns(&netns, move || client::send(proxy, raw.as_bytes()).map_or(0, |r| r.status))
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+fn tally(statuses: &[u16]) -> (usize, usize, usize) {
+    let count = |s: u16| statuses.iter().filter(|&&x| x == s).count();
+    (count(200), count(503), statuses.len() - count(200) - count(503))
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, a network namespace and cgroup; run by `cargo xtask test`"]
+fn during_a_handover_the_two_daemons_together_admit_no_more_than_the_limits() {
+    require_kernel!();
+    let sb = Sandbox::new().unwrap();
+    run("ip", &["netns", "exec", &sb.name, "sysctl", "-qw", "net.ipv4.tcp_migrate_req=1"]).unwrap();
+    let up = sb.in_netns(Upstream::start);
+    let config = sb.config("1:1", "");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let proxy: SocketAddr =
+        text.lines().find_map(|l| l.strip_prefix("http.listen = ")).unwrap().parse().unwrap();
+    let text = text.replace("kernel.ports = 1:1", &format!("kernel.ports = {}:1000", proxy.port()));
+    // 16 threads: 5 normal slots.
+    std::fs::write(&config, format!("{text}http.upstream = {}\nhttp.maxThreads = 16\n", up.addr)).unwrap();
+    let mut first = Daemon::start_inside(&sb, &config, &[]).expect("the first daemon");
+    let mut second = Daemon::start_inside(&sb, &config, &[]).expect("the second daemon");
+    wait_for("the second daemon serving", Duration::from_secs(10), || {
+        second.log().contains("HTTP proxy serving")
+    });
+    let netns = sb.netns_file();
+
+    // 30 slow requests at once, spread over both daemons by the kernel.
+    let statuses = burst(&netns, proxy, "/slowhead?ms=1500", 30);
+    let (ok, refused, errors) = tally(&statuses);
+    eprintln!(
+        "30 at once across two daemons: {ok} admitted, {refused} refused, {errors} errors; upstream peak {}",
+        up.slow_peak()
+    );
+    assert_eq!((ok, refused, errors), (5, 25, 0), "5 normal slots across both daemons: {statuses:?}");
+    assert!(up.slow_peak() <= 5, "the upstream saw {} at once", up.slow_peak());
+    let served = |d: &Daemon| d.log().lines().filter(|l| l.contains("HTTP proxy serving")).count();
+    assert_eq!((served(&first), served(&second)), (1, 1));
+    // Each sees the other (whichever answers the shared admin address).
+    let m = second.metrics();
+    assert!(m.contains("limiter_http_handover_peer 1"), "{m}");
+
+    // The first drains with requests in flight: the second counts them
+    // until they finish, then has the slots to itself.
+    let in_flight = {
+        let (netns, proxy) = (netns.try_clone().unwrap(), proxy);
+        thread::spawn(move || burst(&netns, proxy, "/slowhead?ms=2000", 5))
+    };
+    thread::sleep(Duration::from_millis(300));
+    first.signal(nix::sys::signal::Signal::SIGTERM);
+    thread::sleep(Duration::from_millis(200));
+    let during = burst(&netns, proxy, "/x", 10);
+    assert_eq!(
+        tally(&during),
+        (0, 10, 0),
+        "every slot is held by the draining one or the second: {during:?}"
+    );
+    assert_eq!(tally(&in_flight.join().unwrap()), (5, 0, 0));
+    assert!(limiter_tests::process::exited_within(first.pid(), Duration::from_secs(30)));
+    let _ = first.wait();
+    wait_for("the second to see the first gone", Duration::from_secs(5), || {
+        second.metrics().contains("limiter_http_handover_peer 0")
+    });
+    let after = burst(&netns, proxy, "/slowhead?ms=500", 8);
+    assert_eq!(tally(&after), (5, 3, 0), "the second alone: its 5 slots: {after:?}");
+    assert!(up.slow_peak() <= 5, "the upstream saw {} at once", up.slow_peak());
+    assert_eq!(terminate(&mut second, Duration::from_secs(30)), Some(0));
+    let _ = limiter_tests::limiter(&["unload", "--pin-path", sb.pin_path.to_str().unwrap()]);
+}

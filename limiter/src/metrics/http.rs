@@ -98,6 +98,21 @@ pub fn write(page: &mut Page, a: &admission::Snapshot, c: &Counters, buffered_by
         .sample("limiter_http_in_flight", &[("pool", "normal")], a.normal_in_use)
         .sample("limiter_http_in_flight", &[("pool", "debug")], a.debug_in_use)
         .sample("limiter_http_in_flight", &[("pool", "web")], a.web_in_use);
+    let peer = a.peer_in_use.unwrap_or_default();
+    page.family(
+        "limiter_http_handover_peer_in_flight",
+        "gauge",
+        "Permits held by the other daemon serving the same gate during a handover, by pool (counted against this daemon's pools too).",
+    )
+    .sample("limiter_http_handover_peer_in_flight", &[("pool", "normal")], peer[0])
+    .sample("limiter_http_handover_peer_in_flight", &[("pool", "debug")], peer[1])
+    .sample("limiter_http_handover_peer_in_flight", &[("pool", "web")], peer[2]);
+    page.family(
+        "limiter_http_handover_peer",
+        "gauge",
+        "1 while another daemon serves the same gate (a handover in progress).",
+    )
+    .sample("limiter_http_handover_peer", &[], u32::from(a.peer_in_use.is_some()));
     page.family("limiter_http_pool_limit", "gauge", "Size of each pool (0 = unlimited).")
         .sample("limiter_http_pool_limit", &[("pool", "normal")], a.normal_limit)
         .sample("limiter_http_pool_limit", &[("pool", "debug")], a.debug_limit)

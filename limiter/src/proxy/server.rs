@@ -7,7 +7,10 @@
 
 use std::{
     net::SocketAddr,
-    sync::{Arc, atomic::Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -327,15 +330,30 @@ where
     let tuning = conn.start();
     let Conn { client, proxy, pool, shutdown } = conn;
     let io = client_io(stream, Watch::h1(), &tuning, &proxy);
+    let asked = Arc::new(AtomicBool::new(false));
     let service = {
-        let proxy = proxy.clone();
-        service_fn(move |req| exchange::serve(req, proxy.clone(), pool.clone(), client, None))
+        let (proxy, asked) = (proxy.clone(), asked.clone());
+        service_fn(move |req| {
+            asked.store(true, Ordering::Relaxed);
+            exchange::serve(req, proxy.clone(), pool.clone(), client, None)
+        })
     };
     let conn = http1(&tuning).serve_connection(TokioIo::new(io), service).with_upgrades();
     tokio::pin!(conn);
     tokio::select! {
         result = conn.as_mut() => result,
         () = stopping(shutdown) => {
+            // A connection accepted just before the listener closed may
+            // have its first request on the way: wait for it a moment
+            // rather than close it unanswered (a handover's clients would
+            // see "closed before a response").
+            let grace = tokio::time::Instant::now() + FIRST_REQUEST_GRACE;
+            while !asked.load(Ordering::Relaxed) && tokio::time::Instant::now() < grace {
+                tokio::select! {
+                    result = conn.as_mut() => return result,
+                    () = tokio::time::sleep(Duration::from_millis(5)) => {}
+                }
+            }
             // Finish the request in flight (its response goes out without
             // keep-alive), then close; an idle connection closes now.
             conn.as_mut().graceful_shutdown();
@@ -343,6 +361,10 @@ where
         }
     }
 }
+
+/// How long a drain waits for the first request of a connection that has
+/// sent none yet.
+const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
 
 /// One HTTP/2 connection: every stream is a request of its own, admitted
 /// or refused on its own; the connection closes (GOAWAY, streams in
