@@ -27,7 +27,7 @@ fn scratch(name: &str) -> PathBuf {
 /// at the binary under test (verify checks that it is executable).
 fn verify_units(dir: &Path, edit: impl Fn(&str) -> String) -> (bool, String) {
     let mut files = Vec::new();
-    for name in ["limiter.service", "limiter-bpffs.service"] {
+    for name in ["limiter.service", "limiter-bpffs.service", "limiter.socket"] {
         let text = std::fs::read_to_string(workspace().join("deploy/systemd").join(name)).unwrap();
         let text = edit(&text.replace("/usr/local/bin/limiter", limiter_bin().to_str().unwrap()));
         let path = dir.join(name);
@@ -61,6 +61,20 @@ fn the_systemd_units_pass_systemd_analyze_verify() {
         "--user limiter",
     ] {
         assert!(unit.contains(line), "limiter.service lacks `{line}`");
+    }
+    let socket = std::fs::read_to_string(workspace().join("deploy/systemd/limiter.socket")).unwrap();
+    for line in [
+        "ListenStream=127.0.0.1:8080",
+        "ListenStream=127.0.0.1:9901",
+        "ReusePort=yes",
+        "Service=limiter.service",
+    ] {
+        assert!(socket.contains(line), "limiter.socket lacks `{line}`");
+    }
+    // The socket unit's addresses are the example configuration's.
+    let example = limiter::config::Config::load(&workspace().join("examples/limiter.ini")).unwrap();
+    for (key, addr) in [("http.listen", example.http.listen.0), ("admin.listen", example.admin.listen.0)] {
+        assert!(socket.contains(&format!("ListenStream={addr}")), "limiter.socket lacks {key} = {addr}");
     }
     // The validator does reject a broken unit.
     let (ok, stderr) = verify_units(&dir, |t| t.replace("ProtectSystem=strict", "ProtectSystem=sometimes"));

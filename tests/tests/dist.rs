@@ -27,6 +27,7 @@ fn the_release_tarball_runs_from_a_clean_directory() {
         "doc/BENCHMARKS.md",
         "deploy/systemd/limiter.service",
         "deploy/systemd/limiter-bpffs.service",
+        "deploy/systemd/limiter.socket",
         "deploy/kubernetes/limiter.yaml",
     ] {
         assert!(root.join(file).is_file(), "{file} is missing from {}", tarball.display());

@@ -132,7 +132,12 @@ fn dist() -> Result<PathBuf> {
     for file in ["README.md", "BENCHMARKS.md"] {
         copy(&root().join(file), &format!("doc/{file}"))?;
     }
-    for file in ["systemd/limiter.service", "systemd/limiter-bpffs.service", "kubernetes/limiter.yaml"] {
+    for file in [
+        "systemd/limiter.service",
+        "systemd/limiter-bpffs.service",
+        "systemd/limiter.socket",
+        "kubernetes/limiter.yaml",
+    ] {
         copy(&root().join("deploy").join(file), &format!("deploy/{file}"))?;
     }
     let tarball = out.join(format!("{name}.tar.gz"));

@@ -38,7 +38,13 @@ pub fn main(args: Args) -> ExitCode {
     let options = RunOptions { config_path: args.config, unload_on_exit: args.unload_on_exit };
     let prepared = match daemon::prepare(config, options) {
         Ok(p) => p,
-        Err(e @ DaemonError::Config(_)) => return fail_config(e),
+        // The unit and the configuration disagree: not worth a restart.
+        Err(
+            e @ (DaemonError::Config(_)
+            | DaemonError::Activation(daemon::activation::ActivationError::Unused { .. })),
+        ) => {
+            return fail_config(e);
+        }
         Err(e) => return fail(e),
     };
     if let Err(e) = privileges::drop_to(args.user.as_deref(), prepared.pin_path()) {

@@ -13,6 +13,7 @@
 //! - [`gate`]: the kernel gate as the daemon holds it;
 //! - [`privileges`], [`logging`], [`signals`]: process set-up.
 
+pub mod activation;
 pub mod config_watch;
 pub mod control;
 pub mod gate;
@@ -60,6 +61,8 @@ pub enum DaemonError {
     Sample(std::io::Error),
     #[error(transparent)]
     Ledger(#[from] crate::admission::ledger::LedgerError),
+    #[error(transparent)]
+    Activation(#[from] activation::ActivationError),
 }
 
 /// How `run` was asked to behave.
@@ -128,35 +131,37 @@ pub fn prepare(config: Config, options: RunOptions) -> Result<Prepared, DaemonEr
         tracing::warn!("{warning}");
     }
     let admin_addr = config.admin.listen.0;
+    // Sockets systemd passed (a `limiter.socket` unit) serve the listeners
+    // with their addresses; the rest bind here.
+    let mut passed = activation::Passed::from_env()?;
     // Handover: a second daemon on the same configuration binds beside
     // this one (SO_REUSEPORT on every listener); with
     // net.ipv4.tcp_migrate_req = 1 the connections queued on a listener
     // that closes move to the other daemon's (see the README).
-    let admin = proxy::bind(admin_addr, 1)
-        .map(|mut l| l.remove(0))
-        .map_err(listen_error("admin.listen", admin_addr))?;
+    let mut listen = |key: &'static str, addr: SocketAddr, workers: usize| match passed.take(key, addr) {
+        Some(l) => (0..workers.max(1))
+            .map(|_| l.try_clone())
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(listen_error(key, addr)),
+        None => proxy::bind(addr, workers).map_err(listen_error(key, addr)),
+    };
+    let admin = listen("admin.listen", admin_addr, 1)?.remove(0);
     let metrics = match config.admin.metrics_listen {
-        Some(Addr(addr)) => Some(
-            proxy::bind(addr, 1)
-                .map(|mut l| l.remove(0))
-                .map_err(listen_error("admin.metricsListen", addr))?,
-        ),
+        Some(Addr(addr)) => Some(listen("admin.metricsListen", addr, 1)?.remove(0)),
         None => None,
     };
     let http = match &config.http.upstream {
         Some(_) => {
-            let addr = config.http.listen.0;
-            let plain = proxy::bind(addr, config.http.workers).map_err(listen_error("http.listen", addr))?;
+            let plain = listen("http.listen", config.http.listen.0, config.http.workers)?;
             let tls = match config.http.tls_listen {
-                Some(Addr(addr)) => Some(
-                    proxy::bind(addr, config.http.workers).map_err(listen_error("http.tls.listen", addr))?,
-                ),
+                Some(Addr(addr)) => Some(listen("http.tls.listen", addr, config.http.workers)?),
                 None => None,
             };
             Some(proxy::Listeners { plain, tls })
         }
         None => None,
     };
+    passed.finish()?;
     let gate = if config.kernel.enabled { Some(HeldGate::start(&config.kernel)?) } else { None };
     match (&gate, &http) {
         (None, _) => tracing::info!("kernel.enabled = false: HTTP proxy only, no kernel gate"),
