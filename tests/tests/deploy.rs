@@ -123,6 +123,9 @@ fn the_kubernetes_manifest_passes_schema_validation_and_ships_a_valid_config() {
         "secretName: limiter-admin-token",
         "prometheus.io/port: \"9902\"",
         "\"--user\", \"nobody\"",
+        "maxSurge: 1",
+        "maxUnavailable: 0",
+        "sysctl -w net.ipv4.tcp_migrate_req=1",
     ] {
         assert!(yaml.contains(needle), "the manifest lacks `{needle}`");
     }

@@ -13,13 +13,20 @@ pub fn main(args: &[String]) -> Result<()> {
     let bin = match which {
         "kernel" => "bench-kernel",
         "http" => "bench-http",
+        "scrape" => "bench-scrape",
         "breaker" => return breaker(),
-        _ => bail!("usage: cargo xtask bench kernel|http [--before REV]|breaker"),
+        _ => bail!("usage: cargo xtask bench kernel|http [--before REV]|scrape|breaker"),
     };
     setup::ensure(setup::Purpose::Bench)?;
     let daemon = build_daemon(true)?;
     let mut cmd = cargo();
     cmd.args(["run", "--release", "--package", "limiter-tests", "--bin", bin]).env("LIMITER_BIN", daemon);
+    if which == "scrape" {
+        // Against the last build of pinned layout 2 (every slot read on
+        // every scrape).
+        cmd.env("LIMITER_BIN_BEFORE", build_revision(crate::LAYOUT2_REV, "layout2-release", true)?)
+            .env("LIMITER_BEFORE_REV", crate::LAYOUT2_REV);
+    }
     if let Some(i) = args.iter().position(|a| a == "--before") {
         let rev = args.get(i + 1).context("--before needs a git revision")?;
         cmd.env("LIMITER_BIN_BEFORE", build_revision(rev, "before", true)?).env("LIMITER_BEFORE_REV", rev);

@@ -28,6 +28,9 @@ usage: cargo xtask VERB [ARGS]
   bench http [--before REV]  wrk through limiter and through nginx limit_conn
                              (and through limiter built at REV, for small
                              bodies); writes BENCHMARKS.md
+  bench scrape               what /metrics and /healthz cost with 65,536 and 1,048,576
+                             source slots, against the last layout-2 build; writes
+                             BENCHMARKS.md
   bench breaker              the breaker's per-request cost (criterion)
   soak [--short]             overload, flood, upstream-fault, hostile-client and
                              control-plane scenarios against the real daemon and
@@ -165,7 +168,7 @@ fn run(args: &[String]) -> Result<()> {
 }
 
 /// The last commit whose daemon pins layout 2 (`limiter_common::LAYOUT_VERSION`).
-const LAYOUT2_REV: &str = "e2a2f343b702a2566c7da2188551aa15f8502f75";
+pub const LAYOUT2_REV: &str = "e2a2f343b702a2566c7da2188551aa15f8502f75";
 
 /// Builds the daemon of git revision `rev` in a worktree under `target/`,
 /// with its own target directory `target/NAME` (benchmarks compare a

@@ -1,6 +1,7 @@
-//! `limiter dump`: reads the pinned maps itself (so it works while the
-//! daemon is down) and adds what the running daemon reports on its admin
-//! listener, or says "daemon not running".
+//! `limiter dump`: what the running daemon reports on its admin listener
+//! (its reading of the gate costs what changed since its last), or says
+//! "daemon not running" and reads the pinned maps itself (a whole read of
+//! the source table).
 
 use std::{fmt::Write as _, path::Path, process::ExitCode};
 
@@ -13,7 +14,14 @@ use crate::{
 /// `limiter dump [--json]`.
 pub fn main(target: &Access, json: bool) -> ExitCode {
     let daemon = DaemonView::fetch(target.admin, target.token.as_deref());
-    let snap = match snapshot(&target.pin_path) {
+    // The daemon's reading of this gate, when it serves it.
+    let theirs = match &daemon {
+        DaemonView::Running(status) => {
+            status.kernel.as_ref().and_then(|k| k.gate.clone()).filter(|g| g.pin_path == target.pin_path)
+        }
+        _ => None,
+    };
+    let snap = match theirs.map_or_else(|| snapshot(&target.pin_path), Ok) {
         Ok(s) => Some(s),
         // A daemon running without the gate still has pools to show.
         Err(KernelError::NotLoaded(_)) if matches!(daemon, DaemonView::Running(_)) => None,
