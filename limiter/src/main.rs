@@ -8,8 +8,14 @@ use limiter::cli::{self, Access};
 
 /// mimalloc: per-thread free lists suit the one-thread-per-worker proxy
 /// better than glibc's arenas (fewer locked operations per request).
+#[cfg(not(feature = "count-allocations"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The benchmark's build: mimalloc, every allocation counted.
+#[cfg(feature = "count-allocations")]
+#[global_allocator]
+static ALLOCATOR: limiter::alloc_count::Counting = limiter::alloc_count::Counting;
 
 #[derive(Parser)]
 #[command(name = "limiter", version, about = "Refuses work at the SYN and at HTTP before a server drowns")]

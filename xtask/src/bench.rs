@@ -21,6 +21,31 @@ pub fn main(args: &[String]) -> Result<()> {
     let daemon = build_daemon(true)?;
     let mut cmd = cargo();
     cmd.args(["run", "--release", "--package", "limiter-tests", "--bin", bin]).env("LIMITER_BIN", daemon);
+    if which == "http" {
+        // The counted rows' peer, and limiter's allocation-counting build
+        // (its own target directory, so the timed binary stays as it is).
+        status(
+            "building the hyper floor",
+            cargo().args(["build", "--release", "--package", "limiter-tests", "--bin", "hyper-floor"]),
+        )?;
+        let target = crate::root().join("target/count-allocations");
+        status(
+            "building limiter with count-allocations",
+            cargo()
+                .args([
+                    "build",
+                    "--release",
+                    "--package",
+                    "limiter",
+                    "--bin",
+                    "limiter",
+                    "--features",
+                    "count-allocations",
+                ])
+                .env("CARGO_TARGET_DIR", &target),
+        )?;
+        cmd.env("LIMITER_BIN_COUNTING", target.join("release/limiter"));
+    }
     if which == "scrape" {
         // Against the last build of pinned layout 2 (every slot read on
         // every scrape).

@@ -45,7 +45,8 @@ pub const TEST_PACKAGES: &[&str] = &[
 pub const K8S_VALIDATOR: &str = "kubernetes-validate";
 pub const K8S_VALIDATOR_VERSION: &str = "1.37.0";
 /// The peers the benchmarks run in the same run.
-pub const BENCH_PACKAGES: &[&str] = &["iptables", "nginx", "wrk", "nghttp2-client", "openssl"];
+pub const BENCH_PACKAGES: &[&str] =
+    &["iptables", "nginx", "wrk", "nghttp2-client", "openssl", "valgrind", "strace"];
 
 /// What a verb needs beyond the eBPF build.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

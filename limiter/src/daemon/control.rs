@@ -67,6 +67,8 @@ impl Control for Daemon {
         let reloads = (self.reloads_ok.load(Ordering::Relaxed), self.reloads_failed.load(Ordering::Relaxed));
         metrics::daemon::write(&mut page, reloads.0, reloads.1);
         metrics::process::write(&mut page, &metrics::process::Process::read());
+        #[cfg(feature = "count-allocations")]
+        metrics::process::write_allocations(&mut page);
         if let Some(g) = &self.gate {
             // A failed kernel read leaves the gate's families out and says
             // so; the rest of the page is still worth scraping.

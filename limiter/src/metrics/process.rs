@@ -72,6 +72,18 @@ pub fn write(page: &mut Page, p: &Process) {
     one(page, "process_start_time_seconds", "gauge", start, p.start_time_seconds);
 }
 
+/// The benchmark build's allocation count (`count-allocations`).
+#[cfg(feature = "count-allocations")]
+pub fn write_allocations(page: &mut Page) {
+    one(
+        page,
+        "limiter_process_allocations_total",
+        "counter",
+        "Allocations and reallocations made by the process (a count-allocations build only).",
+        Some(crate::alloc_count::allocations()),
+    );
+}
+
 /// A family of one sample, left out when the value could not be read.
 fn one(page: &mut Page, name: &str, kind: &str, help: &str, value: Option<impl std::fmt::Display>) {
     if let Some(v) = value {

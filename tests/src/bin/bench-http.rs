@@ -38,6 +38,15 @@
 //! request (limiter's process, nginx's workers, from /proc), which says
 //! whether a miss is the proxy's own cost.
 //!
+//! Counted, not timed (7): one worker each, keep-alive, `h2load --h1 -c10`
+//! through limiter, nginx `limit_conn` (`master_process off`) and the
+//! hyper floor (`tests/src/bin/hyper-floor.rs`, the least a hyper proxy
+//! does) to the upstream of (1): user-space instructions per request
+//! (callgrind), system calls per request (`strace -c -f`), and limiter's
+//! allocations per request (its `count-allocations` build, from
+//! `LIMITER_BIN_COUNTING`). `BENCH_COUNTED_ONLY=1` runs (7) alone and
+//! prints it, BENCHMARKS.md untouched.
+//!
 //! nginx is configured fairly: one worker per core, upstream keepalive,
 //! `access_log off`. limiter runs without its kernel gate (not in the HTTP
 //! path), and in (4)-(6) at its configured log level (info), not debug.
@@ -181,6 +190,12 @@ fn main() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("limiter-bench-http-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir)?;
+    if std::env::var_os("BENCH_COUNTED_ONLY").is_some() {
+        let result = counted_alone(&dir);
+        let _ = fs::remove_dir_all(&dir);
+        print!("{}", result?);
+        return Ok(());
+    }
     let result = bench(&dir);
     let _ = fs::remove_dir_all(&dir);
     let report = result?;
@@ -260,6 +275,104 @@ fn bench(dir: &Path) -> Result<String> {
     let mut text = report(&targets.map(|t| t.0), &under, &over_targets.map(|t| t.0), &over, p50, p99);
     text.push_str(&bodies);
     text.push_str(&front_door(dir, upstream, auth)?);
+    text.push_str(&counted(dir, upstream)?);
+    Ok(text)
+}
+
+/// (7) with its own upstream.
+fn counted_alone(dir: &Path) -> Result<String> {
+    let up_port = free_port();
+    let upstream: SocketAddr = format!("127.0.0.1:{up_port}").parse()?;
+    let _origin = nginx(
+        dir,
+        "origin",
+        &format!("  server {{ listen 127.0.0.1:{up_port}; location / {{ return 200 \"ok\\n\"; }} }}"),
+    )?;
+    counted(dir, upstream)
+}
+
+/// (7): instructions, system calls and allocations per request.
+fn counted(dir: &Path, upstream: SocketAddr) -> Result<String> {
+    use limiter_tests::counted::{self, Server};
+    let (config, limiter_addr) = client::http_config(
+        &dir.join("counted-limiter"),
+        Some(upstream),
+        "http.maxThreads = 208\nhttp.workers = 1\nadmin.logLevel = info\n",
+    );
+    let limiter = Server {
+        name: "limiter",
+        program: limiter_tests::limiter_bin(),
+        args: vec!["run".into(), "--config".into(), config.display().to_string()],
+        addr: limiter_addr,
+    };
+    let nginx_port = free_port();
+    let prefix = dir.join("counted-nginx");
+    fs::create_dir_all(prefix.join("logs"))?;
+    let conf = prefix.join("nginx.conf");
+    fs::write(
+        &conf,
+        format!(
+            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {pid};\nerror_log {err} warn;\n\
+             events {{ worker_connections 8192; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {tmp};\n  proxy_temp_path {tmp};\n\
+             fastcgi_temp_path {tmp};\n  uwsgi_temp_path {tmp};\n  scgi_temp_path {tmp};\n\
+               upstream up {{ server {upstream}; keepalive 64; }}\n\
+               limit_conn_zone $http_authorization zone=perauth:10m;\n\
+               server {{\n    listen 127.0.0.1:{nginx_port};\n    location / {{\n\
+                 limit_conn perauth 100;\n      limit_conn_status 503;\n\
+                 proxy_pass http://up;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}\n  }}\n}}\n",
+            pid = prefix.join("nginx.pid").display(),
+            err = prefix.join("logs/error.log").display(),
+            tmp = prefix.display(),
+        ),
+    )?;
+    let nginx = Server {
+        name: "nginx limit_conn",
+        program: "nginx".into(),
+        args: vec!["-p".into(), prefix.display().to_string(), "-c".into(), conf.display().to_string()],
+        addr: format!("127.0.0.1:{nginx_port}").parse()?,
+    };
+    let floor_port = free_port();
+    let floor = Server {
+        name: "hyper floor",
+        program: std::env::current_exe()?.with_file_name("hyper-floor"),
+        args: vec![format!("127.0.0.1:{floor_port}"), upstream.to_string()],
+        addr: format!("127.0.0.1:{floor_port}").parse()?,
+    };
+    let mut rows = Vec::new();
+    for server in [&limiter, &nginx, &floor] {
+        eprintln!("counting {} (callgrind, strace)", server.name);
+        rows.push((server.name, counted::measure(server, dir, "/")?));
+    }
+    let allocations = match std::env::var_os("LIMITER_BIN_COUNTING") {
+        Some(bin) => {
+            let daemon = Daemon::start_binary(Path::new(&bin), &config, &[])?;
+            let a = counted::allocations(limiter_addr, daemon.admin, "/")?;
+            drop(daemon);
+            format!("{a:.1}")
+        }
+        None => "not measured (LIMITER_BIN_COUNTING unset)".into(),
+    };
+    let (l, n) = (rows[0].1, rows[1].1);
+    let mut text = format!(
+        "\n(7) Counted, not timed: one worker each, keep-alive, `h2load --h1 -c10`, {} minus {} requests \
+         (start-up and shutdown cancel out), the upstream of (1):\n\n\
+         | server | user-space instructions / request (callgrind) | system calls / request (strace -c -f) | allocations / request |\n\
+         |---|---|---|---|\n",
+        counted::MANY,
+        counted::FEW
+    );
+    for (name, r) in &rows {
+        let allocs = if *name == "limiter" { allocations.as_str() } else { "-" };
+        text.push_str(&format!("| {name} | {:.0} | {:.2} | {allocs} |\n", r.instructions, r.syscalls));
+    }
+    text.push_str(&format!(
+        "\nTarget, instructions per request no more than nginx limit_conn's: {} ({:.2}x); system calls: {} ({:.2}x).\n",
+        verdict(l.instructions <= n.instructions),
+        l.instructions / n.instructions,
+        verdict(l.syscalls <= n.syscalls),
+        l.syscalls / n.syscalls
+    ));
     Ok(text)
 }
 
