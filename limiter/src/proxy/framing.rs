@@ -197,6 +197,21 @@ struct HeadScan {
     poisoned: bool,
 }
 
+impl HeadScan {
+    /// Whether the rest of this line, up to its CR or LF, is bytes the
+    /// watch needs not look at: the request line, or a header line whose
+    /// name is none of the candidates or whose value the watch does not
+    /// read (a byte of it can only be followed by more of the line, and
+    /// `line_started` is already set).
+    fn skips_to_line_end(&self) -> bool {
+        self.line_started
+            && !self.cr
+            && (!self.request_line
+                || matches!(self.name, Name::Other)
+                || (self.in_value && matches!(self.name, Name::Upgrade)))
+    }
+}
+
 impl Default for HeadScan {
     fn default() -> Self {
         Self {
@@ -257,6 +272,18 @@ impl Framing {
                     let take = n.min((buf.len() - i) as u64);
                     i += take as usize;
                     self.state = if n == take { Scan::ChunkDataCr } else { Scan::ChunkData(n - take) };
+                }
+                Scan::Head if self.head.skips_to_line_end() => {
+                    // Nothing before the line's CR or LF can change what
+                    // the watch knows: jump there.
+                    match memchr::memchr2(b'\r', b'\n', &buf[i..]) {
+                        Some(at) => {
+                            i += at;
+                            self.step(buf, i);
+                            i += 1;
+                        }
+                        None => i = buf.len(),
+                    }
                 }
                 _ => {
                     self.step(buf, i);

@@ -12,23 +12,29 @@ use hyper::{
 };
 
 /// Hop-by-hop headers, always removed; plus any header the `Connection`
-/// header names.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authorization",
+/// header names. (Names, not strings: a lookup by string parses it first.)
+static HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
 ];
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 /// Whether a request asks to switch protocols (WebSocket and the like).
 /// An upgrade to `h2c` is not one the proxy passes on: HTTP/2 inside a
 /// tunnel would bypass per-stream admission (and RFC 9113 retired it), so
 /// the request goes upstream as plain HTTP/1.1 without its `Upgrade`.
 pub fn is_upgrade(headers: &HeaderMap) -> bool {
+    if !headers.contains_key(header::UPGRADE) {
+        return false;
+    }
     let h2c = headers
         .get_all(header::UPGRADE)
         .iter()
@@ -48,29 +54,40 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
 /// Removes hop-by-hop headers. With `keep_upgrade`, `Upgrade` and
 /// `Connection: upgrade` stay, so the upstream sees the upgrade request.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    if !headers.contains_key(header::CONNECTION) && !keep_upgrade {
-        // The usual case: only the fixed list to remove.
-        for name in HOP_BY_HOP {
-            headers.remove(name);
+    // One pass over the names finds which are there: usually none in a
+    // request, `Connection` alone in a response.
+    let mut present = [false; HOP_BY_HOP.len()];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present[i] = true;
         }
+    }
+    if !present.contains(&true) {
         return;
     }
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .filter(|n| !(keep_upgrade && n == header::UPGRADE))
-        .collect();
-    let upgrade = headers.get(header::UPGRADE).cloned();
-    for name in named {
+    // Other headers `Connection` names (its usual `keep-alive` is one of
+    // the fixed names: no lookup).
+    let named: Vec<HeaderName> = if present[0] {
+        headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|t| !HOP_BY_HOP.iter().any(|h| t.eq_ignore_ascii_case(h.as_str())))
+            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let upgrade = if keep_upgrade { headers.get(header::UPGRADE).cloned() } else { None };
+    for name in &named {
         headers.remove(name);
     }
-    for name in HOP_BY_HOP {
+    for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
         headers.remove(name);
     }
-    if keep_upgrade && let Some(upgrade) = upgrade {
+    if let Some(upgrade) = upgrade {
         headers.insert(header::UPGRADE, upgrade);
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
@@ -87,42 +104,87 @@ pub struct Client {
 /// chain, on any number of lines, is kept before it) and sets
 /// `X-Forwarded-Proto` to the listener's scheme, replacing a client-sent
 /// one. `host` is the request's `Host`, already validated ([`super::head`]);
-/// it is quoted anyway (RFC 7239 §4).
+/// it is quoted anyway (RFC 7239 §4). Each value is written once into the
+/// buffer that becomes it (no formatting machinery: this runs on every
+/// request).
 pub fn add_forwarded(headers: &mut HeaderMap, client: Client, host: Option<&HeaderValue>) {
     let ip = client.addr.ip().to_canonical();
-    append(headers, "x-forwarded-for", &ip.to_string());
-    // RFC 7239: IPv6 addresses are quoted and bracketed.
-    let node = if ip.is_ipv6() { format!("\"[{ip}]\"") } else { ip.to_string() };
-    let mut element = format!("for={node};proto={}", client.proto.scheme());
-    if let Some(host) = host.and_then(|h| h.to_str().ok()).filter(|h| !h.is_empty()) {
-        element.push_str(";host=");
-        element.push_str(&quoted(host));
+    let mut xff = Vec::with_capacity(40);
+    push_ip(&mut xff, ip);
+    let mut element = Vec::with_capacity(64);
+    element.extend_from_slice(b"for=");
+    if ip.is_ipv6() {
+        // RFC 7239: IPv6 addresses are quoted and bracketed.
+        element.extend_from_slice(b"\"[");
+        element.extend_from_slice(&xff);
+        element.extend_from_slice(b"]\"");
+    } else {
+        element.extend_from_slice(&xff);
     }
-    append(headers, "forwarded", &element);
-    headers.insert("x-forwarded-proto", HeaderValue::from_static(client.proto.scheme()));
+    element.extend_from_slice(b";proto=");
+    element.extend_from_slice(client.proto.scheme().as_bytes());
+    if let Some(host) = host.map(HeaderValue::as_bytes).filter(|h| !h.is_empty()) {
+        element.extend_from_slice(b";host=");
+        push_quoted(&mut element, host);
+    }
+    append(headers, &X_FORWARDED_FOR, xff);
+    append(headers, &header::FORWARDED, element);
+    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(client.proto.scheme()));
 }
 
 /// Sets `name` to its prior lines joined by `, `, then `value`.
-fn append(headers: &mut HeaderMap, name: &'static str, value: &str) {
-    let mut chain: Vec<&str> = headers.get_all(name).iter().filter_map(|v| v.to_str().ok()).collect();
-    chain.push(value);
-    if let Ok(v) = HeaderValue::from_str(&chain.join(", ")) {
-        headers.insert(name, v);
+fn append(headers: &mut HeaderMap, name: &HeaderName, value: Vec<u8>) {
+    let mut prior = headers.get_all(name).iter().peekable();
+    let value = if prior.peek().is_none() {
+        value
+    } else {
+        let mut chain: Vec<u8> = Vec::with_capacity(value.len() + 64);
+        for line in prior {
+            chain.extend_from_slice(line.as_bytes());
+            chain.extend_from_slice(b", ");
+        }
+        chain.extend_from_slice(&value);
+        chain
+    };
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
+        headers.insert(name.clone(), v);
+    }
+}
+
+/// An address as text, IPv4 without the formatting machinery.
+fn push_ip(out: &mut Vec<u8>, ip: std::net::IpAddr) {
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                if octet >= 100 {
+                    out.push(b'0' + octet / 100);
+                }
+                if octet >= 10 {
+                    out.push(b'0' + octet / 10 % 10);
+                }
+                out.push(b'0' + octet % 10);
+            }
+        }
+        std::net::IpAddr::V6(v6) => {
+            use std::io::Write as _;
+            let _ = write!(out, "{v6}");
+        }
     }
 }
 
 /// A `quoted-string` (RFC 9110 §5.6.4): `"` and `\` escaped as quoted-pairs.
-fn quoted(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for c in text.chars() {
-        if c == '"' || c == '\\' {
-            out.push('\\');
+fn push_quoted(out: &mut Vec<u8>, text: &[u8]) {
+    out.push(b'"');
+    for &c in text {
+        if c == b'"' || c == b'\\' {
+            out.push(b'\\');
         }
         out.push(c);
     }
-    out.push('"');
-    out
+    out.push(b'"');
 }
 
 #[cfg(test)]
@@ -228,11 +290,47 @@ mod tests {
         }
     }
 
+    fn quoted(text: &str) -> String {
+        let mut out = Vec::new();
+        push_quoted(&mut out, text.as_bytes());
+        String::from_utf8(out).unwrap()
+    }
+
     #[test]
     fn hosts_are_quoted_as_quoted_strings() {
         assert_eq!(quoted("app:8080"), "\"app:8080\"");
         assert_eq!(quoted("[::1]:80"), "\"[::1]:80\"");
         // Never a valid Host, but quoted safely all the same.
         assert_eq!(quoted("a\",for=6.6.6.6;host=\"b\\"), "\"a\\\",for=6.6.6.6;host=\\\"b\\\\\"");
+    }
+
+    #[test]
+    fn addresses_are_written_as_the_standard_library_writes_them() {
+        for ip in [
+            "0.0.0.0",
+            "1.2.3.4",
+            "10.99.100.255",
+            "127.0.0.1",
+            "255.255.255.255",
+            "::1",
+            "2001:db8::8a2e:370:7334",
+        ] {
+            let ip: std::net::IpAddr = ip.parse().unwrap();
+            let mut out = Vec::new();
+            push_ip(&mut out, ip);
+            assert_eq!(String::from_utf8(out).unwrap(), ip.to_string());
+        }
+    }
+
+    #[test]
+    fn only_the_hop_by_hop_headers_present_are_looked_up_and_a_response_keeps_the_rest() {
+        let mut h = map(&[("connection", "keep-alive"), ("content-length", "3"), ("x-upstream", "a")]);
+        strip_hop_by_hop(&mut h, false);
+        let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        names.sort();
+        assert_eq!(names, ["content-length", "x-upstream"]);
+        let mut none = map(&[("host", "a"), ("accept", "*/*")]);
+        strip_hop_by_hop(&mut none, false);
+        assert_eq!(none.len(), 2);
     }
 }
