@@ -20,7 +20,7 @@ use hyper::{
 use hyper_util::rt::TokioIo;
 
 use super::{
-    Proxy,
+    Proxy, Tuning,
     body::{Progress, ProxyBody, Stall, Stalled},
     exchange::Streams,
     headers::{Client, add_forwarded, strip_hop_by_hop},
@@ -42,8 +42,8 @@ pub(super) async fn forward(
     pool: &Pool,
     client: Client,
     h2: Option<Arc<Streams>>,
+    tuning: Arc<Tuning>,
 ) -> Response<ProxyBody> {
-    let tuning = proxy.tuning();
     let upgrade = client_upgrade.is_some();
     // Any Upgrade header stops the framing watch (the connection may become
     // a tunnel), so unless an upgrade really happens this connection closes.

@@ -12,7 +12,9 @@ use hyper::{
 };
 
 /// Hop-by-hop headers, always removed; plus any header the `Connection`
-/// header names. (Names, not strings: a lookup by string parses it first.)
+/// header names. (Names, not strings: a lookup by string parses it first.
+/// Their lengths, 2, 7, 10, 16, 17 and 19, are checked in
+/// [`strip_hop_by_hop`].)
 static HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
@@ -58,6 +60,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     // request, `Connection` alone in a response.
     let mut present = [false; HOP_BY_HOP.len()];
     for name in headers.keys() {
+        // Lengths first: most names have none of the eight lengths.
+        let len = name.as_str().len();
+        if !matches!(len, 2 | 7 | 10 | 16 | 17 | 19) {
+            continue;
+        }
         if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
             present[i] = true;
         }
@@ -302,6 +309,13 @@ mod tests {
         assert_eq!(quoted("[::1]:80"), "\"[::1]:80\"");
         // Never a valid Host, but quoted safely all the same.
         assert_eq!(quoted("a\",for=6.6.6.6;host=\"b\\"), "\"a\\\",for=6.6.6.6;host=\\\"b\\\\\"");
+    }
+
+    #[test]
+    fn the_length_filter_knows_every_hop_by_hop_length() {
+        for name in &HOP_BY_HOP {
+            assert!(matches!(name.as_str().len(), 2 | 7 | 10 | 16 | 17 | 19), "{name}");
+        }
     }
 
     #[test]
