@@ -88,23 +88,24 @@ pub(super) async fn forward(
     add_forwarded(&mut parts.headers, client, host.as_ref());
     parts.uri = uri;
     parts.version = hyper::Version::HTTP_11;
-    let progress = Arc::new(Progress::default());
+    // A body in memory is sent as soon as the upstream takes it (the
+    // upstream timeout counts from now); a streaming one reports when it
+    // has been read to its end.
+    let mut progress = None;
     let body = match receipt {
-        Receipt::Whole(frames) => {
-            // In memory: sent as soon as the upstream takes it.
-            progress.finish();
-            Prefixed::whole(frames)
-        }
+        Receipt::Whole(frames) => Prefixed::whole(frames),
         Receipt::Streaming(frames, rest) => {
             let rest = MinRate::new(rest, tuning.min_data_rate);
-            Prefixed::streaming(frames, Stall::with_progress(rest, tuning.idle_timeout, progress.clone()))
+            let p = progress.insert(Arc::new(Progress::default()));
+            Prefixed::streaming(frames, Stall::with_progress(rest, tuning.idle_timeout, p.clone()))
         }
     };
     let upstream_req = Request::from_parts(parts, body);
 
     let sent = Instant::now();
     let timeouts = Timeouts { connect: tuning.connect_timeout, idle: tuning.idle_timeout };
-    let result = answer_within(pool.send(upstream_req, timeouts), &progress, tuning.upstream_timeout).await;
+    let result =
+        answer_within(pool.send(upstream_req, timeouts), progress.as_deref(), tuning.upstream_timeout).await;
     let mut response = match result {
         Err(_) => {
             if let Some(t) = ticket {
@@ -244,13 +245,17 @@ pub(super) async fn forward(
 }
 
 /// Waits for the upstream's response head: at most `timeout` after the
-/// request (body included) was fully sent. While the body is still
-/// streaming, its own stall timeout applies instead.
+/// request (body included) was fully sent. While a streaming body
+/// (`progress`) is still sending, its own stall timeout applies instead.
 async fn answer_within<F: std::future::Future>(
     send: F,
-    progress: &Progress,
+    progress: Option<&Progress>,
     timeout: Duration,
 ) -> Result<F::Output, ()> {
+    let Some(progress) = progress else {
+        // Sent whole: one deadline.
+        return tokio::time::timeout(timeout, send).await.map_err(drop);
+    };
     tokio::pin!(send);
     loop {
         let deadline =

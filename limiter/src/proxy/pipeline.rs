@@ -161,7 +161,9 @@ pub(super) async fn handle(
         }
     };
     match proxy.admission.admit(ask) {
-        Ok(permit) => Ok(forward(parts, receipt, upgrade, permit, ticket, &proxy, &pool, client, h2, tuning).await),
+        Ok(permit) => {
+            Ok(forward(parts, receipt, upgrade, permit, ticket, &proxy, &pool, client, h2, tuning).await)
+        }
         // The ticket is dropped unrecorded: a refusal is not a result.
         Err(refusal) => Ok(respond::refuse(&proxy, Reason::Admission(refusal), started)),
     }
