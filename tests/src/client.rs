@@ -137,3 +137,55 @@ pub fn http_config(dir: &Path, upstream: Option<SocketAddr>, extra: &str) -> (Pa
     std::fs::write(&path, text).unwrap();
     (path, listen)
 }
+
+/// Clients looping new connections with one request each
+/// (`Connection: close`) inside a network namespace, counting what they
+/// get: the load of the handover and restart tests.
+pub struct Looping {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ok: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    errors: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Looping {
+    /// `n` clients of `addr`, from `netns`.
+    pub fn start(netns: &std::fs::File, addr: SocketAddr, n: usize) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ok = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let threads = (0..n)
+            .map(|_| {
+                let (stop, ok, errors) = (stop.clone(), ok.clone(), errors.clone());
+                let netns = netns.try_clone().expect("dup the namespace fd");
+                std::thread::spawn(move || {
+                    crate::in_netns(&netns, move || {
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            match send(addr, b"GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n") {
+                                Ok(r) if r.status == 200 => {
+                                    ok.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                }
+                                Ok(r) => errors.lock().unwrap().push(format!("status {}", r.status)),
+                                Err(e) => errors.lock().unwrap().push(e.to_string()),
+                            }
+                        }
+                    })
+                })
+            })
+            .collect();
+        Self { stop, ok, errors, threads }
+    }
+
+    /// Requests answered 200 so far.
+    pub fn ok(&self) -> u64 {
+        self.ok.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Stops the clients: requests answered 200, and every other outcome.
+    pub fn stop(self) -> (u64, Vec<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let ok = self.ok.clone();
+        self.threads.into_iter().for_each(|t| t.join().expect("a client thread"));
+        (ok.load(std::sync::atomic::Ordering::Relaxed), self.errors.lock().unwrap().clone())
+    }
+}

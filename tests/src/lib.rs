@@ -524,6 +524,19 @@ fn http_call(addr: SocketAddr, method: &str, path: &str) -> Result<String> {
 }
 
 /// The program id behind the pinned link `pin` in a dump.
+/// The link rows of a dump: pin → (link id, program id).
+pub fn links(dump: &Value) -> std::collections::BTreeMap<String, (u64, u64)> {
+    dump["kernel"]["links"]
+        .as_array()
+        .expect("links in the dump")
+        .iter()
+        .map(|l| {
+            let id = |k: &str| l[k].as_u64().unwrap_or_else(|| panic!("{k} of {l}"));
+            (l["pin"].as_str().expect("a pin name").to_owned(), (id("link_id"), id("program_id")))
+        })
+        .collect()
+}
+
 pub fn link_program(dump: &Value, pin: &str) -> u32 {
     dump["kernel"]["links"]
         .as_array()

@@ -35,20 +35,6 @@ fn layout2_binary() -> PathBuf {
     path
 }
 
-fn links(d: &Value) -> std::collections::BTreeMap<String, (u64, u64)> {
-    d["kernel"]["links"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| {
-            (
-                l["pin"].as_str().unwrap().to_owned(),
-                (l["link_id"].as_u64().unwrap(), l["program_id"].as_u64().unwrap()),
-            )
-        })
-        .collect()
-}
-
 fn groups(d: &Value) -> Vec<(String, u64)> {
     let mut g: Vec<(String, u64)> = d["kernel"]["top_sources"]
         .as_array()
@@ -93,7 +79,7 @@ fn a_layout_2_gate_with_connections_held_is_migrated_in_place_by_a_second_run() 
     let old_dump = read_old();
     assert_eq!(groups(&old_dump), [("127.0.0.1/32".to_owned(), 3), ("127.0.0.2/32".to_owned(), 1)]);
     assert_eq!(old_dump["kernel"]["layout_version"], 2, "the old daemon made a layout-2 gate");
-    let before = links(&old_dump);
+    let before = limiter_tests::links(&old_dump);
     // This binary cannot read layout 2 without migrating it, and says so.
     let refused = limiter_tests::limiter(&["dump", "--pin-path", sb.pin_path.to_str().unwrap()]);
     assert!(!refused.status.success());
@@ -142,7 +128,7 @@ fn a_layout_2_gate_with_connections_held_is_migrated_in_place_by_a_second_run() 
 
     let d = dump(&sb.pin_path);
     assert_eq!(d["kernel"]["layout_version"], 3);
-    let after = links(&d);
+    let after = limiter_tests::links(&d);
     assert_eq!(before.keys().collect::<Vec<_>>(), after.keys().collect::<Vec<_>>());
     for (pin, (link, program)) in &before {
         let (link2, program2) = after[pin];

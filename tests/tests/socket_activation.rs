@@ -6,17 +6,10 @@
 use std::{
     net::SocketAddr,
     process::{Command, Stdio},
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, AtomicU64, Ordering},
-    },
-    thread,
     time::Duration,
 };
 
-use limiter_tests::{
-    Sandbox, client, in_netns, limiter_bin, process::wait_for, require_kernel, upstream::Upstream,
-};
+use limiter_tests::{Sandbox, client, limiter_bin, process::wait_for, require_kernel, upstream::Upstream};
 use nix::{sys::signal::Signal, unistd::Pid};
 
 /// GET on the admin address from the sandbox (whichever daemon serves it).
@@ -77,25 +70,7 @@ fn restarts_under_socket_activation_queue_connections_instead_of_refusing_them()
         sb.in_netns(move || std::net::TcpStream::connect(admin).is_ok())
     });
 
-    let (done, ok) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
-    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
-    let clients: Vec<_> = (0..4)
-        .map(|_| {
-            let (done, ok, errors, netns) = (done.clone(), ok.clone(), errors.clone(), sb.netns_file());
-            thread::spawn(move || {
-                in_netns(&netns, move || {
-                    while !done.load(Ordering::Relaxed) {
-                        match client::send(proxy, b"GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-                        {
-                            Ok(r) if r.status == 200 => _ = ok.fetch_add(1, Ordering::Relaxed),
-                            Ok(r) => errors.lock().unwrap().push(format!("status {}", r.status)),
-                            Err(e) => errors.lock().unwrap().push(e.to_string()),
-                        }
-                    }
-                })
-            })
-        })
-        .collect();
+    let clients = client::Looping::start(&sb.netns_file(), proxy, 4);
     let mut pids = Vec::new();
     for restart in 0..3 {
         wait_for("a daemon serving", Duration::from_secs(20), || {
@@ -103,14 +78,13 @@ fn restarts_under_socket_activation_queue_connections_instead_of_refusing_them()
         });
         let pid = daemon_pid(&sb, admin).unwrap();
         pids.push(pid);
-        let before = ok.load(Ordering::Relaxed);
-        wait_for("requests through it", Duration::from_secs(10), || ok.load(Ordering::Relaxed) > before + 50);
+        let before = clients.ok();
+        wait_for("requests through it", Duration::from_secs(10), || clients.ok() > before + 50);
         if restart < 2 {
             nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
         }
     }
-    done.store(true, Ordering::Relaxed);
-    clients.into_iter().for_each(|c| c.join().unwrap());
+    let (ok, errors) = clients.stop();
     std::fs::write(&stop, "").unwrap();
     nix::sys::signal::kill(Pid::from_raw(*pids.last().unwrap()), Signal::SIGTERM).unwrap();
     let exited =
@@ -120,7 +94,6 @@ fn restarts_under_socket_activation_queue_connections_instead_of_refusing_them()
     }
     let _ = holder.wait();
     let daemons = std::fs::read_to_string(&log).unwrap_or_default();
-    let (ok, errors) = (ok.load(Ordering::Relaxed), errors.lock().unwrap().clone());
     eprintln!(
         "socket activation: {ok} requests answered 200 across 2 restarts ({pids:?}), {} errors",
         errors.len()

@@ -728,20 +728,6 @@ fn trusted_prefixes_reload_live_and_a_reshaped_gate_is_refused_at_restart() {
 }
 
 /// (link id, program id) of every pinned link in a dump.
-fn links(d: &Value) -> std::collections::BTreeMap<String, (u64, u64)> {
-    d["kernel"]["links"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| {
-            (
-                l["pin"].as_str().unwrap().to_owned(),
-                (l["link_id"].as_u64().unwrap(), l["program_id"].as_u64().unwrap()),
-            )
-        })
-        .collect()
-}
-
 #[test]
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn a_restart_swaps_the_programs_in_their_pinned_links_without_a_gap() {
@@ -752,7 +738,7 @@ fn a_restart_swaps_the_programs_in_their_pinned_links_without_a_gap() {
     let l = sb.listen(&format!("0.0.0.0:{p}"), 128);
     let held = (peer.connect(sa(peer.server_v4, p), None).unwrap(), accept(&l));
     wait_established(&sb.pin_path, p, 1);
-    let before = links(&dump(&sb.pin_path));
+    let before = limiter_tests::links(&dump(&sb.pin_path));
 
     // Attempts through both refusal paths, all through the restart.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -809,7 +795,7 @@ fn a_restart_swaps_the_programs_in_their_pinned_links_without_a_gap() {
             "an attempt during the restart was not refused: {o:?}"
         );
     }
-    let after = links(&dump(&sb.pin_path));
+    let after = limiter_tests::links(&dump(&sb.pin_path));
     assert_eq!(before.keys().collect::<Vec<_>>(), after.keys().collect::<Vec<_>>());
     for (pin, (link, program)) in &before {
         let (link2, program2) = after[pin];

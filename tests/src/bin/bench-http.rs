@@ -87,17 +87,8 @@ impl Drop for Nginx {
 
 fn nginx(dir: &Path, name: &str, server: &str) -> Result<Nginx> {
     let prefix = dir.join(name);
-    fs::create_dir_all(prefix.join("logs"))?;
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let conf = format!(
-        "daemon off;\nworker_processes {workers};\npid {pid};\nerror_log {err} warn;\n\
-         events {{ worker_connections 8192; }}\n\
-         http {{\n  access_log off;\n  client_body_temp_path {tmp};\n  proxy_temp_path {tmp};\n\
-         fastcgi_temp_path {tmp};\n  uwsgi_temp_path {tmp};\n  scgi_temp_path {tmp};\n{server}\n}}\n",
-        pid = prefix.join("nginx.pid").display(),
-        err = prefix.join("logs/error.log").display(),
-        tmp = prefix.display(),
-    );
+    let conf = nginx_conf(&prefix, &format!("worker_processes {workers};"), server);
     let path = prefix.join("nginx.conf");
     fs::write(&path, conf)?;
     let child = Command::new("nginx")
@@ -111,6 +102,32 @@ fn nginx(dir: &Path, name: &str, server: &str) -> Result<Nginx> {
         .context("start nginx (installed by `cargo xtask bench http`)")?;
     std::thread::sleep(Duration::from_millis(300));
     Ok(Nginx { child })
+}
+
+/// nginx's configuration under `prefix`: `processes` (how many, or
+/// `master_process off`), then the `server` lines inside `http`.
+fn nginx_conf(prefix: &Path, processes: &str, server: &str) -> String {
+    fs::create_dir_all(prefix.join("logs")).expect("nginx's log directory");
+    format!(
+        "daemon off;\n{processes}\npid {pid};\nerror_log {err} warn;\n\
+         events {{ worker_connections 8192; }}\n\
+         http {{\n  access_log off;\n  client_body_temp_path {tmp};\n  proxy_temp_path {tmp};\n\
+         fastcgi_temp_path {tmp};\n  uwsgi_temp_path {tmp};\n  scgi_temp_path {tmp};\n{server}\n}}\n",
+        pid = prefix.join("nginx.pid").display(),
+        err = prefix.join("logs/error.log").display(),
+        tmp = prefix.display(),
+    )
+}
+
+/// nginx's `limit_conn` proxy, listening on `listen`.
+fn nginx_proxy_server(listen: u16, upstream: SocketAddr, per_session: u32) -> String {
+    format!(
+        "  upstream up {{ server {upstream}; keepalive 64; }}\n\
+           limit_conn_zone $http_authorization zone=perauth:10m;\n\
+           server {{\n    listen 127.0.0.1:{listen};\n    location / {{\n\
+             limit_conn perauth {per_session};\n      limit_conn_status 503;\n\
+             proxy_pass http://up;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}\n  }}"
+    )
 }
 
 /// One wrk run's figures.
@@ -173,17 +190,7 @@ fn limiter_config(dir: &Path, upstream: SocketAddr, per_session: u32) -> (PathBu
 }
 
 fn nginx_proxy(dir: &Path, name: &str, listen: u16, upstream: SocketAddr, per_session: u32) -> Result<Nginx> {
-    nginx(
-        dir,
-        name,
-        &format!(
-            "  upstream up {{ server {upstream}; keepalive 64; }}\n\
-               limit_conn_zone $http_authorization zone=perauth:10m;\n\
-               server {{\n    listen 127.0.0.1:{listen};\n    location / {{\n\
-                 limit_conn perauth {per_session};\n      limit_conn_status 503;\n\
-                 proxy_pass http://up;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}\n  }}"
-        ),
-    )
+    nginx(dir, name, &nginx_proxy_server(listen, upstream, per_session))
 }
 
 fn main() -> Result<()> {
@@ -211,13 +218,7 @@ fn main() -> Result<()> {
 fn bench(dir: &Path) -> Result<String> {
     let auth = "Authorization: Bearer bench-session";
     // (1) Under the limit: an nginx upstream that answers at once.
-    let up_port = free_port();
-    let upstream: SocketAddr = format!("127.0.0.1:{up_port}").parse()?;
-    let _origin = nginx(
-        dir,
-        "origin",
-        &format!("  server {{ listen 127.0.0.1:{up_port}; location / {{ return 200 \"ok\\n\"; }} }}"),
-    )?;
+    let (upstream, _origin) = origin(dir)?;
     let (config, limiter_addr) = limiter_config(dir, upstream, 100);
     let daemon = Daemon::start(&config, &[])?;
     let nginx_port = free_port();
@@ -279,15 +280,21 @@ fn bench(dir: &Path) -> Result<String> {
     Ok(text)
 }
 
-/// (7) with its own upstream.
-fn counted_alone(dir: &Path) -> Result<String> {
+/// The upstream of (1) and (7): nginx answering `200 ok` at once.
+fn origin(dir: &Path) -> Result<(SocketAddr, Nginx)> {
     let up_port = free_port();
     let upstream: SocketAddr = format!("127.0.0.1:{up_port}").parse()?;
-    let _origin = nginx(
+    let nginx = nginx(
         dir,
         "origin",
         &format!("  server {{ listen 127.0.0.1:{up_port}; location / {{ return 200 \"ok\\n\"; }} }}"),
     )?;
+    Ok((upstream, nginx))
+}
+
+/// (7) with its own upstream.
+fn counted_alone(dir: &Path) -> Result<String> {
+    let (upstream, _origin) = origin(dir)?;
     counted(dir, upstream)
 }
 
@@ -307,23 +314,13 @@ fn counted(dir: &Path, upstream: SocketAddr) -> Result<String> {
     };
     let nginx_port = free_port();
     let prefix = dir.join("counted-nginx");
-    fs::create_dir_all(prefix.join("logs"))?;
     let conf = prefix.join("nginx.conf");
     fs::write(
         &conf,
-        format!(
-            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {pid};\nerror_log {err} warn;\n\
-             events {{ worker_connections 8192; }}\n\
-             http {{\n  access_log off;\n  client_body_temp_path {tmp};\n  proxy_temp_path {tmp};\n\
-             fastcgi_temp_path {tmp};\n  uwsgi_temp_path {tmp};\n  scgi_temp_path {tmp};\n\
-               upstream up {{ server {upstream}; keepalive 64; }}\n\
-               limit_conn_zone $http_authorization zone=perauth:10m;\n\
-               server {{\n    listen 127.0.0.1:{nginx_port};\n    location / {{\n\
-                 limit_conn perauth 100;\n      limit_conn_status 503;\n\
-                 proxy_pass http://up;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}\n  }}\n}}\n",
-            pid = prefix.join("nginx.pid").display(),
-            err = prefix.join("logs/error.log").display(),
-            tmp = prefix.display(),
+        nginx_conf(
+            &prefix,
+            "master_process off;\nworker_processes 1;",
+            &nginx_proxy_server(nginx_port, upstream, 100),
         ),
     )?;
     let nginx = Server {
