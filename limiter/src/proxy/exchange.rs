@@ -19,7 +19,7 @@ use tokio::sync::Notify;
 use super::{
     Proxy,
     body::{ClientBody, ProxyBody},
-    headers::Client,
+    headers::{Client, Forwarding},
     pipeline::handle,
     upstream::Pool,
 };
@@ -32,6 +32,7 @@ pub(super) async fn serve(
     pool: Arc<Pool>,
     client: Client,
     streams: Option<Arc<Streams>>,
+    fwd: Arc<Forwarding>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     // Open until the response body is done, not only its head: a long
     // download keeps its connection from counting as idle.
@@ -39,7 +40,7 @@ pub(super) async fn serve(
     proxy.counters.requests_by_proto[client.proto.index()].fetch_add(1, Ordering::Relaxed);
     let log = proxy.access_log.enabled().then(|| Logged::new(&req, client, &proxy));
     let req = req.map(|body| ClientBody::new(body, log.as_ref().map(|l| l.bytes_in.clone())));
-    let Ok(mut response) = handle(req, proxy.clone(), pool, client, streams).await;
+    let Ok(mut response) = handle(req, proxy.clone(), pool, client, streams, fwd).await;
     if client.proto.is_h2() {
         // HTTP/2 has no connection-specific headers; a refusal ends this
         // stream only.

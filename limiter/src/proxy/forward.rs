@@ -23,7 +23,7 @@ use super::{
     Proxy, Tuning,
     body::{Progress, ProxyBody, Stall, Stalled},
     exchange::Streams,
-    headers::{Client, add_forwarded, strip_hop_by_hop},
+    headers::{Forwarding, strip_hop_by_hop},
     respond,
     shield::{self, MinRate, Prefixed, ReadAhead, Receipt, TooSlow},
     stream_guard,
@@ -40,7 +40,7 @@ pub(super) async fn forward(
     ticket: Option<Ticket>,
     proxy: &Arc<Proxy>,
     pool: &Pool,
-    client: Client,
+    fwd: &Forwarding,
     h2: Option<Arc<Streams>>,
     tuning: Arc<Tuning>,
 ) -> Response<ProxyBody> {
@@ -82,10 +82,10 @@ pub(super) async fn forward(
             None
         }
     };
-    if client.proto.is_h2() {
+    if h2.is_some() {
         join_cookies(&mut parts.headers);
     }
-    add_forwarded(&mut parts.headers, client, host.as_ref());
+    fwd.apply(&mut parts.headers, host.as_ref());
     parts.uri = uri;
     parts.version = hyper::Version::HTTP_11;
     // A body in memory is sent as soon as the upstream takes it (the

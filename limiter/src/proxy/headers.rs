@@ -115,6 +115,14 @@ pub struct Client {
 /// buffer that becomes it (no formatting machinery: this runs on every
 /// request).
 pub fn add_forwarded(headers: &mut HeaderMap, client: Client, host: Option<&HeaderValue>) {
+    let (xff, element) = forwarded_values(client, host);
+    append(headers, &X_FORWARDED_FOR, xff);
+    append(headers, &header::FORWARDED, element);
+    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(client.proto.scheme()));
+}
+
+/// This client's own `X-Forwarded-For` entry and `Forwarded` element.
+fn forwarded_values(client: Client, host: Option<&HeaderValue>) -> (Vec<u8>, Vec<u8>) {
     let ip = client.addr.ip().to_canonical();
     let mut xff = Vec::with_capacity(40);
     push_ip(&mut xff, ip);
@@ -134,9 +142,64 @@ pub fn add_forwarded(headers: &mut HeaderMap, client: Client, host: Option<&Head
         element.extend_from_slice(b";host=");
         push_quoted(&mut element, host);
     }
-    append(headers, &X_FORWARDED_FOR, xff);
-    append(headers, &header::FORWARDED, element);
-    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(client.proto.scheme()));
+    (xff, element)
+}
+
+/// The forwarding headers of one client connection, written once: its
+/// address and scheme are the same for every request on it, and so,
+/// usually, is its `Host`. `X-Forwarded-For` and `Forwarded` without a
+/// client-sent chain are then a reference count each, not a buffer.
+pub struct Forwarding {
+    client: Client,
+    xff: Option<HeaderValue>,
+    /// `Forwarded` for a request without a `Host`.
+    without_host: Option<HeaderValue>,
+    /// The last `Host` seen and its `Forwarded` element.
+    with_host: std::sync::Mutex<Option<(HeaderValue, HeaderValue)>>,
+}
+
+impl Forwarding {
+    pub fn new(client: Client) -> Self {
+        let (xff, element) = forwarded_values(client, None);
+        Self {
+            client,
+            xff: HeaderValue::from_maybe_shared(bytes::Bytes::from(xff)).ok(),
+            without_host: HeaderValue::from_maybe_shared(bytes::Bytes::from(element)).ok(),
+            with_host: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// [`add_forwarded`] for this connection's client, from what was
+    /// written before when it can be.
+    pub fn apply(&self, headers: &mut HeaderMap, host: Option<&HeaderValue>) {
+        let chained = headers.contains_key(&X_FORWARDED_FOR) || headers.contains_key(header::FORWARDED);
+        let host = host.filter(|h| !h.is_empty());
+        let element = match host {
+            None => self.without_host.clone(),
+            Some(h) => {
+                let mut last = self.with_host.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                match &*last {
+                    Some((seen, element)) if seen == h => Some(element.clone()),
+                    _ => {
+                        let (_, element) = forwarded_values(self.client, Some(h));
+                        let element = HeaderValue::from_maybe_shared(bytes::Bytes::from(element)).ok();
+                        *last = element.clone().map(|e| (h.clone(), e));
+                        element
+                    }
+                }
+            }
+        };
+        match (chained, &self.xff, element) {
+            (false, Some(xff), Some(element)) => {
+                headers.insert(X_FORWARDED_FOR.clone(), xff.clone());
+                headers.insert(header::FORWARDED, element);
+                headers
+                    .insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(self.client.proto.scheme()));
+            }
+            // A client-sent chain to extend (or a value that would not do).
+            _ => add_forwarded(headers, self.client, host),
+        }
+    }
 }
 
 /// Sets `name` to its prior lines joined by `, `, then `value`.
@@ -277,6 +340,27 @@ mod tests {
             h.get("forwarded").unwrap(),
             "for=10.0.0.1, for=10.0.0.2;proto=https, for=127.0.0.1;proto=http"
         );
+    }
+
+    #[test]
+    fn a_connections_cached_values_are_what_add_forwarded_writes() {
+        let c = client("127.0.0.1:5000");
+        let fwd = Forwarding::new(c);
+        type Case<'a> = (&'a [(&'a str, &'a str)], Option<&'a str>);
+        let cases: [Case; 5] = [
+            (&[], None),
+            (&[], Some("app.example")),
+            (&[], Some("app.example")),
+            (&[], Some("other:8080")),
+            (&[("x-forwarded-for", "10.0.0.1"), ("forwarded", "for=10.0.0.1")], Some("other:8080")),
+        ];
+        for (prior, host) in cases {
+            let host = host.map(HeaderValue::from_static);
+            let (mut cached, mut fresh) = (map(prior), map(prior));
+            fwd.apply(&mut cached, host.as_ref());
+            add_forwarded(&mut fresh, c, host.as_ref());
+            assert_eq!(cached, fresh, "{prior:?} {host:?}");
+        }
     }
 
     #[test]

@@ -28,7 +28,7 @@ use super::{
     exchange::Streams,
     forward::forward,
     head,
-    headers::{Client, is_upgrade},
+    headers::{Client, Forwarding, is_upgrade},
     path::is_debug_path,
     respond,
     shield::{self, Receipt, ReceiveError},
@@ -78,6 +78,7 @@ pub(super) async fn handle(
     pool: Arc<Pool>,
     client: Client,
     h2: Option<Arc<Streams>>,
+    fwd: Arc<Forwarding>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let started = Instant::now();
     if req.method() == Method::CONNECT {
@@ -162,7 +163,7 @@ pub(super) async fn handle(
     };
     match proxy.admission.admit(ask) {
         Ok(permit) => {
-            Ok(forward(parts, receipt, upgrade, permit, ticket, &proxy, &pool, client, h2, tuning).await)
+            Ok(forward(parts, receipt, upgrade, permit, ticket, &proxy, &pool, &fwd, h2, tuning).await)
         }
         // The ticket is dropped unrecorded: a refusal is not a result.
         Err(refusal) => Ok(respond::refuse(&proxy, Reason::Admission(refusal), started)),

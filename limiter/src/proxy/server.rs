@@ -31,6 +31,7 @@ use super::{
     counters::HANDSHAKES,
     exchange::{self, Streams},
     headers::Client,
+    headers::Forwarding,
     io::{ClientIo, Watch},
     proto::Proto,
     upstream::Pool,
@@ -331,11 +332,12 @@ where
     let Conn { client, proxy, pool, shutdown } = conn;
     let io = client_io(stream, Watch::h1(), &tuning, &proxy);
     let asked = Arc::new(AtomicBool::new(false));
+    let fwd = Arc::new(Forwarding::new(client));
     let service = {
         let (proxy, asked) = (proxy.clone(), asked.clone());
         service_fn(move |req| {
             asked.store(true, Ordering::Relaxed);
-            exchange::serve(req, proxy.clone(), pool.clone(), client, None)
+            exchange::serve(req, proxy.clone(), pool.clone(), client, None, fwd.clone())
         })
     };
     let conn = http1(&tuning).serve_connection(TokioIo::new(io), service).with_upgrades();
@@ -381,10 +383,11 @@ where
     let Conn { client, proxy, pool, shutdown } = conn;
     let streams = Arc::new(Streams::default());
     let io = client_io(stream, Watch::h2(streams.activity.clone()), &tuning, &proxy);
+    let fwd = Arc::new(Forwarding::new(client));
     let service = {
         let (proxy, streams) = (proxy.clone(), streams.clone());
         service_fn(move |req| {
-            exchange::serve(req, proxy.clone(), pool.clone(), client, Some(streams.clone()))
+            exchange::serve(req, proxy.clone(), pool.clone(), client, Some(streams.clone()), fwd.clone())
         })
     };
     let conn = http2(&tuning).serve_connection(TokioIo::new(io), service);
