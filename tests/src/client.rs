@@ -127,11 +127,11 @@ pub fn closed_by_server(stream: &mut TcpStream) -> bool {
 /// the file and the proxy's address.
 pub fn http_config(dir: &Path, upstream: Option<SocketAddr>, extra: &str) -> (PathBuf, SocketAddr) {
     std::fs::create_dir_all(dir).unwrap();
-    let listen: SocketAddr = format!("127.0.0.1:{}", crate::free_port()).parse().unwrap();
+    let [admin, port] = crate::free_ports();
+    let listen: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let upstream = upstream.map(|u| format!("http.upstream = {u}\n")).unwrap_or_default();
     let text = format!(
-        "kernel.enabled = false\nadmin.listen = 127.0.0.1:{}\nhttp.listen = {listen}\n{upstream}{extra}",
-        crate::free_port()
+        "kernel.enabled = false\nadmin.listen = 127.0.0.1:{admin}\nhttp.listen = {listen}\n{upstream}{extra}"
     );
     let path = dir.join("limiter.ini");
     std::fs::write(&path, text).unwrap();

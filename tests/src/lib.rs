@@ -154,13 +154,12 @@ impl Sandbox {
     /// Writes a configuration targeting this sandbox; `extra` is appended.
     pub fn config(&self, ports: &str, extra: &str) -> PathBuf {
         let path = self.dir.join("limiter.ini");
+        let [admin, listen] = free_ports();
         let text = format!(
-            "kernel.ports = {ports}\nkernel.pinPath = {}\nkernel.cgroup = {}\nkernel.netns = {}\nadmin.listen = 127.0.0.1:{}\nhttp.listen = 127.0.0.1:{}\n{extra}",
+            "kernel.ports = {ports}\nkernel.pinPath = {}\nkernel.cgroup = {}\nkernel.netns = {}\nadmin.listen = 127.0.0.1:{admin}\nhttp.listen = 127.0.0.1:{listen}\n{extra}",
             self.pin_path.display(),
             self.cgroup.display(),
             self.netns_path.display(),
-            free_port(),
-            free_port(),
         );
         fs::write(&path, text).expect("write config");
         path
@@ -304,6 +303,14 @@ fn home_cgroup() -> Result<PathBuf> {
 /// A port free on the host's loopback right now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port()
+}
+
+/// `N` distinct free ports (each held until all are picked: two calls of
+/// [`free_port`] may return the same one).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<TcpListener> =
+        (0..N).map(|_| TcpListener::bind("127.0.0.1:0").expect("free port")).collect();
+    std::array::from_fn(|i| held[i].local_addr().expect("its port").port())
 }
 
 /// Runs `cmd ARGS` to completion (within [`process::DEADLINE`]); its

@@ -396,6 +396,35 @@ impl Config {
         Ok(config)
     }
 
+    /// Every listener on its own port: every listener binds with
+    /// `SO_REUSEPORT` (for the handover), so two of them on one port would
+    /// both bind and share its connections at random.
+    fn check_listeners_apart(&self) -> Result<(), (String, String)> {
+        let listeners = [
+            ("http.listen", self.http.upstream.as_ref().map(|_| self.http.listen)),
+            ("http.tls.listen", self.http.tls_listen),
+            ("admin.listen", Some(self.admin.listen)),
+            ("admin.metricsListen", self.admin.metrics_listen),
+        ];
+        let bound: Vec<(&str, std::net::SocketAddr)> = listeners
+            .iter()
+            .filter_map(|(k, a)| a.map(|a| (*k, a.0)))
+            .filter(|(_, a)| a.port() != 0)
+            .collect();
+        for (i, (key, a)) in bound.iter().enumerate() {
+            for (other, b) in &bound[..i] {
+                let overlap = a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified();
+                if a.port() == b.port() && overlap {
+                    return Err((
+                        (*key).into(),
+                        format!("{a} takes the port of {other} ({b}); give each listener its own port"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The proxy's own connections to a loopback `http.upstream` all come
     /// from one address: a per-source cap on that port below the proxy's
     /// slots would refuse them at the SYN (502s for everyone, and a
@@ -498,30 +527,14 @@ impl Config {
         if b.window_ms / b.bucket_ms > 3600 {
             return Err(("breaker.windowMs".into(), "more than 3600 buckets; use larger buckets".into()));
         }
-        if let Some(tls) = self.http.tls_listen {
-            if tls == self.http.listen && tls.0.port() != 0 {
-                return Err((
-                    "http.tls.listen".into(),
-                    format!("{tls} is http.listen too; give TLS its own port"),
-                ));
-            }
-            if self.http.upstream.is_none() {
-                return Err((
-                    "http.tls.listen".into(),
-                    "needs http.upstream (without it there is no proxy)".into(),
-                ));
-            }
-        }
-        self.check_own_connections()?;
-        if let Some(m) = self.admin.metrics_listen
-            && m == self.admin.listen
-            && m.0.port() != 0
-        {
+        self.check_listeners_apart()?;
+        if self.http.tls_listen.is_some() && self.http.upstream.is_none() {
             return Err((
-                "admin.metricsListen".into(),
-                format!("{m} is admin.listen too; give it its own port"),
+                "http.tls.listen".into(),
+                "needs http.upstream (without it there is no proxy)".into(),
             ));
         }
+        self.check_own_connections()?;
         let admin = self.admin.listen.0.ip();
         if !admin.is_loopback() && self.admin.token_file.is_none() {
             return Err((

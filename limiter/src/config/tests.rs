@@ -426,3 +426,30 @@ fn an_admin_listener_beyond_loopback_needs_a_token() {
     assert!(Config::parse(&text, "limiter.ini").is_ok());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn two_listeners_on_one_port_are_refused_naming_both_keys() {
+    let up = "http.upstream = 127.0.0.1:9000\n";
+    for (text, key, other) in [
+        ("http.listen = 127.0.0.1:8080\nadmin.listen = 127.0.0.1:8080\n", "admin.listen", "http.listen"),
+        ("http.listen = 0.0.0.0:8080\nadmin.listen = 127.0.0.1:8080\n", "admin.listen", "http.listen"),
+        (
+            "http.tls.listen = 127.0.0.1:8080\nhttp.listen = 127.0.0.1:8080\n",
+            "http.tls.listen",
+            "http.listen",
+        ),
+        (
+            "admin.metricsListen = 127.0.0.1:9901\nadmin.listen = 127.0.0.1:9901\n",
+            "admin.metricsListen",
+            "admin.listen",
+        ),
+    ] {
+        let e = error(&format!("{up}{text}"));
+        assert!(e.contains(key) && e.contains(&format!("the port of {other}")), "{text}: {e}");
+    }
+    // Different ports, or the same port on two distinct addresses, are fine.
+    parse(&format!("{up}http.listen = 127.0.0.1:8080\nadmin.listen = 127.0.0.1:8081\n")).unwrap();
+    parse(&format!("{up}http.listen = 127.0.0.1:8080\nadmin.listen = 127.0.0.2:8080\n")).unwrap();
+    // Without an upstream http.listen is not bound.
+    parse("http.listen = 127.0.0.1:9901\nadmin.listen = 127.0.0.1:9901\n").unwrap();
+}
