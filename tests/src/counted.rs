@@ -75,7 +75,7 @@ fn total(server: &Server, tool: Tool, dir: &Path, url_path: &str, requests: u32)
     };
     cmd.arg(&server.program).args(&server.args).stdout(Stdio::null()).stderr(Stdio::null());
     let mut child = cmd.spawn().with_context(|| format!("starting {} under {tool:?}", server.name))?;
-    let result = drive(server, url_path, requests);
+    let result = drive(server.name, server.addr, url_path, requests);
     stop(&mut child, tool)?;
     result?;
     let text =
@@ -99,24 +99,25 @@ fn total(server: &Server, tool: Tool, dir: &Path, url_path: &str, requests: u32)
     }
 }
 
-/// Waits for the server, then sends it `requests` keep-alive requests.
-fn drive(server: &Server, url_path: &str, requests: u32) -> Result<()> {
+/// Waits for the server `name` on `addr`, then sends it `requests`
+/// keep-alive requests.
+fn drive(name: &str, addr: SocketAddr, url_path: &str, requests: u32) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let probe = format!("GET {url_path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
     loop {
         // (`client::send` panics on a refused connection.)
-        if std::net::TcpStream::connect_timeout(&server.addr, Duration::from_secs(1)).is_err() {
-            ensure!(Instant::now() < deadline, "{} did not listen within 60 s", server.name);
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err() {
+            ensure!(Instant::now() < deadline, "{} did not listen within 60 s", name);
             std::thread::sleep(Duration::from_millis(200));
             continue;
         }
-        match crate::client::send(server.addr, probe.as_bytes()) {
+        match crate::client::send(addr, probe.as_bytes()) {
             Ok(r) if r.status == 200 => break,
             _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
-            other => bail!("{} did not answer 200 within 60 s: {:?}", server.name, other.map(|r| r.status)),
+            other => bail!("{} did not answer 200 within 60 s: {:?}", name, other.map(|r| r.status)),
         }
     }
-    let url = format!("http://{}{url_path}", server.addr);
+    let url = format!("http://{}{url_path}", addr);
     let out = Command::new("h2load")
         .args(["--h1", "-c10", "-n"])
         .arg(requests.to_string())
@@ -127,7 +128,7 @@ fn drive(server: &Server, url_path: &str, requests: u32) -> Result<()> {
     ensure!(
         text.contains(&format!("{requests} succeeded")) && text.contains(&format!("{requests} 2xx")),
         "{}: not every request answered 2xx: {text}",
-        server.name
+        name
     );
     Ok(())
 }
@@ -165,12 +166,11 @@ pub fn allocations(proxy: SocketAddr, admin: SocketAddr, url_path: &str) -> Resu
             .and_then(|v| v.trim().parse().ok())
             .context("no limiter_process_allocations_total: not a count-allocations build")
     };
-    let server =
-        Server { name: "limiter (allocations)", program: PathBuf::new(), args: Vec::new(), addr: proxy };
-    drive(&server, url_path, 100)?;
+    let name = "limiter (allocations)";
+    drive(name, proxy, url_path, 100)?;
     let (a, b) = (count()?, count()?);
     let scrape = b - a;
-    drive(&server, url_path, MANY)?;
+    drive(name, proxy, url_path, MANY)?;
     let c = count()?;
     Ok((c - b).saturating_sub(scrape) as f64 / f64::from(MANY))
 }

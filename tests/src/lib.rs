@@ -572,7 +572,15 @@ pub fn raise_fd_limit() {
 
 /// The kernel part of `limiter dump --json --pin-path DIR`.
 pub fn dump(pin_path: &Path) -> Value {
-    let out = limiter(&["dump", "--json", "--pin-path", pin_path.to_str().expect("utf-8")]);
+    dump_with(&limiter_bin(), pin_path)
+}
+
+/// [`dump`] with another build of the daemon (an older layout's).
+pub fn dump_with(bin: &Path, pin_path: &Path) -> Value {
+    let out = Command::new(bin)
+        .args(["dump", "--json", "--pin-path", pin_path.to_str().expect("utf-8")])
+        .output()
+        .expect("run limiter dump");
     assert!(out.status.success(), "dump failed: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).expect("dump --json is JSON")
 }

@@ -65,14 +65,7 @@ fn a_layout_2_gate_with_connections_held_is_migrated_in_place_by_a_second_run() 
     held.push(from(2).unwrap());
     let mut accepted = accept_n(&l, 4);
     // Read with the old binary: this one does not read layout 2.
-    let read_old = || {
-        let out = std::process::Command::new(&old_bin)
-            .args(["dump", "--json", "--pin-path", sb.pin_path.to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice::<Value>(&out.stdout).unwrap()
-    };
+    let read_old = || limiter_tests::dump_with(&old_bin, &sb.pin_path);
     wait_for("4 connections counted by the layout-2 gate", Duration::from_secs(5), || {
         port(&read_old(), p).established == 4
     });

@@ -35,7 +35,6 @@ pub struct Gate {
     config: Array<MapData, GateConfig>,
     trusted: LpmTrie<MapData, [u8; 16], u32>,
     counters: PerCpuArray<MapData, GateCounters>,
-    source_slots: u32,
     /// The source table and its change index, read by what changed.
     sources: SourceIndex,
     ifmac: HashMap<MapData, u32, IfMac>,
@@ -140,7 +139,6 @@ impl Gate {
             counters: PerCpuArray::try_from(open(map_names::COUNTERS)?).map_err(bad(map_names::COUNTERS))?,
             ifmac: HashMap::try_from(open(map_names::IFMAC)?).map_err(bad(map_names::IFMAC))?,
             config,
-            source_slots: sources.len(),
             sources: SourceIndex::new(fd(map_names::SOURCES)?, fd(map_names::SRCVER)?, sources.len()),
         })
     }
@@ -321,7 +319,7 @@ impl Gate {
 
     /// Slots in the source table.
     pub(super) fn source_slots(&self) -> u32 {
-        self.source_slots
+        self.sources.slots()
     }
 
     /// Groups with connections now (duplicate slots of one group summed),

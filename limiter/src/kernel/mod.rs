@@ -14,7 +14,8 @@
 //! - `view`: the read-only [`Snapshot`] that `dump`, `top` and `/metrics` show;
 //! - `error`: [`KernelError`] and the typed causes it carries;
 //! - [`btf`]: the struct offsets the start-up walk needs, from the kernel's
-//!   BTF; `sys`: the two `bpf(2)` calls aya does not expose.
+//!   BTF; `sys`: the `bpf(2)` calls aya does not expose, and the shared
+//!   mapping of [`shared_memory`].
 //!
 //! Layout of the pin directory (`kernel.pinPath`):
 //!
@@ -53,7 +54,7 @@ mod migrate;
 mod pins;
 pub mod shared_memory;
 mod source_index;
-#[allow(unsafe_code, reason = "the two bpf(2) calls aya does not expose; see sys.rs")]
+#[allow(unsafe_code, reason = "the bpf(2) calls aya does not expose and mmap; see sys.rs")]
 mod sys;
 mod view;
 

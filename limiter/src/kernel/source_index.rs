@@ -57,6 +57,11 @@ impl SourceIndex {
         Self { sources, versions, slots, last: Mutex::new(None) }
     }
 
+    /// Slots in the table.
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
     /// Groups with connections now (duplicate slots of one group summed).
     pub fn groups(&self) -> io::Result<(Groups, ReadCost)> {
         let mut last = self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

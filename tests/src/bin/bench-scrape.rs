@@ -73,14 +73,8 @@ fn measure(bin: &Path, slots: u32, new_build: bool) -> Result<Figures> {
     let listener = sb.listen(&format!("0.0.0.0:{PORT}"), 4096);
     let mut held: Vec<_> = (0..GROUPS).map(|g| open(&sb, &listener, g)).collect::<Result<_>>()?;
     // Read with the build under test (this one does not read layout 2).
-    let established = || -> Option<u64> {
-        let out = std::process::Command::new(bin)
-            .args(["dump", "--json", "--pin-path", sb.pin_path.to_str()?])
-            .output()
-            .ok()?;
-        let d: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-        Some(limiter_tests::port(&d, PORT).established)
-    };
+    let established =
+        || Some(limiter_tests::port(&limiter_tests::dump_with(bin, &sb.pin_path), PORT).established);
     let deadline = Instant::now() + Duration::from_secs(10);
     while established() != Some(u64::from(GROUPS)) {
         anyhow::ensure!(Instant::now() < deadline, "{GROUPS} connections counted: {:?}", established());
