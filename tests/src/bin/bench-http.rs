@@ -45,7 +45,9 @@
 //! (callgrind), system calls per request (`strace -c -f`), and limiter's
 //! allocations per request (its `count-allocations` build, from
 //! `LIMITER_BIN_COUNTING`). `BENCH_COUNTED_ONLY=1` runs (7) alone and
-//! prints it, BENCHMARKS.md untouched.
+//! prints it, BENCHMARKS.md untouched; with `BENCH_KEEP=1` too, the
+//! callgrind and strace outputs stay in the directory it names, for
+//! `callgrind_annotate`.
 //!
 //! nginx is configured fairly: one worker per core, upstream keepalive,
 //! `access_log off`. limiter runs without its kernel gate (not in the HTTP
@@ -199,7 +201,11 @@ fn main() -> Result<()> {
     fs::create_dir_all(&dir)?;
     if std::env::var_os("BENCH_COUNTED_ONLY").is_some() {
         let result = counted_alone(&dir);
-        let _ = fs::remove_dir_all(&dir);
+        if std::env::var_os("BENCH_KEEP").is_some() {
+            eprintln!("outputs kept in {}", dir.display());
+        } else {
+            let _ = fs::remove_dir_all(&dir);
+        }
         print!("{}", result?);
         return Ok(());
     }
