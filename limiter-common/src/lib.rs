@@ -21,11 +21,12 @@ use bytemuck::{Pod, Zeroable};
 /// refusals by reason and path, XDP, pre-existing connections. 3: the
 /// source table's change index ([`map_names::SRCVER`]) and the HTTP permit
 /// ledger ([`map_names::PERMITS`]); a layout-2 gate is migrated in place.
-pub const LAYOUT_VERSION: u32 = 3;
+/// 4: coupled shedding ([`map_names::SHED`], [`map_names::SHED_COUNTS`]).
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// Older layouts a daemon migrates in place when it adopts them (the maps
 /// they lack are created, the programs swapped, the version rewritten).
-pub const MIGRATES_FROM: [u32; 1] = [2];
+pub const MIGRATES_FROM: [u32; 2] = [2, 3];
 
 /// Names of the maps, as the kernel and the pin directory show them
 /// (at most 15 bytes: `BPF_OBJ_NAME_LEN`).
@@ -66,10 +67,29 @@ pub mod map_names {
     /// a count (see [`super::source::index_len`]), so a reader rereads only
     /// what changed since its last read.
     pub const SRCVER: &str = "LIMITER_SRCVER";
+    /// Array indexed by port → [`super::ShedPort`]: whether new
+    /// connections to the port are shed at the SYN (coupled shedding: the
+    /// HTTP pools are saturated), until when, and how.
+    pub const SHED: &str = "LIMITER_SHED";
+    /// Per-CPU hash [`super::PortKey`] → [`super::ShedCounts`].
+    pub const SHED_COUNTS: &str = "LIMITER_SHEDCNT";
     /// Every map of the kernel object, in the order a new gate pins them.
-    pub const ALL: [&str; 13] = [
-        CONFIG, LIMITS, LISTED, STATS, ACTIVE, REFUSED, SOCKS, SOURCES, TRUSTED, COUNTERS, WALK, IFMAC,
+    pub const ALL: [&str; 15] = [
+        CONFIG,
+        LIMITS,
+        LISTED,
+        STATS,
+        ACTIVE,
+        REFUSED,
+        SOCKS,
+        SOURCES,
+        TRUSTED,
+        COUNTERS,
+        WALK,
+        IFMAC,
         SRCVER,
+        SHED,
+        SHED_COUNTS,
     ];
     /// The HTTP permit ledger: a memory-mapped array the daemons serving
     /// one gate share (no kernel program reads it), created by the daemon.
@@ -162,7 +182,8 @@ pub const MAX_PORTS: u32 = 65_536;
 /// `PortLimit::flags` bit: count would-be refusals, refuse nothing.
 pub const LIMIT_FLAG_DRY_RUN: u32 = 1;
 
-/// Refusal reasons: index into [`Refusals`] arrays.
+/// Refusal reasons: index into [`Refusals`] arrays (the limits' reasons),
+/// then the coupled shedding's, counted in [`ShedCounts`].
 pub mod reason {
     /// The port has `max_established` connections.
     pub const PORT: usize = 0;
@@ -170,10 +191,50 @@ pub mod reason {
     pub const SOURCE: usize = 1;
     /// The client's group is new and the source table has no slot for it.
     pub const TABLE: usize = 2;
-    /// Number of reasons.
+    /// Number of the limits' reasons (the shape of [`super::Refusals`]).
     pub const COUNT: usize = 3;
+    /// The HTTP pools are saturated and the daemon sheds new connections
+    /// to its listening ports ([`super::ShedPort`]).
+    pub const SHED: usize = 3;
+    /// Number of reasons readers show.
+    pub const REPORTED: usize = 4;
     /// Names, as metrics and dumps show them.
-    pub const NAMES: [&str; COUNT] = ["port_full", "source_full", "source_table_full"];
+    pub const NAMES: [&str; REPORTED] = ["port_full", "source_full", "source_table_full", "shed"];
+}
+
+/// `ShedPort::flags` bit: count would-be shedding, refuse nothing.
+pub const SHED_FLAG_DRY_RUN: u32 = 1;
+
+/// Coupled shedding of one port, written only by the daemon. The programs
+/// shed a new connection to the port while `bpf_ktime_get_boot_ns()` is
+/// below `until_boot_ns`: a deadline the daemon keeps renewing while it
+/// sheds, so a daemon that dies leaves the port open again within one
+/// lease, never shedding for ever.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ShedPort {
+    /// `CLOCK_BOOTTIME` nanoseconds; 0: not shedding.
+    pub until_boot_ns: u64,
+    /// `SHED_FLAG_*` bits.
+    pub flags: u32,
+    /// One connection attempt in this many is admitted as a probe (chosen
+    /// by a keyed hash of the client's address and port, so XDP and
+    /// `sk_lookup` agree on it); 0: none.
+    pub probe_one_in: u32,
+}
+
+/// What the coupled shedding did on one port, kept per CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ShedCounts {
+    /// Connection attempts shed, by path ([`path`]).
+    pub refused: [u64; path::COUNT],
+    /// Attempts that would have been shed (dry-run).
+    pub would_refuse: u64,
+    /// Attempts admitted as probes while shedding.
+    pub probes: u64,
+    /// Attempts from trusted prefixes admitted while shedding.
+    pub trusted_admitted: u64,
 }
 
 /// Where a refusal happened: index into [`Refusals::refused`].
@@ -586,6 +647,8 @@ const _: () = {
     assert!(size_of::<TrustedKey>() == 20);
     assert!(size_of::<SockOffsets>() == 40);
     assert!(size_of::<IfMac>() == 8);
+    assert!(size_of::<ShedPort>() == 16);
+    assert!(size_of::<ShedCounts>() == 40);
     assert!(align_of::<PortStats>() == 8);
     assert!(align_of::<SourceSlot>() == 8);
 };
@@ -622,6 +685,10 @@ mod user {
     unsafe impl aya::Pod for SockOffsets {}
     // SAFETY: as above.
     unsafe impl aya::Pod for IfMac {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for ShedPort {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for ShedCounts {}
 }
 
 #[cfg(test)]

@@ -7,12 +7,24 @@
 //! client passes a full port while the port is under its limit plus
 //! `trusted_reserve`, and passes per-source caps. Dry-run ports count what
 //! they would refuse and refuse nothing.
+//!
+//! Then the coupled shedding ([`ShedPort`]): while the daemon has raised a
+//! port's flag and its deadline has not passed, a new connection the
+//! limits admit is shed (reason `shed`), except one in `probe_one_in`
+//! (by a keyed hash of the client's address and port, so the XDP and
+//! `sk_lookup` programs pick the same probes) and any from a trusted
+//! prefix. A dry-run flag counts what it would shed.
 
-use aya_ebpf::{bindings::BPF_NOEXIST, btf_maps::lpm_trie::Key};
-use limiter_common::{LIMIT_FLAG_DRY_RUN, Port, PortKey, Refusals, SourceKey, reason, source};
+use aya_ebpf::{bindings::BPF_NOEXIST, btf_maps::lpm_trie::Key, helpers::generated::bpf_ktime_get_boot_ns};
+use limiter_common::{
+    LIMIT_FLAG_DRY_RUN, Port, PortKey, Refusals, SHED_FLAG_DRY_RUN, ShedCounts, SourceKey, reason, source,
+};
 
 use crate::{
-    maps::{LIMITER_CONFIG, LIMITER_LIMITS, LIMITER_REFUSED, LIMITER_STATS, LIMITER_TRUSTED},
+    maps::{
+        LIMITER_CONFIG, LIMITER_LIMITS, LIMITER_REFUSED, LIMITER_SHED, LIMITER_SHEDCNT, LIMITER_STATS,
+        LIMITER_TRUSTED,
+    },
     sources,
 };
 
@@ -31,6 +43,17 @@ impl Client {
             Self::V4(a) => source::key_v4(a, port, prefix_v4),
             Self::V6(a) => source::key_v6(a, port, prefix_v4, prefix_v6),
         }
+    }
+
+    /// The attempt's keyed hash: the client's whole address and its port
+    /// (`sport`, host order).
+    #[inline(always)]
+    fn attempt_hash(&self, sport: u16, seed: u32) -> u32 {
+        let key = match *self {
+            Self::V4(a) => source::key_v4(a, Port::from_host(u32::from(sport)), 32),
+            Self::V6(a) => source::key_v6(a, Port::from_host(u32::from(sport)), 32, 128),
+        };
+        source::hash(&key, seed)
     }
 
     #[inline(always)]
@@ -55,12 +78,67 @@ impl Client {
 
 const NONE: usize = usize::MAX;
 
-/// Decides an attempt to open a connection to local `port` from `client`.
-/// Returns the refusal reason to refuse. On `sk_lookup` the refusal (or
-/// would-be refusal, trusted admission) is counted here; XDP counts its
-/// refusal with [`count_refusal`] once the RST is on its way.
+/// Decides an attempt to open a connection to local `port` from `client`
+/// (its port `sport`, host order). Returns the refusal reason to refuse.
+/// On `sk_lookup` the refusal (or would-be refusal, trusted admission,
+/// probe) is counted here; XDP counts its refusal with [`count_refusal`]
+/// once the RST is on its way.
 #[inline(always)]
-pub fn refuse(port: Port, client: &Client, path: usize) -> Option<usize> {
+pub fn refuse(port: Port, client: &Client, sport: u16, path: usize) -> Option<usize> {
+    if let Some(why) = by_limits(port, client, path) {
+        return Some(why);
+    }
+    shed(port, client, sport, path)
+}
+
+/// The coupled shedding's decision, for an attempt the limits admit.
+#[inline(always)]
+fn shed(port: Port, client: &Client, sport: u16, path: usize) -> Option<usize> {
+    let shed = LIMITER_SHED.get(port.index())?;
+    if shed.until_boot_ns == 0 {
+        // Not shedding: the common case, one array load.
+        return None;
+    }
+    // SAFETY: a helper without arguments.
+    if unsafe { bpf_ktime_get_boot_ns() } >= shed.until_boot_ns {
+        // The daemon stopped renewing: the port is open again.
+        return None;
+    }
+    let config = LIMITER_CONFIG.get(0)?;
+    // Only sk_lookup counts what it lets through: XDP passes it on to
+    // sk_lookup, which decides the same way and counts it once.
+    let counted = path != limiter_common::path::XDP;
+    let key = PortKey::new(port.get());
+    if shed.probe_one_in != 0 && client.attempt_hash(sport, config.hash_seed) % shed.probe_one_in == 0 {
+        if counted && let Some(c) = shed_counts_for(key) {
+            // SAFETY: this CPU's own per-CPU value.
+            unsafe { (*c).probes += 1 };
+        }
+        return None;
+    }
+    if config.trusted_count != 0 && client.trusted() {
+        if counted && let Some(c) = shed_counts_for(key) {
+            // SAFETY: as above.
+            unsafe { (*c).trusted_admitted += 1 };
+        }
+        return None;
+    }
+    if shed.flags & SHED_FLAG_DRY_RUN != 0 {
+        if counted && let Some(c) = shed_counts_for(key) {
+            // SAFETY: as above.
+            unsafe { (*c).would_refuse += 1 };
+        }
+        return None;
+    }
+    if counted {
+        count_refusal(port, path, reason::SHED);
+    }
+    Some(reason::SHED)
+}
+
+/// The limits' decision (port cap, per-source cap, trusted, dry-run).
+#[inline(always)]
+fn by_limits(port: Port, client: &Client, path: usize) -> Option<usize> {
     let limit = LIMITER_LIMITS.get(port.index())?;
     if !limit.enforced() {
         // Not enforced: the common case for most ports, one array load.
@@ -130,6 +208,17 @@ pub fn refuse(port: Port, client: &Client, path: usize) -> Option<usize> {
 /// Counts one refusal of `port` for reason `why` on `path`.
 #[inline(always)]
 pub fn count_refusal(port: Port, path: usize, why: usize) {
+    if why == reason::SHED {
+        if let Some(c) = shed_counts_for(PortKey::new(port.get())) {
+            // SAFETY: this CPU's own per-CPU value; the index is checked.
+            unsafe {
+                if let Some(n) = (*c).refused.get_mut(path) {
+                    *n += 1;
+                }
+            }
+        }
+        return;
+    }
     if let Some(r) = refusals_for(PortKey::new(port.get())) {
         // This CPU's own counter: a plain add, no other CPU writes it and
         // the program cannot migrate while it runs.
@@ -149,4 +238,12 @@ fn refusals_for(key: PortKey) -> Option<*mut Refusals> {
     // First refusal on this port (another CPU may insert at the same time).
     let _ = LIMITER_REFUSED.insert(key, Refusals::default(), BPF_NOEXIST.into());
     LIMITER_REFUSED.get_ptr_mut(key)
+}
+
+fn shed_counts_for(key: PortKey) -> Option<*mut ShedCounts> {
+    if let Some(c) = LIMITER_SHEDCNT.get_ptr_mut(key) {
+        return Some(c);
+    }
+    let _ = LIMITER_SHEDCNT.insert(key, ShedCounts::default(), BPF_NOEXIST.into());
+    LIMITER_SHEDCNT.get_ptr_mut(key)
 }

@@ -9,8 +9,8 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use limiter_common::{
-    GateConfig, GateCounters, IfMac, MAX_PORTS, PortKey, PortLimit, PortStats, Refusals, SockMark,
-    SourceSlot, source,
+    GateConfig, GateCounters, IfMac, MAX_PORTS, PortKey, PortLimit, PortStats, Refusals, ShedCounts,
+    ShedPort, SockMark, SourceSlot, source,
 };
 
 /// Limit of every port, indexed by port; written only by the daemon.
@@ -33,6 +33,16 @@ pub static LIMITER_ACTIVE: HashMap<PortKey, u32, { MAX_PORTS as usize }> = HashM
 /// Refusals per port, per CPU (see [`Refusals`]).
 #[btf_map]
 pub static LIMITER_REFUSED: PerCpuHashMap<PortKey, Refusals, { MAX_PORTS as usize }> = PerCpuHashMap::new();
+
+/// Coupled shedding of every port, indexed by port; written only by the
+/// daemon (an all-zero value: not shedding).
+#[btf_map]
+pub static LIMITER_SHED: Array<ShedPort, { MAX_PORTS as usize }> = Array::new();
+
+/// What the shedding did per port, per CPU (only the proxy's listening
+/// ports are ever shed).
+#[btf_map]
+pub static LIMITER_SHEDCNT: PerCpuHashMap<PortKey, ShedCounts, 1024> = PerCpuHashMap::new();
 
 /// Index 0: the gate's configuration.
 #[btf_map]

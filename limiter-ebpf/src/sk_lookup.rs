@@ -43,8 +43,10 @@ pub fn limiter_refuse(ctx: SkLookupContext) -> u32 {
             ])
         }
     };
+    // SAFETY: as above; remote_port is a __be16.
+    let sport = u16::from_be(unsafe { ptr::addr_of!((*ctx.lookup).remote_port).read_volatile() });
     // local_port is host order in sk_lookup (DESIGN.md).
-    if gate::refuse(Port::from_host(local_port), &client, path::SK_LOOKUP).is_some() {
+    if gate::refuse(Port::from_host(local_port), &client, sport, path::SK_LOOKUP).is_some() {
         SK_DROP
     } else {
         SK_PASS

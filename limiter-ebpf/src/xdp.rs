@@ -52,7 +52,7 @@ pub fn limiter_xdp(ctx: XdpContext) -> u32 {
     let Some(syn) = syn(&ctx) else {
         return XDP_PASS;
     };
-    let Some(why) = gate::refuse(syn.dport, &syn.client, path::XDP) else {
+    let Some(why) = gate::refuse(syn.dport, &syn.client, syn.sport.get(), path::XDP) else {
         return XDP_PASS;
     };
     if !for_this_host(&ctx, &syn) {

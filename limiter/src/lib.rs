@@ -14,6 +14,8 @@
 //! - [`proxy`]: the HTTP/1.1 reverse proxy (server, per-request pipeline,
 //!   forwarding, responses);
 //! - [`admission`]: HTTP permits (pools, sessions, web clients);
+//! - [`shedding`]: when coupled shedding starts and stops (the hysteresis;
+//!   `daemon::shedding` samples the pools and raises the kernel flags);
 //! - [`breaker`]: the circuit breaker in front of the upstream (no I/O,
 //!   injected clock), its ticket and event sink;
 //! - [`kernel`]: the eBPF gate (load, pin, adopt, swap, unload, maps,
@@ -42,5 +44,6 @@ pub mod histogram;
 pub mod kernel;
 pub mod metrics;
 pub mod proxy;
+pub mod shedding;
 pub mod tls;
 pub mod utc;

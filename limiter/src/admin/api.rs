@@ -66,6 +66,29 @@ pub struct HttpStatus {
     /// `h1+tls`, `h2+tls`, `h2c`), in that order.
     #[serde(default)]
     pub requests_by_proto: Vec<(String, u64)>,
+    /// Coupled shedding (`http.shedAtSyn`); `None`: no kernel gate.
+    #[serde(default)]
+    pub shedding: Option<ShedStatus>,
+}
+
+/// The coupled shedding's controller, as `/status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShedStatus {
+    /// `http.shedAtSyn` in force.
+    pub enabled: bool,
+    /// Shedding new connections at the SYN now.
+    pub active: bool,
+    /// Counting what it would shed, shedding nothing.
+    pub dry_run: bool,
+    /// The proxy's listening ports, the ones shed.
+    pub ports: Vec<u16>,
+    /// When the shedding now in force started.
+    pub since_unix_ms: Option<u64>,
+    /// One new connection in this many is admitted while shedding.
+    pub probe_one_in: u32,
+    /// Times shedding started and stopped since the daemon started.
+    pub started: u64,
+    pub stopped: u64,
 }
 
 impl HttpStatus {

@@ -132,16 +132,36 @@ pub fn table(snap: Option<&Snapshot>, daemon: &DaemonView) -> String {
         let by = if r.dry_run { &r.would_refuse_by } else { &r.refused_by };
         let _ = writeln!(
             out,
-            "  port {}: {}port_full {}, source_full {}, source_table_full {}; at the driver (xdp) {}, in the stack (sk_lookup) {}; trusted admitted past a cap {}",
+            "  port {}: {}port_full {}, source_full {}, source_table_full {}, shed {}; at the driver (xdp) {}, in the stack (sk_lookup) {}; trusted admitted past a cap or shedding {}",
             r.port,
             if r.dry_run { "would refuse: " } else { "refused: " },
             by.port_full,
             by.source_full,
             by.source_table_full,
+            by.shed,
             r.refused_by.xdp,
             r.refused_by.sk_lookup,
             r.trusted_admitted
         );
+    }
+    for r in &snap.ports {
+        if let Some(s) = &r.shedding {
+            let state = if s.expires_in_ms == 0 {
+                "lapsed (its daemon stopped renewing it): not shedding".to_owned()
+            } else {
+                format!(
+                    "{} new connections at the SYN, lease {} ms left, one in {} admitted as a probe",
+                    if s.dry_run { "would shed (dry-run)" } else { "SHEDDING" },
+                    s.expires_in_ms,
+                    s.probe_one_in
+                )
+            };
+            let _ = writeln!(
+                out,
+                "  port {}: shedding flag {state}; shed so far {}, would shed {}, probes {}",
+                r.port, r.refused_by.shed, r.would_refuse_by.shed, r.shed_probes
+            );
+        }
     }
     if !snap.top_sources.is_empty() {
         let _ = writeln!(
@@ -205,6 +225,9 @@ fn pools(http: &HttpStatus) -> String {
         http.buffered_bytes, http.bodies_receiving, http.refused_buffer_full
     ));
     out.push_str(&format!("http upstream: {}\n", http.upstream));
+    if let Some(s) = &http.shedding {
+        out.push_str(&format!("shedding at the SYN: {}\n", shed_summary(s)));
+    }
     out.push_str(&format!("http requests by protocol: {}\n", http.protocols(|_, n| n.to_string())));
     let b = &http.breaker;
     let next =
@@ -229,4 +252,20 @@ pub fn breaker_summary(b: &crate::breaker::Snapshot) -> String {
         b.error_rate * 100.0,
         b.trips,
     )
+}
+
+/// One line on the coupled shedding's controller, for `dump` and `top`.
+pub fn shed_summary(s: &crate::admin::api::ShedStatus) -> String {
+    let ports: Vec<String> = s.ports.iter().map(ToString::to_string).collect();
+    let state = match (s.enabled, s.active) {
+        (false, _) => "off (http.shedAtSyn = false)".to_owned(),
+        (true, false) => "armed, not shedding".to_owned(),
+        (true, true) => format!(
+            "{} new connections to port {} since unix ms {}",
+            if s.dry_run { "WOULD SHED (dry-run)" } else { "SHEDDING" },
+            ports.join(", "),
+            s.since_unix_ms.unwrap_or(0)
+        ),
+    };
+    format!("{state}; started {} times, stopped {}", s.started, s.stopped)
 }

@@ -129,6 +129,9 @@ pub fn render(cur: &Sample, prev: Option<&Sample>) -> Vec<String> {
             http.protocols(|p, n| rate(n, before_proto(p), secs))
         )));
         out.push(fit(format!("breaker {}", dump::breaker_summary(&http.breaker))));
+        if let Some(s) = &http.shedding {
+            out.push(fit(format!("shedding at the SYN: {}", dump::shed_summary(s))));
+        }
     }
     out
 }

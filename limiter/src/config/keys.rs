@@ -301,6 +301,27 @@ pub static KEYS: &[Key] = &[
         set: plain!(|c, v| c.http.dry_run = boolean(v)?),
     },
     Key {
+        name: "http.shedAtSyn",
+        default: DefaultValue::Value("false"),
+        reload: Reload::Live,
+        doc: "while the normal pool keeps refusing, the kernel gate refuses new connections to the proxy's ports at the SYN (needs kernel.enabled)",
+        set: plain!(|c, v| c.http.shed_at_syn = boolean(v)?),
+    },
+    Key {
+        name: "http.shedAfterMs",
+        default: DefaultValue::Value("200"),
+        reload: Reload::Live,
+        doc: "how long the normal pool must have been refusing (full, or the breaker open) before shedding starts",
+        set: plain!(|c, v| c.http.shed_after_ms = ms(v, 10)?),
+    },
+    Key {
+        name: "http.shedReleaseMs",
+        default: DefaultValue::Value("1000"),
+        reload: Reload::Live,
+        doc: "how long the normal pool must have refused nothing before shedding stops",
+        set: plain!(|c, v| c.http.shed_release_ms = ms(v, 10)?),
+    },
+    Key {
         name: "http.headerReadTimeoutMs",
         default: DefaultValue::Value("10000"),
         reload: Reload::Live,

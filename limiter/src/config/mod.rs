@@ -222,6 +222,14 @@ pub struct HttpConfig {
     pub upstream: Option<Upstream>,
     /// Count would-be refusals, refuse nothing (`http.dryRun`).
     pub dry_run: bool,
+    /// Coupled shedding (`http.shedAtSyn`): while the normal pool keeps
+    /// refusing, the kernel gate sheds new connections to the proxy's
+    /// listening ports at the SYN.
+    pub shed_at_syn: bool,
+    /// Refusing this long starts the shedding (`http.shedAfterMs`).
+    pub shed_after_ms: u64,
+    /// Refusing nothing this long stops it (`http.shedReleaseMs`).
+    pub shed_release_ms: u64,
     /// A client must deliver a complete request head within this long of
     /// the connection being ready for one.
     pub header_read_timeout_ms: u64,
@@ -532,6 +540,18 @@ impl Config {
             return Err((
                 "http.tls.listen".into(),
                 "needs http.upstream (without it there is no proxy)".into(),
+            ));
+        }
+        if self.http.shed_at_syn && self.http.upstream.is_none() {
+            return Err((
+                "http.shedAtSyn".into(),
+                "needs http.upstream (without it there is no proxy to shed for)".into(),
+            ));
+        }
+        if self.http.shed_at_syn && !self.kernel.enabled {
+            return Err((
+                "http.shedAtSyn".into(),
+                "needs kernel.enabled = true (the kernel gate refuses the SYNs)".into(),
             ));
         }
         self.check_own_connections()?;

@@ -40,6 +40,8 @@ pub struct Daemon {
     /// The gate was detached under the running daemon (`limiter unload
     /// --force`): `/healthz` answers 503.
     pub(super) gate_lost: AtomicBool,
+    /// The coupled shedding's controller (with a gate and a proxy).
+    pub(super) shedding: Option<Arc<super::shedding::Status>>,
 }
 
 impl Daemon {
@@ -94,6 +96,9 @@ impl Control for Daemon {
             );
             metrics::http::write_front_door(&mut page, &proxy.counters, &proxy.access_log.stats);
             metrics::breaker::write(&mut page, &proxy.breaker.snapshot());
+            if let Some(s) = &self.shedding {
+                metrics::http::write_shedding(&mut page, &s.view());
+            }
         }
         Ok(page.finish())
     }
@@ -123,6 +128,7 @@ impl Control for Daemon {
                     (proto.as_str().to_owned(), n)
                 })
                 .collect(),
+            shedding: self.shedding.as_ref().map(|s| s.view()),
         });
         let config = self.config.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         Ok(Status {

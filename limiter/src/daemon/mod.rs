@@ -11,6 +11,8 @@
 //! - [`control`]: the [`Daemon`] the admin listener controls;
 //! - [`reload`]: applying a re-read configuration, whole or not at all;
 //! - [`gate`]: the kernel gate as the daemon holds it;
+//! - [`shedding`]: coupled shedding, the kernel flags raised while the
+//!   HTTP pools keep refusing;
 //! - [`privileges`], [`logging`], [`signals`]: process set-up.
 
 pub mod activation;
@@ -21,6 +23,7 @@ pub mod logging;
 pub mod notify;
 pub mod privileges;
 pub mod reload;
+pub mod shedding;
 pub mod signals;
 
 use std::{
@@ -232,6 +235,29 @@ pub async fn run(
     }
 
     let pin_path = config.kernel.pin_path.clone();
+    // Coupled shedding needs the gate (its programs refuse the SYNs) and
+    // the proxy (its pools say when); it runs whenever both do, so a
+    // reload can switch http.shedAtSyn on.
+    let shed = match (&gate, &proxy, &http_listeners) {
+        (Some(_), Some(_), Some(listeners)) => {
+            let mut ports: Vec<u16> = listeners
+                .plain
+                .iter()
+                .chain(listeners.tls.iter().flatten())
+                .filter_map(|l| l.local_addr().ok().map(|a| a.port()))
+                .collect();
+            ports.sort_unstable();
+            ports.dedup();
+            match kernel::shed::ShedFlags::open(&pin_path) {
+                Ok(flags) => Some((flags, shedding::Status::new(ports))),
+                Err(e) => {
+                    tracing::error!(error = %e, "coupled shedding unavailable: cannot open the kernel's shedding flags");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
     let daemon = Arc::new(Daemon {
         config_path: options.config_path.clone(),
         draining: AtomicBool::new(false),
@@ -242,7 +268,14 @@ pub async fn run(
         reloads_ok: AtomicU64::new(0),
         reloads_failed: AtomicU64::new(0),
         gate_lost: AtomicBool::new(false),
+        shedding: shed.as_ref().map(|(_, s)| s.clone()),
     });
+    let shed_task = match (shed, &proxy) {
+        (Some((flags, status)), Some(proxy)) => {
+            Some(tokio::spawn(shedding::run(daemon.clone(), proxy.clone(), flags, status)))
+        }
+        _ => None,
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
     let metrics_task = match metrics.map(TcpListener::from_std).transpose() {
@@ -309,6 +342,10 @@ pub async fn run(
         );
     }
     let _ = stop_tx.send(true);
+    // The controller sees the drain on its next tick and lowers its flags.
+    if let Some(task) = shed_task {
+        let _ = task.await;
+    }
     let started = Instant::now();
     let _ = tokio::task::spawn_blocking(move || workers.into_iter().for_each(|w| drop(w.join()))).await;
     if let Some(proxy) = &proxy {

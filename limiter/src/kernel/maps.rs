@@ -15,7 +15,7 @@ use aya::maps::{
 };
 use limiter_common::{
     GateConfig, GateCounters, IfMac, LAYOUT_VERSION, LIMIT_FLAG_DRY_RUN, MIGRATES_FROM, PortKey, PortLimit,
-    PortStats, Refusals, SourceSlot, map_names,
+    PortStats, Refusals, ShedCounts, ShedPort, SourceSlot, map_names,
 };
 
 use super::{
@@ -38,6 +38,10 @@ pub struct Gate {
     /// The source table and its change index, read by what changed.
     sources: SourceIndex,
     ifmac: HashMap<MapData, u32, IfMac>,
+    /// Read here for the views; the daemon writes through its own
+    /// handle (`shed::ShedFlags`).
+    shed: Array<MapData, ShedPort>,
+    shed_counts: PerCpuHashMap<MapData, PortKey, ShedCounts>,
 }
 
 impl std::fmt::Debug for Gate {
@@ -138,6 +142,9 @@ impl Gate {
             trusted: LpmTrie::try_from(open(map_names::TRUSTED)?).map_err(bad(map_names::TRUSTED))?,
             counters: PerCpuArray::try_from(open(map_names::COUNTERS)?).map_err(bad(map_names::COUNTERS))?,
             ifmac: HashMap::try_from(open(map_names::IFMAC)?).map_err(bad(map_names::IFMAC))?,
+            shed: Array::try_from(open(map_names::SHED)?).map_err(bad(map_names::SHED))?,
+            shed_counts: PerCpuHashMap::try_from(open(map_names::SHED_COUNTS)?)
+                .map_err(bad(map_names::SHED_COUNTS))?,
             config,
             sources: SourceIndex::new(fd(map_names::SOURCES)?, fd(map_names::SRCVER)?, sources.len()),
         })
@@ -302,6 +309,32 @@ impl Gate {
         Ok(out)
     }
 
+    /// What the shedding did, per port (the CPUs summed).
+    pub(super) fn shed_counts(&self) -> Result<BTreeMap<u16, ShedCounts>, KernelError> {
+        let mut out = BTreeMap::new();
+        for item in self.shed_counts.iter() {
+            let (key, per_cpu) = item.map_err(KernelError::map("reading the shedding counters"))?;
+            let mut sum = ShedCounts::default();
+            for c in per_cpu.iter() {
+                for (s, n) in sum.refused.iter_mut().zip(c.refused) {
+                    *s += n;
+                }
+                sum.would_refuse += c.would_refuse;
+                sum.probes += c.probes;
+                sum.trusted_admitted += c.trusted_admitted;
+            }
+            out.insert(key.port, sum);
+        }
+        Ok(out)
+    }
+
+    /// The shedding flag of `port` as the programs read it.
+    pub(super) fn shed_flag(&self, port: u16) -> Result<ShedPort, KernelError> {
+        self.shed
+            .get(&u32::from(port), 0)
+            .map_err(KernelError::map(format!("reading the shedding flag of port {port}")))
+    }
+
     /// Ports that ever had a connection counted.
     pub(super) fn active_ports(&self) -> Result<Vec<u16>, KernelError> {
         self.active
@@ -331,7 +364,7 @@ impl Gate {
 }
 
 /// Opens the map `name` pinned in `pin_dir`.
-fn open_pinned(pin_dir: &Path, name: &'static str) -> Result<Map, KernelError> {
+pub(super) fn open_pinned(pin_dir: &Path, name: &'static str) -> Result<Map, KernelError> {
     let incompatible =
         |why| KernelError::IncompatiblePins { pin_dir: pin_dir.to_path_buf(), why: Box::new(why) };
     let data = MapData::from_pin(pin_dir.join(name)).map_err(|e| match e {

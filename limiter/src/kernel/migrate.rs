@@ -13,6 +13,8 @@
 //! | from | to | what is added |
 //! |---|---|---|
 //! | 2 | 3 | `LIMITER_SRCVER` (the source table's change counters; readers read the whole table once), `LIMITER_PERMITS` (the HTTP permit ledger, see `ledger`) |
+//! | 3 | 4 | `LIMITER_SHED`, `LIMITER_SHEDCNT` (coupled shedding: flags lowered, nothing counted) |
+//! | 2 | 4 | both rows above |
 
 use std::path::Path;
 

@@ -9,6 +9,8 @@
 //! - `maps`: [`Gate`], the map handles and every read and write;
 //! - `source_index`: reading the source table by what changed;
 //! - `migrate`: pinned layouts older than this binary's, migrated in place;
+//! - [`shed`]: the coupled shedding's per-port flags (raised by the
+//!   daemon while its HTTP pools are saturated) and their lease;
 //! - [`shared_memory`]: memory the daemons serving one gate share (the
 //!   HTTP permit ledger of `admission::ledger`);
 //! - `view`: the read-only [`Snapshot`] that `dump`, `top` and `/metrics` show;
@@ -34,6 +36,8 @@
 //! | `LIMITER_COUNTS` | per-CPU array, index 0: [`GateCounters`](limiter_common::GateCounters) |
 //! | `LIMITER_WALK` | array, index port → `u32`: scratch of the start-up walk |
 //! | `LIMITER_SRCVER` | array of `u64`: change counters over the source table (`source_index`) |
+//! | `LIMITER_SHED` | array, index port → [`ShedPort`](limiter_common::ShedPort): coupled shedding's flag (a deadline), read on every SYN |
+//! | `LIMITER_SHEDCNT` | per-CPU hash `PortKey` → [`ShedCounts`](limiter_common::ShedCounts): what the shedding did |
 //! | `LIMITER_PERMITS` | memory-mapped array, index 0: the HTTP permit ledger of the daemons serving the gate (`admission::ledger`) |
 //! | `link_sock_ops` | bpf link: `limiter_count` on the cgroup |
 //! | `link_sk_lookup` | bpf link: `limiter_refuse` on the network namespace |
@@ -53,6 +57,7 @@ mod maps;
 mod migrate;
 mod pins;
 pub mod shared_memory;
+pub mod shed;
 mod source_index;
 #[allow(unsafe_code, reason = "the bpf(2) calls aya does not expose and mmap; see sys.rs")]
 mod sys;

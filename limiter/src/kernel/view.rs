@@ -4,7 +4,8 @@
 use std::{collections::BTreeMap, path::PathBuf};
 
 use limiter_common::{
-    GateConfig, LIMIT_FLAG_DRY_RUN, PortLimit, PortStats, Refusals, SourceKey, path, reason,
+    GateConfig, LIMIT_FLAG_DRY_RUN, PortLimit, PortStats, Refusals, SHED_FLAG_DRY_RUN, ShedCounts, ShedPort,
+    SourceKey, path, reason,
 };
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +23,9 @@ pub struct RefusalRow {
     pub port_full: u64,
     pub source_full: u64,
     pub source_table_full: u64,
+    /// Shed at the SYN while the HTTP pools were saturated.
+    #[serde(default)]
+    pub shed: u64,
     pub sk_lookup: u64,
     pub xdp: u64,
 }
@@ -41,15 +45,34 @@ pub struct PortRow {
     /// All refusals (both paths, every reason).
     pub refused: u64,
     pub refused_by: RefusalRow,
-    /// Refusals by `[path][reason]` (`limiter_common::path`, `reason`).
-    pub refused_matrix: [[u64; reason::COUNT]; path::COUNT],
+    /// Refusals by `[path][reason]` (`limiter_common::path`, `reason`;
+    /// every reported reason, `shed` included).
+    pub refused_matrix: [[u64; reason::REPORTED]; path::COUNT],
     /// Would-be refusals of a dry-run port, every reason.
     pub would_refuse: u64,
     pub would_refuse_by: RefusalRow,
-    /// Attempts from trusted prefixes admitted past a cap.
+    /// Attempts from trusted prefixes admitted past a cap or while the
+    /// port was shedding.
     pub trusted_admitted: u64,
     /// Client groups with connections on this port now.
     pub sources: u64,
+    /// The coupled shedding's flag on this port, when raised.
+    #[serde(default)]
+    pub shedding: Option<ShedRow>,
+    /// Attempts admitted as probes while the port was shedding.
+    #[serde(default)]
+    pub shed_probes: u64,
+}
+
+/// A raised shedding flag, as the programs read it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShedRow {
+    /// Milliseconds until the flag lapses unless renewed; 0: lapsed (the
+    /// daemon that raised it stopped renewing it), so nothing is shed.
+    pub expires_in_ms: u64,
+    pub dry_run: bool,
+    /// One attempt in this many is admitted as a probe.
+    pub probe_one_in: u32,
 }
 
 /// One pinned link and the program behind it.
@@ -103,6 +126,7 @@ impl Gate {
         let config = self.config()?;
         let limits = self.limits()?;
         let refusals = self.refusals()?;
+        let shed = self.shed_counts()?;
         let counters = self.counters()?;
         let ((groups, slots_used), cost) = self.source_groups()?;
         let mut sources_per_port: BTreeMap<u16, u64> = BTreeMap::new();
@@ -110,13 +134,14 @@ impl Gate {
             *sources_per_port.entry(key.port).or_default() += 1;
         }
         let mut ports = self.active_ports()?;
-        ports.extend(limits.keys().chain(refusals.keys()));
+        ports.extend(limits.keys().chain(refusals.keys()).chain(shed.keys()));
         ports.sort_unstable();
         ports.dedup();
         let mut rows = Vec::with_capacity(ports.len());
         for port in ports {
             let mut row = row(port, limits.get(&port), &self.port_stats(port)?, refusals.get(&port));
             row.sources = sources_per_port.get(&port).copied().unwrap_or(0);
+            add_shedding(&mut row, &self.shed_flag(port)?, shed.get(&port), super::shed::boot_ns());
             rows.push(row);
         }
         Ok(Snapshot {
@@ -204,21 +229,52 @@ fn row(port: u16, limit: Option<&PortLimit>, s: &PortStats, r: Option<&Refusals>
             port_full: r.by_reason(reason::PORT),
             source_full: r.by_reason(reason::SOURCE),
             source_table_full: r.by_reason(reason::TABLE),
+            shed: 0,
             sk_lookup: r.by_path(path::SK_LOOKUP),
             xdp: r.by_path(path::XDP),
         },
-        refused_matrix: std::array::from_fn(|p| std::array::from_fn(|q| r.refused[p * reason::COUNT + q])),
+        refused_matrix: std::array::from_fn(|p| {
+            std::array::from_fn(|q| if q < reason::COUNT { r.refused[p * reason::COUNT + q] } else { 0 })
+        }),
         would_refuse: r.would_refuse.iter().sum(),
         would_refuse_by: RefusalRow {
             port_full: r.would_refuse[reason::PORT],
             source_full: r.would_refuse[reason::SOURCE],
             source_table_full: r.would_refuse[reason::TABLE],
+            shed: 0,
             sk_lookup: 0,
             xdp: 0,
         },
         trusted_admitted: r.trusted_admitted,
         sources: 0,
+        shedding: None,
+        shed_probes: 0,
     }
+}
+
+/// Adds what the coupled shedding did on the row's port, and its flag if
+/// raised (`now`: `CLOCK_BOOTTIME` nanoseconds).
+fn add_shedding(row: &mut PortRow, flag: &ShedPort, counts: Option<&ShedCounts>, now: u64) {
+    if flag.until_boot_ns != 0 {
+        row.shedding = Some(ShedRow {
+            expires_in_ms: flag.until_boot_ns.saturating_sub(now) / 1_000_000,
+            dry_run: flag.flags & SHED_FLAG_DRY_RUN != 0,
+            probe_one_in: flag.probe_one_in,
+        });
+    }
+    let Some(c) = counts else { return };
+    let shed: u64 = c.refused.iter().sum();
+    row.refused += shed;
+    row.refused_by.shed = shed;
+    row.refused_by.sk_lookup += c.refused[path::SK_LOOKUP];
+    row.refused_by.xdp += c.refused[path::XDP];
+    for (p, n) in c.refused.iter().enumerate() {
+        row.refused_matrix[p][reason::SHED] = *n;
+    }
+    row.would_refuse += c.would_refuse;
+    row.would_refuse_by.shed = c.would_refuse;
+    row.trusted_admitted += c.trusted_admitted;
+    row.shed_probes = c.probes;
 }
 
 #[cfg(test)]

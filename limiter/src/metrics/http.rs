@@ -238,3 +238,21 @@ pub fn write(page: &mut Page, a: &admission::Snapshot, c: &Counters, buffered_by
         &c.time_to_503,
     );
 }
+
+/// The coupled shedding's controller (`http.shedAtSyn`); the kernel's
+/// side (what was shed, the flags) is in the kernel families.
+pub fn write_shedding(page: &mut Page, s: &crate::admin::api::ShedStatus) {
+    page.family(
+        "limiter_http_shedding",
+        "gauge",
+        "1 while the normal pool keeps refusing and new connections to the proxy's ports are shed at the SYN.",
+    )
+    .sample("limiter_http_shedding", &[], u8::from(s.active));
+    page.family(
+        "limiter_http_shed_transitions_total",
+        "counter",
+        "Times coupled shedding started (to=\"shedding\") and stopped (to=\"open\").",
+    )
+    .sample("limiter_http_shed_transitions_total", &[("to", "shedding")], s.started)
+    .sample("limiter_http_shed_transitions_total", &[("to", "open")], s.stopped);
+}

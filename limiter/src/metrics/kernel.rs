@@ -65,7 +65,8 @@ pub fn write(page: &mut Page, snap: &Snapshot) {
         "limiter_kernel_refused_total",
         "counter",
         "Connection attempts refused with a RST, by reason (port_full, source_full, \
-         source_table_full) and path (xdp: at the driver; sk_lookup: in the stack).",
+         source_table_full; shed: the HTTP pools were saturated) and path (xdp: at the driver; \
+         sk_lookup: in the stack).",
     );
     for (port, r) in &ports {
         for (p, path) in limiter_common::path::NAMES.iter().enumerate() {
@@ -86,7 +87,7 @@ pub fn write(page: &mut Page, snap: &Snapshot) {
     page.family(
         "limiter_kernel_would_refuse_total",
         "counter",
-        "Attempts a dry-run port would have refused, by reason.",
+        "Attempts a dry-run port (or dry-run shedding) would have refused, by reason.",
     );
     for (port, r) in &ports {
         if r.dry_run {
@@ -97,6 +98,33 @@ pub fn write(page: &mut Page, snap: &Snapshot) {
             ] {
                 page.sample("limiter_kernel_would_refuse_total", &[("port", port), ("reason", reason)], n);
             }
+        }
+        if r.would_refuse_by.shed > 0 || r.shedding.as_ref().is_some_and(|s| s.dry_run) {
+            page.sample(
+                "limiter_kernel_would_refuse_total",
+                &[("port", port), ("reason", "shed")],
+                r.would_refuse_by.shed,
+            );
+        }
+    }
+    page.family(
+        "limiter_kernel_shedding",
+        "gauge",
+        "1 while the port's shedding flag is raised and within its lease (new connections shed at the SYN).",
+    );
+    for (port, r) in &ports {
+        if let Some(s) = &r.shedding {
+            page.sample("limiter_kernel_shedding", &[("port", port)], u8::from(s.expires_in_ms > 0));
+        }
+    }
+    page.family(
+        "limiter_kernel_shed_probes_total",
+        "counter",
+        "Connection attempts admitted as probes while their port was shedding.",
+    );
+    for (port, r) in &ports {
+        if r.shed_probes > 0 || r.shedding.is_some() {
+            page.sample("limiter_kernel_shed_probes_total", &[("port", port)], r.shed_probes);
         }
     }
     let fixed = ["link_sock_ops", "link_sk_lookup"];

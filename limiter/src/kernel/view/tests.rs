@@ -1,7 +1,8 @@
 //! The rows `dump`, `top` and `/metrics` show, from map values.
 
 use limiter_common::{
-    GateConfig, LIMIT_FLAG_DRY_RUN, PortLimit, PortStats, Refusals, SourceKey, path, reason,
+    GateConfig, LIMIT_FLAG_DRY_RUN, PortLimit, PortStats, Refusals, ShedCounts, ShedPort, SourceKey, path,
+    reason,
 };
 
 use super::*;
@@ -34,10 +35,10 @@ fn refusals_are_summed_by_reason_and_by_path() {
     assert_eq!(row.refused, 14);
     assert_eq!(
         row.refused_by,
-        RefusalRow { port_full: 7, source_full: 1, source_table_full: 6, sk_lookup: 11, xdp: 3 }
+        RefusalRow { port_full: 7, source_full: 1, source_table_full: 6, shed: 0, sk_lookup: 11, xdp: 3 }
     );
     // [path][reason], in the order of limiter_common's NAMES (what /metrics labels).
-    assert_eq!(row.refused_matrix, [[5, 0, 6], [2, 1, 0]]);
+    assert_eq!(row.refused_matrix, [[5, 0, 6, 0], [2, 1, 0, 0]]);
     assert_eq!((row.would_refuse, row.trusted_admitted), (0, 3));
 }
 
@@ -54,8 +55,33 @@ fn a_dry_run_port_shows_what_it_would_have_refused() {
     assert_eq!((row.refused, row.would_refuse), (0, 5));
     assert_eq!(
         row.would_refuse_by,
-        RefusalRow { port_full: 4, source_full: 1, source_table_full: 0, sk_lookup: 0, xdp: 0 }
+        RefusalRow { port_full: 4, source_full: 1, source_table_full: 0, shed: 0, sk_lookup: 0, xdp: 0 }
     );
+}
+
+#[test]
+fn shedding_adds_its_reason_to_the_limits_and_shows_its_flag() {
+    let mut r = Refusals::default();
+    r.refused[path::SK_LOOKUP * reason::COUNT + reason::PORT] = 2;
+    r.trusted_admitted = 1;
+    let mut row = row(8080, None, &PortStats::default(), Some(&r));
+    let counts = ShedCounts { refused: [10, 30], would_refuse: 0, probes: 3, trusted_admitted: 4 };
+    let now = 5_000_000_000;
+    let flag = ShedPort { until_boot_ns: now + 750_000_000, flags: 0, probe_one_in: 16 };
+    add_shedding(&mut row, &flag, Some(&counts), now);
+    assert_eq!(row.refused, 42);
+    assert_eq!((row.refused_by.shed, row.refused_by.port_full), (40, 2));
+    assert_eq!((row.refused_by.sk_lookup, row.refused_by.xdp), (12, 30));
+    assert_eq!(row.refused_matrix, [[2, 0, 0, 10], [0, 0, 0, 30]]);
+    assert_eq!((row.trusted_admitted, row.shed_probes), (5, 3));
+    assert_eq!(row.shedding, Some(ShedRow { expires_in_ms: 750, dry_run: false, probe_one_in: 16 }));
+    // A flag past its deadline shows as lapsed; a lowered one not at all.
+    let mut lapsed = super::row(8080, None, &PortStats::default(), None);
+    add_shedding(&mut lapsed, &ShedPort { until_boot_ns: now - 1, flags: 1, probe_one_in: 0 }, None, now);
+    assert_eq!(lapsed.shedding, Some(ShedRow { expires_in_ms: 0, dry_run: true, probe_one_in: 0 }));
+    let mut lowered = super::row(8080, None, &PortStats::default(), None);
+    add_shedding(&mut lowered, &ShedPort::default(), None, now);
+    assert_eq!(lowered.shedding, None);
 }
 
 #[test]

@@ -1,0 +1,332 @@
+//! Coupled shedding (`http.shedAtSyn`) with a real kernel gate: while the
+//! normal pool keeps refusing, new connections to the proxy's port get a
+//! RST at the SYN (reason `shed`), trusted sources still get in, and it
+//! stops only once the pool has refused nothing for `http.shedReleaseMs`;
+//! a daemon killed while shedding leaves the port open within one lease.
+
+use std::{
+    fs::File,
+    io::{ErrorKind, Read as _, Write as _},
+    net::{IpAddr, SocketAddr, TcpStream},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use limiter_tests::{
+    Daemon, Sandbox, dump, in_netns,
+    process::{terminate, wait_for},
+    require_kernel,
+    upstream::Upstream,
+};
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+/// Normal slots of `http.maxThreads = 16` (16 - 8 system - 3 `/debug/`).
+const NORMAL: usize = 5;
+const AFTER_MS: u64 = 100;
+const RELEASE_MS: u64 = 600;
+/// The trusted source; the flood comes from 127.0.0.1.
+const TRUSTED: &str = "127.0.0.2";
+
+/// What one new connection met.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    /// RST at the SYN.
+    Refused,
+    /// An HTTP answer with this status.
+    Status(u16),
+    Other(String),
+}
+
+/// A sandbox with an upstream, a proxy in front of it with shedding on,
+/// the daemon started inside; the proxy's address.
+fn setup(extra: &str) -> (Sandbox, Arc<Upstream>, Daemon, SocketAddr) {
+    let sb = Sandbox::new().unwrap();
+    let up = Arc::new(sb.in_netns(Upstream::start));
+    let config = sb.config(
+        "1:1",
+        &format!(
+            "http.upstream = {}\nhttp.maxThreads = 16\nhttp.shedAtSyn = true\nhttp.shedAfterMs = {AFTER_MS}\n\
+             http.shedReleaseMs = {RELEASE_MS}\nkernel.trusted = {TRUSTED}/32\n{extra}",
+            up.addr
+        ),
+    );
+    let text = std::fs::read_to_string(&config).unwrap();
+    let proxy: SocketAddr =
+        text.lines().find_map(|l| l.strip_prefix("http.listen = ")).unwrap().parse().unwrap();
+    let daemon = Daemon::start_inside(&sb, &config, &[]).expect("the daemon");
+    (sb, up, daemon, proxy)
+}
+
+/// A new connection from `source` and one request for `path`, in the
+/// namespace `netns`.
+fn attempt(netns: &File, proxy: SocketAddr, source: &str, path: &str) -> Outcome {
+    let source: IpAddr = source.parse().unwrap();
+    let path = path.to_owned();
+    in_netns(netns, move || {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.bind(&SocketAddr::new(source, 0).into()).unwrap();
+        match s.connect_timeout(&proxy.into(), Duration::from_secs(3)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => return Outcome::Refused,
+            Err(e) => return Outcome::Other(format!("connect: {e}")),
+        }
+        let mut s: TcpStream = s.into();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let req = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+        if let Err(e) = s.write_all(req.as_bytes()) {
+            return Outcome::Other(format!("write: {e}"));
+        }
+        let mut head = [0u8; 12];
+        match s.read_exact(&mut head) {
+            Ok(()) => String::from_utf8_lossy(&head[9..12])
+                .parse()
+                .map_or_else(|_| Outcome::Other("not HTTP".into()), Outcome::Status),
+            Err(e) => Outcome::Other(format!("read: {e}")),
+        }
+    })
+}
+
+/// `NORMAL` requests held by the upstream: the normal pool is full.
+fn fill_pool(sb: &Sandbox, up: &Arc<Upstream>, proxy: SocketAddr) -> Vec<thread::JoinHandle<Outcome>> {
+    let held: Vec<_> = (0..NORMAL)
+        .map(|_| {
+            let netns = sb.netns_file();
+            let sb_proxy = proxy;
+            thread::spawn(move || {
+                in_netns(&netns, move || {
+                    let mut s = TcpStream::connect(sb_proxy).unwrap();
+                    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                    s.write_all(b"GET /hold HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").unwrap();
+                    let mut head = [0u8; 12];
+                    match s.read_exact(&mut head) {
+                        Ok(()) => Outcome::Status(String::from_utf8_lossy(&head[9..12]).parse().unwrap_or(0)),
+                        Err(e) => Outcome::Other(e.to_string()),
+                    }
+                })
+            })
+        })
+        .collect();
+    up.wait_holding(NORMAL as u64);
+    held
+}
+
+/// New connections from 127.0.0.1 every few milliseconds until stopped,
+/// tallied by outcome: (refused at the SYN, 503, 200, other).
+struct Flood {
+    stop: Arc<AtomicBool>,
+    tally: Arc<[AtomicU64; 4]>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Flood {
+    fn start(sb: &Sandbox, proxy: SocketAddr) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tally: Arc<[AtomicU64; 4]> = Arc::new(Default::default());
+        let (s, t) = (stop.clone(), tally.clone());
+        let netns = sb.netns_file();
+        let thread = thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let i = match attempt(&netns, proxy, "127.0.0.1", "/") {
+                    Outcome::Refused => 0,
+                    Outcome::Status(503) => 1,
+                    Outcome::Status(200) => 2,
+                    _ => 3,
+                };
+                t[i].fetch_add(1, Ordering::Relaxed);
+                thread::sleep(Duration::from_millis(3));
+            }
+        });
+        Self { stop, tally, thread: Some(thread) }
+    }
+
+    fn counts(&self) -> [u64; 4] {
+        std::array::from_fn(|i| self.tally[i].load(Ordering::Relaxed))
+    }
+
+    fn stop(mut self) -> [u64; 4] {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+        self.counts()
+    }
+}
+
+fn proxy_row(d: &Value, port: u16) -> Value {
+    d["kernel"]["ports"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["port"] == port))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+fn shedding_active(daemon: &Daemon) -> bool {
+    daemon.admin_get("/status").is_ok_and(|s| {
+        serde_json::from_str::<Value>(&s).is_ok_and(|v| v["http"]["shedding"]["active"] == true)
+    })
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, a network namespace and cgroup; run by `cargo xtask test`"]
+fn a_refusing_pool_sheds_new_connections_at_the_syn_until_it_has_had_room_for_the_release_time() {
+    require_kernel!();
+    let (sb, up, mut daemon, proxy) = setup("");
+    // Room: nothing is shed.
+    assert_eq!(attempt(&sb.netns_file(), proxy, "127.0.0.1", "/"), Outcome::Status(200));
+    assert!(!shedding_active(&daemon));
+
+    let held = fill_pool(&sb, &up, proxy);
+    let flood = Flood::start(&sb, proxy);
+    wait_for("shedding to start", Duration::from_secs(5), || shedding_active(&daemon));
+    let at_start = flood.counts();
+    assert!(at_start[1] > 0, "503s came first, while the pool refused for {AFTER_MS} ms: {at_start:?}");
+    wait_for("a SYN refused", Duration::from_secs(5), || flood.counts()[0] > 10);
+
+    // A trusted source still connects, and its /debug/ request has its
+    // reserved slots.
+    for _ in 0..5 {
+        assert_eq!(attempt(&sb.netns_file(), proxy, TRUSTED, "/debug/x"), Outcome::Status(200));
+    }
+    let d = dump(&sb.pin_path);
+    let row = proxy_row(&d, proxy.port());
+    assert!(row["refused_by"]["shed"].as_u64().unwrap() > 10, "{row}");
+    assert!(row["shedding"]["expires_in_ms"].as_u64().unwrap() > 0, "{row}");
+    assert_eq!(row["shedding"]["probe_one_in"], 16);
+    // Each of the five counted once: as trusted, or (picked by the hash
+    // first) as a probe.
+    let probes = row["shed_probes"].as_u64().unwrap();
+    assert!(row["trusted_admitted"].as_u64().unwrap() + probes >= 5, "{row}");
+    let metrics = daemon.metrics();
+    assert!(metrics.contains("limiter_http_shedding 1"), "{metrics}");
+    assert!(
+        metrics.contains(&format!(
+            "limiter_kernel_refused_total{{port=\"{}\",reason=\"shed\",path=\"sk_lookup\"}}",
+            proxy.port()
+        )),
+        "{metrics}"
+    );
+    assert!(metrics.contains(&format!("limiter_kernel_shedding{{port=\"{}\"}} 1", proxy.port())));
+    assert!(daemon.log().contains("shedding new connections at the SYN"), "{}", daemon.log());
+
+    // Probes: one attempt in 16 still reaches HTTP and gets its 503.
+    thread::sleep(Duration::from_millis(500));
+    // The last refusal happens no earlier than this.
+    let quiet = Instant::now();
+    let during = flood.stop();
+    let shed_then = during[0] - at_start[0];
+    assert!(during[1] > at_start[1], "probes kept meeting the HTTP 503: {at_start:?} then {during:?}");
+    assert_eq!(during[3], 0, "no attempt timed out or broke: {during:?}");
+    assert!(
+        during[1] - at_start[1] < shed_then,
+        "most attempts were shed at the SYN: {at_start:?} then {during:?}"
+    );
+
+    // Refusing stopped: shedding holds for the release time, then stops.
+    up.release();
+    for h in held {
+        assert_eq!(h.join().unwrap(), Outcome::Status(200));
+    }
+    thread::sleep(Duration::from_millis(RELEASE_MS / 3).saturating_sub(quiet.elapsed()));
+    assert!(
+        shedding_active(&daemon),
+        "still shedding {} ms into the {RELEASE_MS} ms release",
+        quiet.elapsed().as_millis()
+    );
+    wait_for("shedding to stop", Duration::from_secs(5), || !shedding_active(&daemon));
+    assert!(
+        quiet.elapsed() >= Duration::from_millis(RELEASE_MS),
+        "stopped after {} ms of room, before the {RELEASE_MS} ms release",
+        quiet.elapsed().as_millis()
+    );
+    assert_eq!(attempt(&sb.netns_file(), proxy, "127.0.0.1", "/"), Outcome::Status(200));
+    let row = proxy_row(&dump(&sb.pin_path), proxy.port());
+    assert!(row["shedding"].is_null(), "the flag is lowered: {row}");
+    assert!(daemon.log().contains("stopped shedding"), "{}", daemon.log());
+    assert_eq!(terminate(&mut daemon, Duration::from_secs(30)), Some(0));
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, a network namespace and cgroup; run by `cargo xtask test`"]
+fn dry_run_counts_what_it_would_shed_and_refuses_no_syn() {
+    require_kernel!();
+    let (sb, up, mut daemon, proxy) = setup("http.dryRun = true\n");
+    // Dry-run admits past a full pool, so the pool's refusals are would-be
+    // ones: fill it and keep asking.
+    let held = fill_pool(&sb, &up, proxy);
+    let flood = Flood::start(&sb, proxy);
+    wait_for("would-be shedding", Duration::from_secs(5), || shedding_active(&daemon));
+    wait_for("would-be sheds counted", Duration::from_secs(5), || {
+        proxy_row(&dump(&sb.pin_path), proxy.port())["would_refuse_by"]["shed"].as_u64().unwrap_or(0) > 5
+    });
+    let counts = flood.stop();
+    assert_eq!(counts[0], 0, "nothing refused at the SYN in dry-run: {counts:?}");
+    let row = proxy_row(&dump(&sb.pin_path), proxy.port());
+    assert_eq!(row["refused_by"]["shed"], 0, "{row}");
+    assert_eq!(row["shedding"]["dry_run"], true, "{row}");
+    up.release();
+    for h in held {
+        let _ = h.join();
+    }
+    assert_eq!(terminate(&mut daemon, Duration::from_secs(30)), Some(0));
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, a network namespace and cgroup; run by `cargo xtask test`"]
+fn a_daemon_killed_while_shedding_leaves_the_port_open_within_one_lease() {
+    require_kernel!();
+    let (sb, up, daemon, proxy) = setup("");
+    let held = fill_pool(&sb, &up, proxy);
+    let flood = Flood::start(&sb, proxy);
+    wait_for("shedding to start", Duration::from_secs(5), || shedding_active(&daemon));
+    wait_for("a SYN refused", Duration::from_secs(5), || flood.counts()[0] > 0);
+    flood.stop();
+    daemon.signal(Signal::SIGKILL);
+    let killed = Instant::now();
+    drop(daemon);
+    // Something else listens on the port now; while the flag holds, its
+    // SYNs are still shed, and within the lease they are not.
+    let listener = sb.listen_uncounted(&proxy.to_string());
+    listener.set_nonblocking(true).unwrap();
+    // Open: five connections in a row (a shed port lets one in 16 through
+    // as a probe).
+    let (mut refused_after_kill, mut in_a_row) = (0, 0);
+    let opened = loop {
+        match attempt_connect(&sb, proxy) {
+            Ok(()) => in_a_row += 1,
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+                refused_after_kill += 1;
+                in_a_row = 0;
+            }
+            Err(e) => panic!("connect after the kill: {e}"),
+        }
+        if in_a_row == 5 {
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "the port stayed shut {:?} after the kill",
+            killed.elapsed()
+        );
+        thread::sleep(Duration::from_millis(20));
+    };
+    eprintln!("port open {opened:?} after the kill; {refused_after_kill} SYNs shed before");
+    assert!(refused_after_kill > 0, "the flag still held right after the kill");
+    assert!(opened <= Duration::from_millis(1500), "opened {opened:?} after the kill (lease 1 s)");
+    let row = proxy_row(&dump(&sb.pin_path), proxy.port());
+    assert_eq!(row["shedding"]["expires_in_ms"], 0, "the flag shows as lapsed: {row}");
+    up.release();
+    for h in held {
+        let _ = h.join();
+    }
+    let _ = limiter_tests::limiter(&["unload", "--pin-path", sb.pin_path.to_str().unwrap()]);
+}
+
+/// A bare connect to `proxy` from the sandbox.
+fn attempt_connect(sb: &Sandbox, proxy: SocketAddr) -> std::io::Result<()> {
+    sb.connect(&proxy.to_string()).map(drop)
+}
