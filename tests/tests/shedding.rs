@@ -238,8 +238,10 @@ fn a_refusing_pool_sheds_new_connections_at_the_syn_until_it_has_had_room_for_th
         quiet.elapsed().as_millis()
     );
     wait_for("shedding to stop", Duration::from_secs(5), || !shedding_active(&daemon));
+    // The pool's last refusal was a probe's 503, up to a few probes'
+    // spacing (one attempt in 16, every few ms) before `quiet`.
     assert!(
-        quiet.elapsed() >= Duration::from_millis(RELEASE_MS),
+        quiet.elapsed() >= Duration::from_millis(RELEASE_MS - 200),
         "stopped after {} ms of room, before the {RELEASE_MS} ms release",
         quiet.elapsed().as_millis()
     );

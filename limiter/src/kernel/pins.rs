@@ -26,7 +26,7 @@ pub const LINK_REFUSE: &str = "link_sk_lookup";
 pub const LINK_XDP_PREFIX: &str = "link_xdp_";
 /// Every fixed pin the daemon owns; `unload` removes exactly these and the
 /// `link_xdp_*` pins.
-pub const OWN_PINS: [&str; 16] = [
+pub const OWN_PINS: [&str; 18] = [
     LINK_REFUSE,
     LINK_COUNT,
     map_names::SOURCES,
@@ -42,6 +42,8 @@ pub const OWN_PINS: [&str; 16] = [
     map_names::SOCKS,
     map_names::SRCVER,
     map_names::PERMITS,
+    map_names::SHED,
+    map_names::SHED_COUNTS,
     map_names::CONFIG,
 ];
 
