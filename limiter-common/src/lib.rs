@@ -237,6 +237,18 @@ pub struct ShedCounts {
     pub trusted_admitted: u64,
 }
 
+impl ShedCounts {
+    /// Adds `other` field by field (summing the CPUs).
+    pub fn add(&mut self, other: &Self) {
+        for (a, b) in self.refused.iter_mut().zip(other.refused) {
+            *a += b;
+        }
+        self.would_refuse += other.would_refuse;
+        self.probes += other.probes;
+        self.trusted_admitted += other.trusted_admitted;
+    }
+}
+
 /// Where a refusal happened: index into [`Refusals::refused`].
 pub mod path {
     /// The `sk_lookup` program (the kernel answered the SYN with a RST).

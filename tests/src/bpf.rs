@@ -55,25 +55,8 @@ pub fn test_run(prog: &OwnedFd, data: &[u8], repeat: u32) -> io::Result<TestRun>
 /// calling thread's network namespace) when given: an XDP context whose
 /// `ingress_ifindex` is set.
 pub fn test_run_on(prog: &OwnedFd, data: &[u8], repeat: u32, ifindex: Option<u32>) -> io::Result<TestRun> {
-    // struct xdp_md: data, data_end, data_meta, ingress_ifindex,
-    // rx_queue_index, egress_ifindex.
-    // data_end must equal the frame's length.
-    let ctx: [u32; 6] = [0, data.len() as u32, 0, ifindex.unwrap_or(0), 0, 0];
     let mut out = vec![0u8; data.len() + 256];
-    let mut attr = [0u64; 16];
-    attr[0] = prog.as_raw_fd() as u64; // prog_fd, retval = 0
-    attr[1] = data.len() as u64 | ((out.len() as u64) << 32); // data_size_in, data_size_out
-    attr[2] = data.as_ptr() as u64;
-    attr[3] = out.as_mut_ptr() as u64;
-    attr[4] = u64::from(repeat);
-    if ifindex.is_some() {
-        attr[5] = size_of::<[u32; 6]>() as u64; // ctx_size_in (ctx_size_out 0)
-        attr[6] = ctx.as_ptr() as u64; // ctx_in
-    }
-    bpf(BPF_PROG_TEST_RUN, &mut attr)?;
-    let retval = (attr[0] >> 32) as u32;
-    let size_out = (attr[1] >> 32) as usize;
-    let duration_ns = (attr[4] >> 32) as u32;
+    let (retval, size_out, duration_ns) = run(prog, data, Some(&mut out), repeat, ifindex, 0)?;
     out.truncate(size_out);
     Ok(TestRun { retval, data: out, duration_ns })
 }
@@ -81,21 +64,44 @@ pub fn test_run_on(prog: &OwnedFd, data: &[u8], repeat: u32, ifindex: Option<u32
 /// `BPF_F_TEST_XDP_LIVE_FRAMES`: each repeat runs on a fresh copy of the
 /// frame, and what the program returns is carried out (`XDP_TX` really
 /// transmits on the interface, `XDP_PASS` hands the frame to the stack).
-const BPF_F_TEST_XDP_LIVE_FRAMES: u64 = 1 << 1;
+const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
 
 /// Runs an XDP program `repeat` times on fresh copies of `data` arriving
 /// on `ifindex`, each verdict carried out; the kernel's average
 /// nanoseconds per frame.
 pub fn test_run_live(prog: &OwnedFd, data: &[u8], repeat: u32, ifindex: u32) -> io::Result<u32> {
-    let ctx: [u32; 6] = [0, data.len() as u32, 0, ifindex, 0, 0];
+    // Live frames return no data.
+    let (_, _, duration_ns) = run(prog, data, None, repeat, Some(ifindex), BPF_F_TEST_XDP_LIVE_FRAMES)?;
+    Ok(duration_ns)
+}
+
+/// One `BPF_PROG_TEST_RUN`: (retval, bytes written to `out`, average ns).
+fn run(
+    prog: &OwnedFd,
+    data: &[u8],
+    out: Option<&mut Vec<u8>>,
+    repeat: u32,
+    ifindex: Option<u32>,
+    flags: u32,
+) -> io::Result<(u32, usize, u32)> {
+    // struct xdp_md: data, data_end, data_meta, ingress_ifindex,
+    // rx_queue_index, egress_ifindex.
+    // data_end must equal the frame's length.
+    let ctx: [u32; 6] = [0, data.len() as u32, 0, ifindex.unwrap_or(0), 0, 0];
     let mut attr = [0u64; 16];
-    attr[0] = prog.as_raw_fd() as u64;
-    attr[1] = data.len() as u64; // no data_out: live frames return none
+    attr[0] = prog.as_raw_fd() as u64; // prog_fd, retval = 0
+    attr[1] = data.len() as u64; // data_size_in
     attr[2] = data.as_ptr() as u64;
+    if let Some(out) = out {
+        attr[1] |= (out.len() as u64) << 32; // data_size_out
+        attr[3] = out.as_mut_ptr() as u64;
+    }
     attr[4] = u64::from(repeat);
-    attr[5] = size_of::<[u32; 6]>() as u64;
-    attr[6] = ctx.as_ptr() as u64;
-    attr[8] = BPF_F_TEST_XDP_LIVE_FRAMES; // flags, cpu 0
+    if ifindex.is_some() {
+        attr[5] = size_of::<[u32; 6]>() as u64; // ctx_size_in (ctx_size_out 0)
+        attr[6] = ctx.as_ptr() as u64; // ctx_in
+    }
+    attr[8] = u64::from(flags); // flags, cpu 0
     bpf(BPF_PROG_TEST_RUN, &mut attr)?;
-    Ok((attr[4] >> 32) as u32)
+    Ok(((attr[0] >> 32) as u32, (attr[1] >> 32) as usize, (attr[4] >> 32) as u32))
 }

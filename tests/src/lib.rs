@@ -585,13 +585,18 @@ pub fn dump_with(bin: &Path, pin_path: &Path) -> Value {
     serde_json::from_slice(&out.stdout).expect("dump --json is JSON")
 }
 
-/// One port's row from a dump (all zero if the port has none).
-pub fn port(dump: &Value, port: u16) -> PortView {
-    let row = dump["kernel"]["ports"]
+/// One port's row from a dump, as JSON (`Null` if the port has none).
+pub fn port_row(dump: &Value, port: u16) -> Value {
+    dump["kernel"]["ports"]
         .as_array()
         .and_then(|rows| rows.iter().find(|r| r["port"] == port))
         .cloned()
-        .unwrap_or(Value::Null);
+        .unwrap_or(Value::Null)
+}
+
+/// One port's row from a dump (all zero if the port has none).
+pub fn port(dump: &Value, port: u16) -> PortView {
+    let row = port_row(dump, port);
     let n = |k: &str| row[k].as_u64().unwrap_or(0);
     PortView {
         limit: row["limit"].as_u64(),

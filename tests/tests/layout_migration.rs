@@ -120,7 +120,7 @@ fn a_layout_2_gate_with_connections_held_is_migrated_in_place_by_a_second_run() 
     assert!(not_refused.is_empty(), "attempts on the full port not refused: {not_refused:?}");
 
     let d = dump(&sb.pin_path);
-    assert_eq!(d["kernel"]["layout_version"], 3);
+    assert_eq!(d["kernel"]["layout_version"], limiter_common::LAYOUT_VERSION);
     let after = limiter_tests::links(&d);
     assert_eq!(before.keys().collect::<Vec<_>>(), after.keys().collect::<Vec<_>>());
     for (pin, (link, program)) in &before {

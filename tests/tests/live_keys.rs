@@ -80,6 +80,9 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
         "handshake_timeout_cuts_silent_connections_and_changes_live",
     ),
     ("http.h2.maxConcurrentStreams", "front_door.rs", "max_concurrent_streams_changes_for_new_connections"),
+    ("http.shedAtSyn", "shedding.rs", "shedding_and_its_timings_change_live"),
+    ("http.shedAfterMs", "shedding.rs", "shedding_and_its_timings_change_live"),
+    ("http.shedReleaseMs", "shedding.rs", "shedding_and_its_timings_change_live"),
     (
         "http.accessLog",
         "front_door.rs",
@@ -96,6 +99,7 @@ fn every_live_key_has_a_behaviour_test() {
         ("reload.rs", include_str!("reload.rs")),
         ("front_door.rs", include_str!("front_door.rs")),
         ("live_log_level.rs", include_str!("live_log_level.rs")),
+        ("shedding.rs", include_str!("shedding.rs")),
     ];
     let mut covered: Vec<&str> = Vec::new();
     for (key, test) in HERE {

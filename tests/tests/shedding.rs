@@ -17,7 +17,7 @@ use std::{
 };
 
 use limiter_tests::{
-    Daemon, Sandbox, dump, in_netns,
+    Daemon, Sandbox, dump, in_netns, port_row,
     process::{terminate, wait_for},
     require_kernel,
     upstream::Upstream,
@@ -157,14 +157,6 @@ impl Flood {
     }
 }
 
-fn proxy_row(d: &Value, port: u16) -> Value {
-    d["kernel"]["ports"]
-        .as_array()
-        .and_then(|rows| rows.iter().find(|r| r["port"] == port))
-        .cloned()
-        .unwrap_or(Value::Null)
-}
-
 fn shedding_active(daemon: &Daemon) -> bool {
     daemon.admin_get("/status").is_ok_and(|s| {
         serde_json::from_str::<Value>(&s).is_ok_and(|v| v["http"]["shedding"]["active"] == true)
@@ -193,7 +185,7 @@ fn a_refusing_pool_sheds_new_connections_at_the_syn_until_it_has_had_room_for_th
         assert_eq!(attempt(&sb.netns_file(), proxy, TRUSTED, "/debug/x"), Outcome::Status(200));
     }
     let d = dump(&sb.pin_path);
-    let row = proxy_row(&d, proxy.port());
+    let row = port_row(&d, proxy.port());
     assert!(row["refused_by"]["shed"].as_u64().unwrap() > 10, "{row}");
     assert!(row["shedding"]["expires_in_ms"].as_u64().unwrap() > 0, "{row}");
     assert_eq!(row["shedding"]["probe_one_in"], 16);
@@ -246,7 +238,7 @@ fn a_refusing_pool_sheds_new_connections_at_the_syn_until_it_has_had_room_for_th
         quiet.elapsed().as_millis()
     );
     assert_eq!(attempt(&sb.netns_file(), proxy, "127.0.0.1", "/"), Outcome::Status(200));
-    let row = proxy_row(&dump(&sb.pin_path), proxy.port());
+    let row = port_row(&dump(&sb.pin_path), proxy.port());
     assert!(row["shedding"].is_null(), "the flag is lowered: {row}");
     assert!(daemon.log().contains("stopped shedding"), "{}", daemon.log());
     assert_eq!(terminate(&mut daemon, Duration::from_secs(30)), Some(0));
@@ -263,11 +255,11 @@ fn dry_run_counts_what_it_would_shed_and_refuses_no_syn() {
     let flood = Flood::start(&sb, proxy);
     wait_for("would-be shedding", Duration::from_secs(5), || shedding_active(&daemon));
     wait_for("would-be sheds counted", Duration::from_secs(5), || {
-        proxy_row(&dump(&sb.pin_path), proxy.port())["would_refuse_by"]["shed"].as_u64().unwrap_or(0) > 5
+        port_row(&dump(&sb.pin_path), proxy.port())["would_refuse_by"]["shed"].as_u64().unwrap_or(0) > 5
     });
     let counts = flood.stop();
     assert_eq!(counts[0], 0, "nothing refused at the SYN in dry-run: {counts:?}");
-    let row = proxy_row(&dump(&sb.pin_path), proxy.port());
+    let row = port_row(&dump(&sb.pin_path), proxy.port());
     assert_eq!(row["refused_by"]["shed"], 0, "{row}");
     assert_eq!(row["shedding"]["dry_run"], true, "{row}");
     up.release();
@@ -319,7 +311,7 @@ fn a_daemon_killed_while_shedding_leaves_the_port_open_within_one_lease() {
     eprintln!("port open {opened:?} after the kill; {refused_after_kill} SYNs shed before");
     assert!(refused_after_kill > 0, "the flag still held right after the kill");
     assert!(opened <= Duration::from_millis(1500), "opened {opened:?} after the kill (lease 1 s)");
-    let row = proxy_row(&dump(&sb.pin_path), proxy.port());
+    let row = port_row(&dump(&sb.pin_path), proxy.port());
     assert_eq!(row["shedding"]["expires_in_ms"], 0, "the flag shows as lapsed: {row}");
     up.release();
     for h in held {
@@ -331,4 +323,58 @@ fn a_daemon_killed_while_shedding_leaves_the_port_open_within_one_lease() {
 /// A bare connect to `proxy` from the sandbox.
 fn attempt_connect(sb: &Sandbox, proxy: SocketAddr) -> std::io::Result<()> {
     sb.connect(&proxy.to_string()).map(drop)
+}
+
+/// Rewrites `key = value` lines of the daemon's file and reloads it.
+fn reload_with(daemon: &Daemon, keys: &[(&str, &str)]) {
+    let mut text = std::fs::read_to_string(&daemon.config).unwrap();
+    for (key, value) in keys {
+        let old = text.lines().find(|l| l.starts_with(&format!("{key} = "))).unwrap().to_owned();
+        text = text.replace(&old, &format!("{key} = {value}"));
+    }
+    std::fs::write(&daemon.config, text).unwrap();
+    let outcome = daemon.reload();
+    assert!(outcome.contains("applied"), "{outcome}");
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, a network namespace and cgroup; run by `cargo xtask test`"]
+fn shedding_and_its_timings_change_live() {
+    require_kernel!();
+    let (sb, up, mut daemon, proxy) = setup("");
+    // Off, and with delays the test would not wait for.
+    reload_with(
+        &daemon,
+        &[("http.shedAtSyn", "false"), ("http.shedAfterMs", "8000"), ("http.shedReleaseMs", "8000")],
+    );
+    let held = fill_pool(&sb, &up, proxy);
+    let flood = Flood::start(&sb, proxy);
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(flood.counts()[0], 0, "switched off: no SYN refused while the pool refuses");
+    assert!(!shedding_active(&daemon));
+    // On, with the reloaded delay (8 s would outlast the wait below).
+    reload_with(&daemon, &[("http.shedAtSyn", "true"), ("http.shedAfterMs", "100")]);
+    wait_for("shedding after the reloaded 100 ms", Duration::from_secs(3), || shedding_active(&daemon));
+    // The reloaded release: refusing stops, shedding stops within it, not
+    // after the 8 s it had.
+    reload_with(&daemon, &[("http.shedReleaseMs", "300")]);
+    flood.stop();
+    wait_for("shedding to stop after the reloaded 300 ms", Duration::from_secs(3), || {
+        !shedding_active(&daemon)
+    });
+    // Switched off while shedding: it stops at once and lowers its flags.
+    let flood = Flood::start(&sb, proxy);
+    wait_for("shedding again", Duration::from_secs(3), || shedding_active(&daemon));
+    reload_with(&daemon, &[("http.shedAtSyn", "false")]);
+    wait_for("switched off", Duration::from_secs(1), || !shedding_active(&daemon));
+    assert!(daemon.log().contains("http.shedAtSyn was switched off"), "{}", daemon.log());
+    assert!(port_row(&dump(&sb.pin_path), proxy.port())["shedding"].is_null(), "the flag is lowered");
+    let before = flood.counts()[0];
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(flood.stop()[0], before, "no SYN refused once switched off");
+    up.release();
+    for h in held {
+        let _ = h.join();
+    }
+    assert_eq!(terminate(&mut daemon, Duration::from_secs(30)), Some(0));
 }

@@ -13,6 +13,7 @@ use limiter_tests::{
     bpf,
     packet::{self, ACK, Capture, RST, SYN, Segment},
     peer::{Peer, connect_from, sa},
+    port_row as row,
     process::{DEADLINE, limiter_with_deadline, terminate, wait_for},
     *,
 };
@@ -40,19 +41,7 @@ fn start(sb: &Sandbox, peer: &Peer, config: &std::path::Path) -> Daemon {
 }
 
 fn refusals(d: &Value, port: u16) -> Value {
-    d["kernel"]["ports"]
-        .as_array()
-        .and_then(|rows| rows.iter().find(|r| r["port"] == port))
-        .map(|r| r["refused_by"].clone())
-        .unwrap_or(Value::Null)
-}
-
-fn row(d: &Value, port: u16) -> Value {
-    d["kernel"]["ports"]
-        .as_array()
-        .and_then(|rows| rows.iter().find(|r| r["port"] == port))
-        .cloned()
-        .unwrap_or(Value::Null)
+    row(d, port)["refused_by"].clone()
 }
 
 /// Accepts one connection (blocking, 3 s).

@@ -314,6 +314,13 @@ impl Admission {
         }
     }
 
+    /// Refusals and would-be refusals (dry-run) of `reason` so far; the
+    /// admission lock only (no ledger), for a sampler.
+    pub fn refusals(&self, reason: Refusal) -> u64 {
+        let inner = self.lock();
+        inner.refused[reason.index()] + inner.would_refuse[reason.index()]
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let inner = self.lock();
         let peer_in_use = self.shared().filter(Locked::has_peer).map(|s| {

@@ -23,6 +23,7 @@ use std::{
 use super::Daemon;
 use crate::{
     admin::api::ShedStatus,
+    admission::Refusal,
     breaker,
     config::Config,
     kernel::shed::{LEASE, ShedFlags, ShedMode},
@@ -109,10 +110,7 @@ pub async fn run(daemon: Arc<Daemon>, proxy: Arc<Proxy>, mut flags: ShedFlags, s
     let mut hysteresis = Hysteresis::new(first.after, first.release);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let refused = || {
-        let pools = proxy.admission.snapshot();
-        pools.refused[0] + pools.would_refuse[0]
-    };
+    let refused = || proxy.admission.refusals(Refusal::Normal);
     let mut last_refused = refused();
     let mut raised: Option<(Instant, bool)> = None;
     let mut failing = false;

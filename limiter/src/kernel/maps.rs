@@ -315,14 +315,7 @@ impl Gate {
         for item in self.shed_counts.iter() {
             let (key, per_cpu) = item.map_err(KernelError::map("reading the shedding counters"))?;
             let mut sum = ShedCounts::default();
-            for c in per_cpu.iter() {
-                for (s, n) in sum.refused.iter_mut().zip(c.refused) {
-                    *s += n;
-                }
-                sum.would_refuse += c.would_refuse;
-                sum.probes += c.probes;
-                sum.trusted_admitted += c.trusted_admitted;
-            }
+            per_cpu.iter().for_each(|c| sum.add(c));
             out.insert(key.port, sum);
         }
         Ok(out)

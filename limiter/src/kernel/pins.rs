@@ -25,27 +25,47 @@ pub const LINK_REFUSE: &str = "link_sk_lookup";
 /// Pin names of XDP links: this prefix and the interface name.
 pub const LINK_XDP_PREFIX: &str = "link_xdp_";
 /// Every fixed pin the daemon owns; `unload` removes exactly these and the
-/// `link_xdp_*` pins.
-pub const OWN_PINS: [&str; 18] = [
-    LINK_REFUSE,
-    LINK_COUNT,
-    map_names::SOURCES,
-    map_names::TRUSTED,
-    map_names::COUNTERS,
-    map_names::WALK,
-    map_names::IFMAC,
-    map_names::LIMITS,
-    map_names::LISTED,
-    map_names::STATS,
-    map_names::ACTIVE,
-    map_names::REFUSED,
-    map_names::SOCKS,
-    map_names::SRCVER,
-    map_names::PERMITS,
-    map_names::SHED,
-    map_names::SHED_COUNTS,
-    map_names::CONFIG,
-];
+/// `link_xdp_*` pins: the links first (so the programs detach at once),
+/// then every map of the kernel object and the permit ledger, the
+/// configuration (which says a gate is here) last. Derived from
+/// [`map_names::ALL`], so a map added to the object is unloaded with it.
+pub const OWN_PINS: [&str; map_names::ALL.len() + 3] = fixed_pins();
+
+const fn fixed_pins() -> [&'static str; map_names::ALL.len() + 3] {
+    let mut out = [""; map_names::ALL.len() + 3];
+    out[0] = LINK_REFUSE;
+    out[1] = LINK_COUNT;
+    let mut n = 2;
+    let mut i = 0;
+    while i < map_names::ALL.len() {
+        // `CONFIG` goes last (compared byte by byte: a const fn cannot
+        // use `==` on `&str`).
+        if !same(map_names::ALL[i], map_names::CONFIG) {
+            out[n] = map_names::ALL[i];
+            n += 1;
+        }
+        i += 1;
+    }
+    out[n] = map_names::PERMITS;
+    out[n + 1] = map_names::CONFIG;
+    out
+}
+
+/// `a == b`, in a const fn.
+const fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
 
 /// The pin name of the XDP link on `interface`.
 pub(super) fn xdp_link(interface: &str) -> String {

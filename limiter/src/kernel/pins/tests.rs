@@ -82,6 +82,16 @@ fn xdp_links_are_found_by_prefix_and_sorted() {
 }
 
 #[test]
+fn our_pins_are_the_links_every_map_of_the_object_and_the_ledger_config_last() {
+    for name in map_names::ALL.iter().chain([&map_names::PERMITS, &LINK_COUNT, &LINK_REFUSE]) {
+        assert_eq!(OWN_PINS.iter().filter(|p| *p == name).count(), 1, "{name}");
+    }
+    assert!(OWN_PINS.iter().all(|p| !p.is_empty()));
+    assert_eq!(&OWN_PINS[..2], [LINK_REFUSE, LINK_COUNT], "links first");
+    assert_eq!(OWN_PINS.last(), Some(&map_names::CONFIG));
+}
+
+#[test]
 fn unload_removes_only_our_pins_and_keeps_a_directory_that_is_not_empty() {
     let mut all: Vec<&str> = OWN_PINS.to_vec();
     all.extend(["link_xdp_veth0", "someone_elses_map"]);
