@@ -37,3 +37,51 @@ pub fn write_section(key: &str, title: &str, reproduce: &str, report: &str) -> R
     eprintln!("wrote {}", path.display());
     Ok(())
 }
+
+/// The fields of /proc/PID/stat after the command name (which is in
+/// parentheses and may hold spaces): state, ppid, ...
+fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    Some(stat.rsplit_once(')')?.1.split_whitespace().collect())
+}
+
+/// User + system CPU seconds of `pids`, all their threads included. The
+/// kernel reports them in USER_HZ ticks, which Linux fixes at 100 per
+/// second for user space.
+pub fn cpu_seconds(pids: &[u32]) -> f64 {
+    let ticks: f64 = pids
+        .iter()
+        .filter_map(|pid| {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let f = stat_fields(&stat)?;
+            // utime and stime: fields 14 and 15 of the line, 11 and 12 here.
+            Some(f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?)
+        })
+        .sum();
+    ticks / 100.0
+}
+
+/// The processes whose parent is `parent`.
+pub fn children(parent: u32) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = fs::read_to_string(e.path().join("stat")).ok()?;
+            let ppid: u32 = stat_fields(&stat)?.get(1)?.parse().ok()?;
+            (ppid == parent).then_some(pid)
+        })
+        .collect()
+}
+
+/// CPU seconds the whole machine spent in softirq (where the kernel
+/// answers a SYN with a RST), from /proc/stat.
+pub fn softirq_seconds() -> f64 {
+    let stat = fs::read_to_string("/proc/stat").unwrap_or_default();
+    // cpu user nice system idle iowait irq softirq ...
+    stat.lines()
+        .next()
+        .and_then(|l| l.split_whitespace().nth(7))
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0.0, |t| t / 100.0)
+}

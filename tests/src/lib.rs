@@ -31,9 +31,11 @@ pub mod client;
 pub mod counted;
 pub mod h2raw;
 pub mod in_process;
+pub mod nginx;
 pub mod packet;
 pub mod peer;
 pub mod process;
+pub mod shed_load;
 pub mod tls;
 pub mod upstream;
 
@@ -400,6 +402,19 @@ impl Daemon {
     /// its proxy and admin listeners are there) and in its cgroup (so the
     /// gate counts the proxy's own connections).
     pub fn start_inside(sb: &Sandbox, config: &Path, extra_args: &[&str]) -> Result<Self> {
+        Self::spawn(Self::inside(sb, config, extra_args), config, Some(sb.netns_file()))
+    }
+
+    /// [`Self::start_inside`] logging at the config's `admin.logLevel`, as
+    /// in production (for benchmarks).
+    pub fn start_inside_at_config_log_level(sb: &Sandbox, config: &Path) -> Result<Self> {
+        let mut cmd = Self::inside(sb, config, &[]);
+        cmd.env_remove("LIMITER_LOG");
+        Self::spawn(cmd, config, Some(sb.netns_file()))
+    }
+
+    /// `limiter run` in the sandbox's network namespace and cgroup.
+    fn inside(sb: &Sandbox, config: &Path, extra_args: &[&str]) -> Command {
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
             // nsenter switches the network namespace only (`ip netns exec`
@@ -413,7 +428,7 @@ impl Daemon {
             .arg("--config")
             .arg(config)
             .args(extra_args);
-        Self::spawn(cmd, config, Some(sb.netns_file()))
+        cmd
     }
 
     fn spawn(mut cmd: Command, config: &Path, netns: Option<File>) -> Result<Self> {

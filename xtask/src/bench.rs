@@ -1,4 +1,4 @@
-//! `cargo xtask bench kernel|http`: builds the daemon in release mode and runs
+//! `cargo xtask bench kernel|http|scrape|shed`: builds the daemon in release mode and runs
 //! the benchmark program (tests/src/bin/bench-*.rs), which runs its
 //! peers in the same run and writes BENCHMARKS.md.
 
@@ -14,8 +14,9 @@ pub fn main(args: &[String]) -> Result<()> {
         "kernel" => "bench-kernel",
         "http" => "bench-http",
         "scrape" => "bench-scrape",
+        "shed" => "bench-shed",
         "breaker" => return breaker(),
-        _ => bail!("usage: cargo xtask bench kernel|http [--before REV]|scrape|breaker"),
+        _ => bail!("usage: cargo xtask bench kernel|http [--before REV]|scrape|shed|breaker"),
     };
     setup::ensure(setup::Purpose::Bench)?;
     let daemon = build_daemon(true)?;

@@ -31,9 +31,13 @@ usage: cargo xtask VERB [ARGS]
   bench scrape               what /metrics and /healthz cost with 65,536 and 1,048,576
                              source slots, against the last layout-2 build; writes
                              BENCHMARKS.md
+  bench shed                 coupled shedding against limiter without it and nginx
+                             limit_conn under a flood of new connections over a veth;
+                             writes BENCHMARKS.md
   bench breaker              the breaker's per-request cost (criterion)
-  soak [--short]             overload, flood, upstream-fault, hostile-client and
-                             control-plane scenarios against the real daemon and
+  soak [--short]             overload, flood, upstream-fault, hostile-client,
+                             control-plane and coupled-shedding scenarios against the
+                             real daemon and
                              gate; prints a table, fails if anything was lost
   dist                       a release tarball in target/dist: the binary (kernel
                              programs embedded), example config, systemd units,

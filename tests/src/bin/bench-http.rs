@@ -57,15 +57,15 @@ use std::{
     fs,
     net::SocketAddr,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    time::Duration,
+    process::Command,
 };
 
 use anyhow::{Context as _, Result, bail, ensure};
 use limiter_tests::{
     Daemon,
-    bench::{median, spread},
+    bench::{cpu_seconds, median, spread},
     client, free_port, http_get,
+    nginx::{self, Nginx},
     upstream::Upstream,
 };
 
@@ -73,52 +73,9 @@ const ROUNDS: usize = 5;
 const SECONDS: u32 = 5;
 const CONNECTIONS: u32 = 50;
 
-struct Nginx {
-    child: Child,
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        // SIGTERM to the master: it stops its workers and then exits.
-        // (SIGKILL would leave the workers behind.)
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let _ = self.child.wait();
-    }
-}
-
 fn nginx(dir: &Path, name: &str, server: &str) -> Result<Nginx> {
-    let prefix = dir.join(name);
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let conf = nginx_conf(&prefix, &format!("worker_processes {workers};"), server);
-    let path = prefix.join("nginx.conf");
-    fs::write(&path, conf)?;
-    let child = Command::new("nginx")
-        .arg("-p")
-        .arg(&prefix)
-        .arg("-c")
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("start nginx (installed by `cargo xtask bench http`)")?;
-    std::thread::sleep(Duration::from_millis(300));
-    Ok(Nginx { child })
-}
-
-/// nginx's configuration under `prefix`: `processes` (how many, or
-/// `master_process off`), then the `server` lines inside `http`.
-fn nginx_conf(prefix: &Path, processes: &str, server: &str) -> String {
-    fs::create_dir_all(prefix.join("logs")).expect("nginx's log directory");
-    format!(
-        "daemon off;\n{processes}\npid {pid};\nerror_log {err} warn;\n\
-         events {{ worker_connections 8192; }}\n\
-         http {{\n  access_log off;\n  client_body_temp_path {tmp};\n  proxy_temp_path {tmp};\n\
-         fastcgi_temp_path {tmp};\n  uwsgi_temp_path {tmp};\n  scgi_temp_path {tmp};\n{server}\n}}\n",
-        pid = prefix.join("nginx.pid").display(),
-        err = prefix.join("logs/error.log").display(),
-        tmp = prefix.display(),
-    )
+    Nginx::start(&dir.join(name), &format!("worker_processes {workers};"), server, None)
 }
 
 /// nginx's `limit_conn` proxy, listening on `listen`.
@@ -323,7 +280,7 @@ fn counted(dir: &Path, upstream: SocketAddr) -> Result<String> {
     let conf = prefix.join("nginx.conf");
     fs::write(
         &conf,
-        nginx_conf(
+        nginx::conf(
             &prefix,
             "master_process off;\nworker_processes 1;",
             &nginx_proxy_server(nginx_port, upstream, 100),
@@ -557,45 +514,6 @@ struct Side {
     name: &'static str,
     url: String,
     pids: Vec<u32>,
-}
-
-impl Nginx {
-    /// The worker processes (the master only supervises them).
-    fn workers(&self) -> Vec<u32> {
-        let master = self.child.id();
-        let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
-        entries
-            .flatten()
-            .filter_map(|e| {
-                let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-                let stat = fs::read_to_string(e.path().join("stat")).ok()?;
-                let ppid: u32 = stat_fields(&stat)?.get(1)?.parse().ok()?;
-                (ppid == master).then_some(pid)
-            })
-            .collect()
-    }
-}
-
-/// The fields of /proc/PID/stat after the command name (which is in
-/// parentheses and may hold spaces): state, ppid, ...
-fn stat_fields(stat: &str) -> Option<Vec<&str>> {
-    Some(stat.rsplit_once(')')?.1.split_whitespace().collect())
-}
-
-/// User + system CPU seconds of `pids`, all their threads included. The
-/// kernel reports them in USER_HZ ticks, which Linux fixes at 100 per
-/// second for user space.
-fn cpu_seconds(pids: &[u32]) -> f64 {
-    let ticks: f64 = pids
-        .iter()
-        .filter_map(|pid| {
-            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let f = stat_fields(&stat)?;
-            // utime and stime: fields 14 and 15 of the line, 11 and 12 here.
-            Some(f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?)
-        })
-        .sum();
-    ticks / 100.0
 }
 
 /// What one h2load run printed.
