@@ -25,45 +25,48 @@ use super::{
 };
 use crate::access_log::Entry;
 
-/// hyper's service function for one request (HTTP/2: one stream).
-pub(super) async fn serve(
+/// hyper's service function for one request (HTTP/2: one stream; an
+/// `async` block, see [`super::forward`]).
+pub(super) fn serve(
     req: Request<Incoming>,
     proxy: Arc<Proxy>,
     pool: Arc<Pool>,
     client: Client,
     streams: Option<Arc<Streams>>,
     fwd: Arc<Forwarding>,
-) -> Result<Response<ProxyBody>, Infallible> {
-    // Open until the response body is done, not only its head: a long
-    // download keeps its connection from counting as idle.
-    let open = streams.as_ref().map(|s| s.open());
-    proxy.counters.requests_by_proto[client.proto.index()].fetch_add(1, Ordering::Relaxed);
-    let log = proxy.access_log.enabled().then(|| Logged::new(&req, client, &proxy));
-    let req = req.map(|body| ClientBody::new(body, log.as_ref().map(|l| l.bytes_in.clone())));
-    let Ok(mut response) = handle(req, proxy.clone(), pool, client, streams, fwd).await;
-    if client.proto.is_h2() {
-        // HTTP/2 has no connection-specific headers; a refusal ends this
-        // stream only.
-        response.headers_mut().remove(header::CONNECTION);
-        if response.body().meta.refused.is_some() {
-            proxy.counters.h2_streams_refused.fetch_add(1, Ordering::Relaxed);
+) -> impl Future<Output = Result<Response<ProxyBody>, Infallible>> {
+    async move {
+        // Open until the response body is done, not only its head: a long
+        // download keeps its connection from counting as idle.
+        let open = streams.as_ref().map(|s| s.open());
+        proxy.counters.requests_by_proto[client.proto.index()].fetch_add(1, Ordering::Relaxed);
+        let log = proxy.access_log.enabled().then(|| Logged::new(&req, client, &proxy));
+        let req = req.map(|body| ClientBody::new(body, log.as_ref().map(|l| l.bytes_in.clone())));
+        let Ok(mut response) = handle(req, proxy.clone(), pool, client, streams, fwd).await;
+        if client.proto.is_h2() {
+            // HTTP/2 has no connection-specific headers; a refusal ends this
+            // stream only.
+            response.headers_mut().remove(header::CONNECTION);
+            if response.body().meta.refused.is_some() {
+                proxy.counters.h2_streams_refused.fetch_add(1, Ordering::Relaxed);
+            }
         }
-    }
-    if let Some(open) = open {
-        response = response.map(|body| body.keep(Box::new(open)));
-    }
-    Ok(match log {
-        None => response,
-        Some(log) => {
-            let status = response.status().as_u16();
-            let meta = response.body().meta;
-            response.map(|body| {
-                body.on_done(Box::new(move |bytes_out| {
-                    log.done(status, meta.refused, meta.upstream, bytes_out);
-                }))
-            })
+        if let Some(open) = open {
+            response = response.map(|body| body.keep(Box::new(open)));
         }
-    })
+        Ok(match log {
+            None => response,
+            Some(log) => {
+                let status = response.status().as_u16();
+                let meta = response.body().meta;
+                response.map(|body| {
+                    body.on_done(Box::new(move |bytes_out| {
+                        log.done(status, meta.refused, meta.upstream, bytes_out);
+                    }))
+                })
+            }
+        })
+    }
 }
 
 /// What the access log needs of a request, taken from its head.

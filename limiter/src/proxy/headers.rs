@@ -14,7 +14,7 @@ use hyper::{
 /// Hop-by-hop headers, always removed; plus any header the `Connection`
 /// header names. (Names, not strings: a lookup by string parses it first.
 /// Their lengths, 2, 7, 10, 16, 17 and 19, are checked in
-/// [`strip_hop_by_hop`].)
+/// [`Seen::scan`].)
 static HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
@@ -26,15 +26,72 @@ static HOP_BY_HOP: [HeaderName; 8] = [
     header::PROXY_AUTHORIZATION,
 ];
 
+/// Places in [`HOP_BY_HOP`] that [`Seen`] reports on.
+const CONNECTION_AT: usize = 0;
+const TRANSFER_ENCODING_AT: usize = 5;
+const UPGRADE_AT: usize = 6;
+
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+/// Names a web client (the web-client limit).
+static X_CLIENT_ID: HeaderName = HeaderName::from_static("x-client-id");
+
+/// Which of the headers the proxy interprets or rewrites a request has,
+/// found in one pass over its names (no hashing), so that the head's
+/// checks, admission and forwarding look up only what is there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// Lines of `Host`, `Authorization` and `Transfer-Encoding` (up to 255).
+    pub hosts: u8,
+    pub authorizations: u8,
+    pub codings: u8,
+    /// `X-Client-Id` is there.
+    pub client_id: bool,
+    /// `X-Forwarded-For` or `Forwarded` is there: a client-sent chain.
+    pub chained: bool,
+    /// A bit for each member of [`HOP_BY_HOP`] present.
+    hop_by_hop: u8,
+}
+
+impl Seen {
+    pub fn scan(headers: &HeaderMap) -> Self {
+        let mut seen = Self::default();
+        for (name, _) in headers {
+            // Lengths first: most names are none of these.
+            match name.as_str().len() {
+                4 if name == header::HOST => seen.hosts = seen.hosts.saturating_add(1),
+                13 if name == header::AUTHORIZATION => {
+                    seen.authorizations = seen.authorizations.saturating_add(1);
+                }
+                11 if name == X_CLIENT_ID => seen.client_id = true,
+                9 if name == header::FORWARDED => seen.chained = true,
+                15 if name == X_FORWARDED_FOR => seen.chained = true,
+                2 | 7 | 10 | 16 | 17 | 19 => {
+                    if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+                        seen.hop_by_hop |= 1 << i;
+                        if i == TRANSFER_ENCODING_AT {
+                            seen.codings = seen.codings.saturating_add(1);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        seen
+    }
+
+    /// An `Upgrade` header is there (an upgrade request, or one refused).
+    pub fn upgrade(&self) -> bool {
+        self.hop_by_hop & (1 << UPGRADE_AT) != 0
+    }
+}
 
 /// Whether a request asks to switch protocols (WebSocket and the like).
 /// An upgrade to `h2c` is not one the proxy passes on: HTTP/2 inside a
 /// tunnel would bypass per-stream admission (and RFC 9113 retired it), so
 /// the request goes upstream as plain HTTP/1.1 without its `Upgrade`.
-pub fn is_upgrade(headers: &HeaderMap) -> bool {
-    if !headers.contains_key(header::UPGRADE) {
+pub fn is_upgrade(headers: &HeaderMap, seen: &Seen) -> bool {
+    if !seen.upgrade() {
         return false;
     }
     let h2c = headers
@@ -43,38 +100,27 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|t| t.trim().eq_ignore_ascii_case("h2c"));
-    headers.contains_key(header::UPGRADE)
-        && !h2c
-        && headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+    !h2c && headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
 }
 
 /// Removes hop-by-hop headers. With `keep_upgrade`, `Upgrade` and
 /// `Connection: upgrade` stay, so the upstream sees the upgrade request.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    // One pass over the names finds which are there: usually none in a
-    // request, `Connection` alone in a response.
-    let mut present = [false; HOP_BY_HOP.len()];
-    for name in headers.keys() {
-        // Lengths first: most names have none of the eight lengths.
-        let len = name.as_str().len();
-        if !matches!(len, 2 | 7 | 10 | 16 | 17 | 19) {
-            continue;
-        }
-        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
-            present[i] = true;
-        }
+/// Returns whether headers that `Connection` named went too (then `seen`
+/// may be out of date).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, seen: &Seen, keep_upgrade: bool) -> bool {
+    // Usually none in a request, `Connection` alone in a response.
+    if seen.hop_by_hop == 0 {
+        return false;
     }
-    if !present.contains(&true) {
-        return;
-    }
+    let present = |i: usize| seen.hop_by_hop & (1 << i) != 0;
     // Other headers `Connection` names (its usual `keep-alive` is one of
     // the fixed names: no lookup).
-    let named: Vec<HeaderName> = if present[0] {
+    let named: Vec<HeaderName> = if present(CONNECTION_AT) {
         headers
             .get_all(header::CONNECTION)
             .iter()
@@ -91,13 +137,14 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     for name in &named {
         headers.remove(name);
     }
-    for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
+    for (_, name) in HOP_BY_HOP.iter().enumerate().filter(|(i, _)| present(*i)) {
         headers.remove(name);
     }
     if let Some(upgrade) = upgrade {
         headers.insert(header::UPGRADE, upgrade);
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
+    !named.is_empty()
 }
 
 /// Who sent a request, as the forwarding headers name it.
@@ -171,8 +218,9 @@ impl Forwarding {
 
     /// [`add_forwarded`] for this connection's client, from what was
     /// written before when it can be.
-    pub fn apply(&self, headers: &mut HeaderMap, host: Option<&HeaderValue>) {
-        let chained = headers.contains_key(&X_FORWARDED_FOR) || headers.contains_key(header::FORWARDED);
+    /// `chained`: the request has `X-Forwarded-For` or `Forwarded` (as
+    /// [`Seen`] found).
+    pub fn apply(&self, headers: &mut HeaderMap, host: Option<&HeaderValue>, chained: bool) {
         let host = host.filter(|h| !h.is_empty());
         let element = match host {
             None => self.without_host.clone(),
@@ -261,6 +309,11 @@ fn push_quoted(out: &mut Vec<u8>, text: &[u8]) {
 mod tests {
     use super::*;
 
+    fn strip(h: &mut HeaderMap, keep_upgrade: bool) {
+        let seen = Seen::scan(h);
+        strip_hop_by_hop(h, &seen, keep_upgrade);
+    }
+
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut m = HeaderMap::new();
         for (k, v) in pairs {
@@ -281,7 +334,7 @@ mod tests {
             ("authorization", "Bearer kept"),
             ("x-other", "kept"),
         ]);
-        strip_hop_by_hop(&mut h, false);
+        strip(&mut h, false);
         let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         names.sort();
         assert_eq!(names, vec!["authorization", "x-other"]);
@@ -294,16 +347,16 @@ mod tests {
             ("upgrade", "h2c"),
             ("http2-settings", "AAMAAABkAAQAoAAAAAIAAAAA"),
         ]);
-        assert!(!is_upgrade(&h));
-        strip_hop_by_hop(&mut h, false);
+        assert!(!is_upgrade(&h, &Seen::scan(&h)));
+        strip(&mut h, false);
         assert!(h.is_empty(), "{h:?}");
     }
 
     #[test]
     fn upgrades_keep_their_two_headers() {
         let mut h = map(&[("connection", "Upgrade"), ("upgrade", "websocket"), ("keep-alive", "1")]);
-        assert!(is_upgrade(&h));
-        strip_hop_by_hop(&mut h, true);
+        assert!(is_upgrade(&h, &Seen::scan(&h)));
+        strip(&mut h, true);
         assert_eq!(h.get("upgrade").unwrap(), "websocket");
         assert_eq!(h.get("connection").unwrap(), "upgrade");
         assert!(h.get("keep-alive").is_none());
@@ -357,7 +410,8 @@ mod tests {
         for (prior, host) in cases {
             let host = host.map(HeaderValue::from_static);
             let (mut cached, mut fresh) = (map(prior), map(prior));
-            fwd.apply(&mut cached, host.as_ref());
+            let chained = Seen::scan(&cached).chained;
+            fwd.apply(&mut cached, host.as_ref(), chained);
             add_forwarded(&mut fresh, c, host.as_ref());
             assert_eq!(cached, fresh, "{prior:?} {host:?}");
         }
@@ -400,6 +454,43 @@ mod tests {
         for name in &HOP_BY_HOP {
             assert!(matches!(name.as_str().len(), 2 | 7 | 10 | 16 | 17 | 19), "{name}");
         }
+        assert_eq!(HOP_BY_HOP[CONNECTION_AT], header::CONNECTION);
+        assert_eq!(HOP_BY_HOP[TRANSFER_ENCODING_AT], header::TRANSFER_ENCODING);
+        assert_eq!(HOP_BY_HOP[UPGRADE_AT], header::UPGRADE);
+    }
+
+    #[test]
+    fn one_pass_finds_what_the_lookups_would() {
+        let h = map(&[
+            ("host", "a"),
+            ("Host", "b"),
+            ("authorization", "x"),
+            ("x-client-id", "w"),
+            ("transfer-encoding", "chunked"),
+            ("transfer-encoding", "gzip"),
+            ("upgrade", "websocket"),
+            ("accept", "*/*"),
+        ]);
+        let seen = Seen::scan(&h);
+        assert_eq!((seen.hosts, seen.authorizations, seen.codings), (2, 1, 2));
+        assert!(seen.client_id && seen.upgrade() && !seen.chained);
+        for chain in ["x-forwarded-for", "forwarded"] {
+            assert!(Seen::scan(&map(&[(chain, "for=1.2.3.4")])).chained, "{chain}");
+        }
+        let none =
+            Seen::scan(&map(&[("accept", "*/*"), ("x-forwarded-proto", "https"), ("user-agent", "u")]));
+        assert_eq!(none, Seen::default());
+    }
+
+    #[test]
+    fn a_header_that_connection_names_is_reported_gone() {
+        let mut h = map(&[("connection", "x-forwarded-for"), ("x-forwarded-for", "10.0.0.1")]);
+        let seen = Seen::scan(&h);
+        assert!(strip_hop_by_hop(&mut h, &seen, false));
+        assert!(h.is_empty());
+        let mut h = map(&[("connection", "keep-alive"), ("host", "a")]);
+        let seen = Seen::scan(&h);
+        assert!(!strip_hop_by_hop(&mut h, &seen, false));
     }
 
     #[test]
@@ -423,12 +514,12 @@ mod tests {
     #[test]
     fn only_the_hop_by_hop_headers_present_are_looked_up_and_a_response_keeps_the_rest() {
         let mut h = map(&[("connection", "keep-alive"), ("content-length", "3"), ("x-upstream", "a")]);
-        strip_hop_by_hop(&mut h, false);
+        strip(&mut h, false);
         let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         names.sort();
         assert_eq!(names, ["content-length", "x-upstream"]);
         let mut none = map(&[("host", "a"), ("accept", "*/*")]);
-        strip_hop_by_hop(&mut none, false);
+        strip(&mut none, false);
         assert_eq!(none.len(), 2);
     }
 }

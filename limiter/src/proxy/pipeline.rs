@@ -28,7 +28,7 @@ use super::{
     exchange::Streams,
     forward::forward,
     head,
-    headers::{Client, Forwarding, is_upgrade},
+    headers::{Client, Forwarding, Seen, is_upgrade},
     path::is_debug_path,
     respond,
     shield::{self, Receipt, ReceiveError},
@@ -71,102 +71,111 @@ impl Reason {
     }
 }
 
-/// hyper's service function for one client request.
-pub(super) async fn handle(
+/// hyper's service function for one client request (an `async` block,
+/// see [`forward`]).
+pub(super) fn handle(
     mut req: Request<ClientBody>,
     proxy: Arc<Proxy>,
     pool: Arc<Pool>,
     client: Client,
     h2: Option<Arc<Streams>>,
     fwd: Arc<Forwarding>,
-) -> Result<Response<ProxyBody>, Infallible> {
-    let started = Instant::now();
-    if req.method() == Method::CONNECT {
-        return Ok(respond::own(
-            &proxy,
-            StatusCode::METHOD_NOT_ALLOWED,
-            "CONNECT is not supported by this proxy\n",
-            true,
-        ));
-    }
-    // The head's own checks, first: a refused head costs no breaker
-    // ticket and no slot.
-    if let Err(bad) = head::check(req.headers()) {
-        proxy.counters.bad_heads[bad.index()].fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(peer = %client.addr, kind = bad.kind(), "request head refused before admission");
-        return Ok(respond::own(&proxy, bad.status(), bad.text(), true));
-    }
-    let debug = is_debug_path(req.uri().path());
-    let upgrade = is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
-    let (parts, body) = req.into_parts();
-    let ask = Ask {
-        debug,
-        web: parts.headers.contains_key("x-client-id"),
-        session: parts.headers.get(header::AUTHORIZATION).map(header::HeaderValue::as_bytes),
-    };
-    let tuning = proxy.tuning();
+) -> impl Future<Output = Result<Response<ProxyBody>, Infallible>> {
+    async move {
+        let started = Instant::now();
+        if req.method() == Method::CONNECT {
+            return Ok(respond::own(
+                &proxy,
+                StatusCode::METHOD_NOT_ALLOWED,
+                "CONNECT is not supported by this proxy\n",
+                true,
+            ));
+        }
+        // The head's own checks, first: a refused head costs no breaker
+        // ticket and no slot.
+        let seen = Seen::scan(req.headers());
+        if let Err(bad) = head::check(req.headers(), &seen) {
+            proxy.counters.bad_heads[bad.index()].fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(peer = %client.addr, kind = bad.kind(), "request head refused before admission");
+            return Ok(respond::own(&proxy, bad.status(), bad.text(), true));
+        }
+        let debug = is_debug_path(req.uri().path());
+        let upgrade = is_upgrade(req.headers(), &seen).then(|| hyper::upgrade::on(&mut req));
+        let (parts, body) = req.into_parts();
+        let ask = Ask {
+            debug,
+            web: seen.client_id,
+            session: if seen.authorizations == 0 {
+                None
+            } else {
+                parts.headers.get(header::AUTHORIZATION).map(header::HeaderValue::as_bytes)
+            },
+        };
+        let tuning = proxy.tuning();
 
-    // A request without a body has nothing to wait for: it is decided
-    // once, below. One with a body is checked at the head, taking nothing
-    // (what would be refused now is refused now, its body unread), and its
-    // body received holding no permit: a client that sends slowly holds
-    // none of the upstream's threads.
-    let receipt = if body.is_end_stream() {
-        if debug && let Some(retry_after_ms) = breaker_at_head(&proxy, debug, &tuning) {
-            return Ok(respond::refuse_breaker(&proxy, retry_after_ms, started));
-        }
-        Receipt::Whole(VecDeque::new())
-    } else {
-        if let Some(retry_after_ms) = breaker_at_head(&proxy, debug, &tuning) {
-            return Ok(respond::refuse_breaker(&proxy, retry_after_ms, started));
-        }
-        if let Err(refusal) = proxy.admission.check(ask) {
-            return Ok(respond::refuse(&proxy, Reason::Admission(refusal), started));
-        }
-        proxy.counters.bodies_receiving.fetch_add(1, Ordering::Relaxed);
-        let received = shield::receive(body, &tuning, &proxy.budget).await;
-        proxy.counters.bodies_receiving.fetch_sub(1, Ordering::Relaxed);
-        match received {
-            Ok(receipt) => receipt,
-            Err(ReceiveError::BudgetSpent) => {
-                proxy.counters.refused_buffer_full.fetch_add(1, Ordering::Relaxed);
-                return Ok(respond::refuse(&proxy, Reason::BufferFull, started));
-            }
-            Err(ReceiveError::Deadline) => {
-                proxy.counters.body_timeouts[0].fetch_add(1, Ordering::Relaxed);
-                return Ok(respond::body_timeout(&proxy));
-            }
-            Err(ReceiveError::Client(e)) => {
-                proxy.counters.client_body_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(peer = %client.addr, "request body failed before admission: {e}");
-                return Ok(respond::own(
-                    &proxy,
-                    StatusCode::BAD_REQUEST,
-                    "400 Bad Request: the request body failed\n",
-                    true,
-                ));
-            }
-        }
-    };
-
-    // 1-4 for real, now that the body is in: the breaker (a half-open
-    // probe slot is taken only now), then the pools, web clients, sessions.
-    let ticket = if debug {
-        None
-    } else {
-        match proxy.breaker.admit() {
-            Decision::Admit(kind) => Some(Ticket::new(proxy.breaker.clone(), kind)),
-            Decision::Refuse { retry_after_ms } => {
+        // A request without a body has nothing to wait for: it is decided
+        // once, below. One with a body is checked at the head, taking nothing
+        // (what would be refused now is refused now, its body unread), and its
+        // body received holding no permit: a client that sends slowly holds
+        // none of the upstream's threads.
+        let receipt = if body.is_end_stream() {
+            if debug && let Some(retry_after_ms) = breaker_at_head(&proxy, debug, &tuning) {
                 return Ok(respond::refuse_breaker(&proxy, retry_after_ms, started));
             }
+            Receipt::Whole(VecDeque::new())
+        } else {
+            if let Some(retry_after_ms) = breaker_at_head(&proxy, debug, &tuning) {
+                return Ok(respond::refuse_breaker(&proxy, retry_after_ms, started));
+            }
+            if let Err(refusal) = proxy.admission.check(ask) {
+                return Ok(respond::refuse(&proxy, Reason::Admission(refusal), started));
+            }
+            proxy.counters.bodies_receiving.fetch_add(1, Ordering::Relaxed);
+            let received = shield::receive(body, &tuning, &proxy.budget).await;
+            proxy.counters.bodies_receiving.fetch_sub(1, Ordering::Relaxed);
+            match received {
+                Ok(receipt) => receipt,
+                Err(ReceiveError::BudgetSpent) => {
+                    proxy.counters.refused_buffer_full.fetch_add(1, Ordering::Relaxed);
+                    return Ok(respond::refuse(&proxy, Reason::BufferFull, started));
+                }
+                Err(ReceiveError::Deadline) => {
+                    proxy.counters.body_timeouts[0].fetch_add(1, Ordering::Relaxed);
+                    return Ok(respond::body_timeout(&proxy));
+                }
+                Err(ReceiveError::Client(e)) => {
+                    proxy.counters.client_body_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(peer = %client.addr, "request body failed before admission: {e}");
+                    return Ok(respond::own(
+                        &proxy,
+                        StatusCode::BAD_REQUEST,
+                        "400 Bad Request: the request body failed\n",
+                        true,
+                    ));
+                }
+            }
+        };
+
+        // 1-4 for real, now that the body is in: the breaker (a half-open
+        // probe slot is taken only now), then the pools, web clients, sessions.
+        let ticket = if debug {
+            None
+        } else {
+            match proxy.breaker.admit() {
+                Decision::Admit(kind) => Some(Ticket::new(proxy.breaker.clone(), kind)),
+                Decision::Refuse { retry_after_ms } => {
+                    return Ok(respond::refuse_breaker(&proxy, retry_after_ms, started));
+                }
+            }
+        };
+        match proxy.admission.admit(ask) {
+            Ok(permit) => {
+                Ok(forward(parts, seen, receipt, upgrade, permit, ticket, &proxy, &pool, &fwd, h2, tuning)
+                    .await)
+            }
+            // The ticket is dropped unrecorded: a refusal is not a result.
+            Err(refusal) => Ok(respond::refuse(&proxy, Reason::Admission(refusal), started)),
         }
-    };
-    match proxy.admission.admit(ask) {
-        Ok(permit) => {
-            Ok(forward(parts, receipt, upgrade, permit, ticket, &proxy, &pool, &fwd, h2, tuning).await)
-        }
-        // The ticket is dropped unrecorded: a refusal is not a result.
-        Err(refusal) => Ok(respond::refuse(&proxy, Reason::Admission(refusal), started)),
     }
 }
 

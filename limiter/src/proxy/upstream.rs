@@ -62,26 +62,29 @@ impl Pool {
 
     /// Sends `req` on a pooled connection, or a new one. A request that a
     /// stale pooled connection refused before sending a byte is retried
-    /// once on a fresh connection.
-    pub async fn send(
+    /// once on a fresh connection. (An `async` block, not an `async fn`:
+    /// one copy of the request in the future, see [`super::forward`].)
+    pub fn send(
         &self,
         mut req: Request<Body>,
         timeouts: Timeouts,
-    ) -> Result<Response<Incoming>, UpstreamError> {
-        loop {
-            let (mut sender, fresh) = match self.checkout(timeouts.idle) {
-                Some(sender) => (sender, false),
-                None => (self.connect(timeouts.connect).await?, true),
-            };
-            match sender.try_send_request(req).await {
-                Ok(response) => {
-                    self.checkin(sender);
-                    return Ok(response);
+    ) -> impl Future<Output = Result<Response<Incoming>, UpstreamError>> {
+        async move {
+            loop {
+                let (mut sender, fresh) = match self.checkout(timeouts.idle) {
+                    Some(sender) => (sender, false),
+                    None => (self.connect(timeouts.connect).await?, true),
+                };
+                match sender.try_send_request(req).await {
+                    Ok(response) => {
+                        self.checkin(sender);
+                        return Ok(response);
+                    }
+                    Err(mut e) => match e.take_message() {
+                        Some(unsent) if !fresh => req = unsent,
+                        _ => return Err(UpstreamError::Send(e.into_error())),
+                    },
                 }
-                Err(mut e) => match e.take_message() {
-                    Some(unsent) if !fresh => req = unsent,
-                    _ => return Err(UpstreamError::Send(e.into_error())),
-                },
             }
         }
     }
