@@ -27,6 +27,7 @@ use crate::access_log::Entry;
 
 /// hyper's service function for one request (HTTP/2: one stream; an
 /// `async` block, see [`super::forward`]).
+#[expect(clippy::manual_async_fn, reason = "an async fn would hold its arguments twice")]
 pub(super) fn serve(
     req: Request<Incoming>,
     proxy: Arc<Proxy>,

@@ -39,6 +39,7 @@ use crate::{admission::Permit, breaker::ticket::Ticket};
 /// arguments into the future, then again into locals on its first poll,
 /// so a large argument costs two copies in the future and one more move.
 /// The proxy's per-request futures are written this way.)
+#[expect(clippy::manual_async_fn, reason = "an async fn would hold its arguments twice")]
 pub(super) fn forward(
     mut parts: Parts,
     mut seen: Seen,

@@ -73,6 +73,7 @@ impl Reason {
 
 /// hyper's service function for one client request (an `async` block,
 /// see [`forward`]).
+#[expect(clippy::manual_async_fn, reason = "an async fn would hold its arguments twice")]
 pub(super) fn handle(
     mut req: Request<ClientBody>,
     proxy: Arc<Proxy>,

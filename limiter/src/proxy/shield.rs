@@ -27,12 +27,14 @@ use super::{
 /// How long a streamed body may take before its average rate counts.
 pub const GRACE: Duration = Duration::from_secs(3);
 
-/// Frames already in memory, then (maybe) the rest of the body to stream.
+/// Frames already in memory, then (maybe) the rest of the body to stream,
+/// boxed: most bodies are whole, and a request moves through several
+/// futures and channels on its way upstream, so its body is kept small.
 /// (The memory reservation of buffered bytes lives in the bytes themselves,
 /// see [`Held`]: it is given back when the last copy is written out.)
 pub struct Prefixed<B> {
     frames: VecDeque<Frame<Bytes>>,
-    rest: Option<B>,
+    rest: Option<Box<B>>,
 }
 
 impl<B> Prefixed<B> {
@@ -43,7 +45,7 @@ impl<B> Prefixed<B> {
 
     /// `frames`, then whatever `rest` produces.
     pub fn streaming(frames: VecDeque<Frame<Bytes>>, rest: B) -> Self {
-        Self { frames, rest: Some(rest) }
+        Self { frames, rest: Some(Box::new(rest)) }
     }
 
     fn buffered_bytes(&self) -> u64 {
@@ -67,7 +69,7 @@ where
             return Poll::Ready(Some(Ok(frame)));
         }
         match &mut self.rest {
-            Some(rest) => Pin::new(rest).poll_frame(cx).map(|f| f.map(|r| r.map_err(Into::into))),
+            Some(rest) => Pin::new(&mut **rest).poll_frame(cx).map(|f| f.map(|r| r.map_err(Into::into))),
             None => Poll::Ready(None),
         }
     }

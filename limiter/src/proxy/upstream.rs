@@ -64,6 +64,7 @@ impl Pool {
     /// stale pooled connection refused before sending a byte is retried
     /// once on a fresh connection. (An `async` block, not an `async fn`:
     /// one copy of the request in the future, see [`super::forward`].)
+    #[expect(clippy::manual_async_fn, reason = "an async fn would hold its arguments twice")]
     pub fn send(
         &self,
         mut req: Request<Body>,
