@@ -58,21 +58,24 @@ pub(super) fn forward(
         // Any Upgrade header stops the framing watch (the connection may become
         // a tunnel), so unless an upgrade really happens this connection closes.
         let close_after = seen.upgrade();
-        // Origin form towards the upstream, whatever form the client used.
-        let mut target = hyper::Uri::builder();
-        if let Some(pq) = parts.uri.path_and_query() {
-            target = target.path_and_query(pq.clone());
-        } else {
-            target = target.path_and_query("/");
+        // Origin form towards the upstream, whatever form the client used
+        // (an HTTP/1 request in origin form, the usual one, is sent as it is).
+        let origin_form = parts.uri.scheme().is_none()
+            && parts.uri.authority().is_none()
+            && parts.uri.path_and_query().is_some();
+        if !origin_form {
+            let target = hyper::Uri::builder()
+                .path_and_query(parts.uri.path_and_query().map_or("/", |pq| pq.as_str()));
+            let Ok(uri) = target.build() else {
+                return respond::own(
+                    proxy,
+                    StatusCode::BAD_REQUEST,
+                    "400 Bad Request: unusable request target\n",
+                    true,
+                );
+            };
+            parts.uri = uri;
         }
-        let Ok(uri) = target.build() else {
-            return respond::own(
-                proxy,
-                StatusCode::BAD_REQUEST,
-                "400 Bad Request: unusable request target\n",
-                true,
-            );
-        };
         if strip_hop_by_hop(&mut parts.headers, &seen, upgrade) {
             // `Connection` named other headers (even `Host`): look again.
             seen = Seen::scan(&parts.headers);
@@ -99,7 +102,6 @@ pub(super) fn forward(
             join_cookies(&mut parts.headers);
         }
         fwd.apply(&mut parts.headers, host.as_ref(), seen.chained);
-        parts.uri = uri;
         parts.version = hyper::Version::HTTP_11;
         // A body in memory is sent as soon as the upstream takes it (the
         // upstream timeout counts from now); a streaming one reports when it
@@ -117,10 +119,9 @@ pub(super) fn forward(
 
         let sent = Instant::now();
         let timeouts = Timeouts { connect: tuning.connect_timeout, idle: tuning.idle_timeout };
-        let result =
-            answer_within(pool.send(upstream_req, timeouts), progress.as_deref(), tuning.upstream_timeout)
-                .await;
-        let mut response = match result {
+        let answer =
+            answer_within(pool.send(upstream_req, timeouts), progress.as_deref(), tuning.upstream_timeout);
+        let mut response = match answer.await {
             Err(_) => {
                 if let Some(t) = ticket {
                     t.record(false)

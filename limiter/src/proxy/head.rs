@@ -115,7 +115,7 @@ pub fn is_valid_host(value: &[u8]) -> bool {
         Some(digits) => {
             (1..=5).contains(&digits.len())
                 && digits.iter().all(u8::is_ascii_digit)
-                && std::str::from_utf8(digits).is_ok_and(|d| d.parse::<u16>().is_ok())
+                && digits.iter().fold(0u32, |n, d| n * 10 + u32::from(d - b'0')) <= u32::from(u16::MAX)
         }
     };
     valid_host && valid_port
