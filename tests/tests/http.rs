@@ -192,6 +192,47 @@ fn session_and_web_limits_count_exactly_and_name_the_first_failing_check() {
     s.assert_pools_empty();
 }
 
+/// Whether the proxy has closed its socket for good: a write from the
+/// client draws a RST, so the next one fails.
+fn fully_closed(stream: &mut std::net::TcpStream) -> bool {
+    let _ = stream.write_all(b"x");
+    std::thread::sleep(Duration::from_millis(100));
+    stream.write_all(b"x").is_err()
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn a_503_to_requests_read_whole_closes_at_once_and_arrives_intact() {
+    // No lingering when nothing of the client's is unread (nginx's
+    // `lingering_close on`); the 503 still arrives whole, even with a
+    // second request pipelined behind the refused one.
+    let s = setup("http.maxThreads = 12\n");
+    let held = s.spawn_get("/hold", &[]);
+    s.upstream.wait_holding(1);
+    for requests in [
+        &b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n"[..],
+        b"GET /a HTTP/1.1\r\nHost: t\r\n\r\nGET /b HTTP/1.1\r\nHost: t\r\n\r\n",
+    ] {
+        let mut stream = connect(s.proxy);
+        stream.write_all(requests).unwrap();
+        let reply = read_reply(&mut stream).expect("the 503 is readable, not reset");
+        assert_503(&reply, "normal");
+        assert!(closed_by_server(&mut stream), "the connection stays open after a 503");
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(fully_closed(&mut stream), "the proxy lingered after a 503 with nothing unread");
+    }
+    // A body it did not read: the proxy lingers, reading what still comes.
+    let mut stream = connect(s.proxy);
+    stream.write_all(b"POST /u HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n").unwrap();
+    assert_503(&read_reply(&mut stream).expect("a 503"), "normal");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!fully_closed(&mut stream), "the proxy did not linger behind an unread body");
+    assert_eq!(s.upstream.hits(), 1);
+    s.upstream.release();
+    assert_eq!(held.join().unwrap().status, 200);
+    s.assert_pools_empty();
+}
+
 #[test]
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn the_503_arrives_intact_after_an_unread_1mb_post() {

@@ -279,11 +279,12 @@ fn max_header_bytes_changes_for_new_connections() {
     assert_eq!(d.get("/x", &[&big]).status, 431);
 }
 
-/// After a 503 with `Connection: close`: whether the connection still
-/// takes bytes without a reset 300 ms after the proxy's FIN.
+/// After a 503 with `Connection: close` to a request whose body was not
+/// read: whether the connection still takes bytes without a reset 300 ms
+/// after the proxy's FIN.
 fn lingers_after_503(proxy: SocketAddr) -> bool {
     let mut s = client::connect(proxy);
-    s.write_all(b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    s.write_all(b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n\r\n").unwrap();
     let reply = client::read_reply(&mut s).expect("an answer");
     assert_eq!(reply.status, 503);
     thread::sleep(Duration::from_millis(300));

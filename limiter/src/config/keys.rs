@@ -360,7 +360,7 @@ pub static KEYS: &[Key] = &[
         name: "http.lingerMs",
         default: DefaultValue::Value("2000"),
         reload: Reload::Live,
-        doc: "after a Connection: close response, how long to drain what the client still sends",
+        doc: "after a Connection: close response, how long to drain what the client may still send",
         set: plain!(|c, v| c.http.linger_ms = ms(v, 0)?),
     },
     Key {

@@ -300,6 +300,12 @@ impl Framing {
         self.state == Scan::Lost
     }
 
+    /// No byte of a next request has come: every request read so far was
+    /// read whole, head and body.
+    pub fn between_requests(&self) -> bool {
+        self.state == Scan::Head && !self.head.request_line && !self.head.line_started && !self.head.cr
+    }
+
     fn next_message(&mut self) {
         self.state = Scan::Head;
         self.head = HeadScan::default();

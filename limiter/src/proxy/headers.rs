@@ -192,38 +192,39 @@ fn forwarded_values(client: Client, host: Option<&HeaderValue>) -> (Vec<u8>, Vec
     (xff, element)
 }
 
-/// The forwarding headers of one client connection, written once: its
-/// address and scheme are the same for every request on it, and so,
-/// usually, is its `Host`. `X-Forwarded-For` and `Forwarded` without a
-/// client-sent chain are then a reference count each, not a buffer.
+/// The forwarding headers of one client connection, written once, for its
+/// first forwarded request (a connection refused at its first request
+/// never needs them): its address and scheme are the same for every
+/// request on it, and so, usually, is its `Host`. `X-Forwarded-For` and
+/// `Forwarded` without a client-sent chain are then a reference count
+/// each, not a buffer.
 pub struct Forwarding {
     client: Client,
-    xff: Option<HeaderValue>,
-    /// `Forwarded` for a request without a `Host`.
-    without_host: Option<HeaderValue>,
+    /// `X-Forwarded-For`, and `Forwarded` for a request without a `Host`.
+    written: std::sync::OnceLock<(Option<HeaderValue>, Option<HeaderValue>)>,
     /// The last `Host` seen and its `Forwarded` element.
     with_host: std::sync::Mutex<Option<(HeaderValue, HeaderValue)>>,
 }
 
 impl Forwarding {
     pub fn new(client: Client) -> Self {
-        let (xff, element) = forwarded_values(client, None);
-        Self {
-            client,
-            xff: HeaderValue::from_maybe_shared(bytes::Bytes::from(xff)).ok(),
-            without_host: HeaderValue::from_maybe_shared(bytes::Bytes::from(element)).ok(),
-            with_host: std::sync::Mutex::new(None),
-        }
+        Self { client, written: std::sync::OnceLock::new(), with_host: std::sync::Mutex::new(None) }
     }
 
     /// [`add_forwarded`] for this connection's client, from what was
-    /// written before when it can be.
-    /// `chained`: the request has `X-Forwarded-For` or `Forwarded` (as
-    /// [`Seen`] found).
+    /// written before when it can be. `chained`: the request has
+    /// `X-Forwarded-For` or `Forwarded` (as [`Seen`] found).
     pub fn apply(&self, headers: &mut HeaderMap, host: Option<&HeaderValue>, chained: bool) {
+        let (xff, without_host) = self.written.get_or_init(|| {
+            let (xff, element) = forwarded_values(self.client, None);
+            (
+                HeaderValue::from_maybe_shared(bytes::Bytes::from(xff)).ok(),
+                HeaderValue::from_maybe_shared(bytes::Bytes::from(element)).ok(),
+            )
+        });
         let host = host.filter(|h| !h.is_empty());
         let element = match host {
-            None => self.without_host.clone(),
+            None => without_host.clone(),
             Some(h) => {
                 let mut last = self.with_host.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 match &*last {
@@ -237,7 +238,7 @@ impl Forwarding {
                 }
             }
         };
-        match (chained, &self.xff, element) {
+        match (chained, xff, element) {
             (false, Some(xff), Some(element)) => {
                 headers.insert(X_FORWARDED_FOR.clone(), xff.clone());
                 headers.insert(header::FORWARDED, element);

@@ -234,14 +234,20 @@ async fn connection(
     c.connections_total.fetch_add(1, Ordering::Relaxed);
     let tuning = proxy.tuning();
     let conn = |proto| Conn { client: Client { addr, proto }, proxy: proxy.clone(), pool, shutdown };
+    // Cleartext HTTP/1 inline; TLS and HTTP/2, whose futures are several
+    // times larger, boxed: this future is moved into its task on every
+    // accept, and sized by its largest branch.
     let result = if secure {
-        match handshake(stream, &tuning, &proxy).await {
-            Some((tls, Proto::H2Tls)) => serve_h2(tls, conn(Proto::H2Tls)).await,
-            Some((tls, proto)) => serve_h1(tls, conn(proto)).await,
-            None => Ok(()),
-        }
-    } else if tuning.h2c && sends_preface(&stream, tuning.header_read_timeout).await {
-        serve_h2(stream, conn(Proto::H2c)).await
+        Box::pin(async {
+            match handshake(stream, &tuning, &proxy).await {
+                Some((tls, Proto::H2Tls)) => serve_h2(tls, conn(Proto::H2Tls)).await,
+                Some((tls, proto)) => serve_h1(tls, conn(proto)).await,
+                None => Ok(()),
+            }
+        })
+        .await
+    } else if tuning.h2c && Box::pin(sends_preface(&stream, tuning.header_read_timeout)).await {
+        Box::pin(serve_h2(stream, conn(Proto::H2c))).await
     } else {
         serve_h1(stream, conn(Proto::H1)).await
     };
