@@ -2,9 +2,10 @@
 //! instructions (callgrind), system calls (`strace -c -f`) and, for
 //! limiter, allocations (its `count-allocations` build). Each server runs
 //! alone, one worker, under the tool, for a small and a large number of
-//! keep-alive requests from `h2load --h1 -c10`; the difference divided by
-//! the difference in requests is the cost of a request, start-up and
-//! shutdown cancelled out.
+//! requests from `h2load --h1 -c10` (keep-alive ones answered, or new
+//! connections refused: [`Load`]); the difference divided by the
+//! difference in requests is the cost of a request, start-up and shutdown
+//! cancelled out.
 
 use std::{
     net::SocketAddr,
@@ -14,6 +15,8 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail, ensure};
+
+use crate::upstream::Upstream;
 
 /// Requests of the two runs.
 pub const FEW: u32 = 1000;
@@ -42,11 +45,26 @@ pub struct PerRequest {
     pub syscalls: f64,
 }
 
-/// Both figures for `server`, against `url_path` (one round each).
-pub fn measure(server: &Server, dir: &Path, url_path: &str) -> Result<PerRequest> {
+/// The requests counted.
+#[derive(Clone, Copy)]
+pub enum Load<'a> {
+    /// Keep-alive `GET`s of a path, every one answered 2xx.
+    KeepAlive(&'a str),
+    /// A new connection per request (`Connection: close`), every one
+    /// refused with a 503: the session it names (`Authorization: Bearer
+    /// counted`, limited to one request in flight) is held full by a
+    /// request that `upstream` holds meanwhile.
+    Refused(&'a Upstream),
+}
+
+/// What a refused load's requests name, and what holds that session.
+const REFUSED_AUTH: &str = "Authorization: Bearer counted";
+
+/// Both figures for `server`, under `load` (one round each).
+pub fn measure(server: &Server, dir: &Path, load: Load) -> Result<PerRequest> {
     let per = |tool| -> Result<f64> {
-        let few = total(server, tool, dir, url_path, FEW)?;
-        let many = total(server, tool, dir, url_path, MANY)?;
+        let few = total(server, tool, dir, load, FEW)?;
+        let many = total(server, tool, dir, load, MANY)?;
         ensure!(
             many > few,
             "{}: {tool:?} counted {few} for {FEW} requests and {many} for {MANY}",
@@ -58,8 +76,12 @@ pub fn measure(server: &Server, dir: &Path, url_path: &str) -> Result<PerRequest
 }
 
 /// The tool's total for one run of `requests` requests.
-fn total(server: &Server, tool: Tool, dir: &Path, url_path: &str, requests: u32) -> Result<u64> {
-    let out = dir.join(format!("{}-{tool:?}-{requests}.out", server.name.replace(' ', "_")));
+fn total(server: &Server, tool: Tool, dir: &Path, load: Load, requests: u32) -> Result<u64> {
+    let kind = match load {
+        Load::KeepAlive(_) => "",
+        Load::Refused(_) => "-refused",
+    };
+    let out = dir.join(format!("{}{kind}-{tool:?}-{requests}.out", server.name.replace(' ', "_")));
     let _ = std::fs::remove_file(&out);
     let mut cmd = match tool {
         Tool::Callgrind => {
@@ -75,7 +97,7 @@ fn total(server: &Server, tool: Tool, dir: &Path, url_path: &str, requests: u32)
     };
     cmd.arg(&server.program).args(&server.args).stdout(Stdio::null()).stderr(Stdio::null());
     let mut child = cmd.spawn().with_context(|| format!("starting {} under {tool:?}", server.name))?;
-    let result = drive(server.name, server.addr, url_path, requests);
+    let result = drive(server.name, server.addr, load, requests);
     stop(&mut child, tool)?;
     result?;
     let text =
@@ -100,9 +122,13 @@ fn total(server: &Server, tool: Tool, dir: &Path, url_path: &str, requests: u32)
 }
 
 /// Waits for the server `name` on `addr`, then sends it `requests`
-/// keep-alive requests.
-fn drive(name: &str, addr: SocketAddr, url_path: &str, requests: u32) -> Result<()> {
+/// requests of `load`.
+fn drive(name: &str, addr: SocketAddr, load: Load, requests: u32) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
+    let url_path = match load {
+        Load::KeepAlive(path) => path,
+        Load::Refused(_) => "/",
+    };
     let probe = format!("GET {url_path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
     loop {
         // (`client::send` panics on a refused connection.)
@@ -118,17 +144,31 @@ fn drive(name: &str, addr: SocketAddr, url_path: &str, requests: u32) -> Result<
         }
     }
     let url = format!("http://{}{url_path}", addr);
-    let out = Command::new("h2load")
-        .args(["--h1", "-c10", "-n"])
-        .arg(requests.to_string())
-        .arg(&url)
-        .output()
-        .context("h2load")?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    let mut h2load = Command::new("h2load");
+    h2load.args(["--h1", "-c10", "-n"]).arg(requests.to_string());
+    // (h2load counts a 5xx as a failed request.)
+    let (held, expected) = match load {
+        Load::KeepAlive(_) => (None, ["succeeded", "2xx"]),
+        Load::Refused(upstream) => {
+            let hold = format!("GET /hold HTTP/1.1\r\nHost: a\r\n{REFUSED_AUTH}\r\n\r\n");
+            let held = std::thread::spawn(move || crate::client::send(addr, hold.as_bytes()));
+            upstream.wait_holding(1);
+            h2load.args(["-H", REFUSED_AUTH, "-H", "Connection: close"]);
+            (Some((upstream, held)), ["done", "5xx"])
+        }
+    };
+    let out = h2load.arg(&url).output().context("h2load");
+    if let Some((upstream, held)) = held {
+        upstream.release();
+        let answer = held.join().map_err(|_| anyhow::anyhow!("the holding request panicked"))?;
+        ensure!(answer.is_ok_and(|r| r.status == 200), "{}: the held request did not end in a 200", name);
+    }
+    let text = String::from_utf8_lossy(&out?.stdout).into_owned();
     ensure!(
-        text.contains(&format!("{requests} succeeded")) && text.contains(&format!("{requests} 2xx")),
-        "{}: not every request answered 2xx: {text}",
-        name
+        expected.iter().all(|e| text.contains(&format!("{requests} {e}"))),
+        "{}: not every request answered {}: {text}",
+        name,
+        expected[1]
     );
     Ok(())
 }
@@ -158,7 +198,7 @@ fn stop(child: &mut Child, tool: Tool) -> Result<()> {
 /// Allocations per request of a running limiter built with
 /// `count-allocations`, from `limiter_process_allocations_total` around
 /// `MANY` requests (less what a scrape itself allocates).
-pub fn allocations(proxy: SocketAddr, admin: SocketAddr, url_path: &str) -> Result<f64> {
+pub fn allocations(proxy: SocketAddr, admin: SocketAddr, load: Load) -> Result<f64> {
     let count = || -> Result<u64> {
         let page = crate::http_get(admin, "/metrics")?;
         page.lines()
@@ -167,10 +207,10 @@ pub fn allocations(proxy: SocketAddr, admin: SocketAddr, url_path: &str) -> Resu
             .context("no limiter_process_allocations_total: not a count-allocations build")
     };
     let name = "limiter (allocations)";
-    drive(name, proxy, url_path, 100)?;
+    drive(name, proxy, load, 100)?;
     let (a, b) = (count()?, count()?);
     let scrape = b - a;
-    drive(name, proxy, url_path, MANY)?;
+    drive(name, proxy, load, MANY)?;
     let c = count()?;
     Ok((c - b).saturating_sub(scrape) as f64 / f64::from(MANY))
 }

@@ -263,7 +263,7 @@ fn counted_alone(dir: &Path) -> Result<String> {
 
 /// (7): instructions, system calls and allocations per request.
 fn counted(dir: &Path, upstream: SocketAddr) -> Result<String> {
-    use limiter_tests::counted::{self, Server};
+    use limiter_tests::counted::{self, Load, Server};
     let (config, limiter_addr) = client::http_config(
         &dir.join("counted-limiter"),
         Some(upstream),
@@ -302,17 +302,58 @@ fn counted(dir: &Path, upstream: SocketAddr) -> Result<String> {
     let mut rows = Vec::new();
     for server in [&limiter, &nginx, &floor] {
         eprintln!("counting {} (callgrind, strace)", server.name);
-        rows.push((server.name, counted::measure(server, dir, "/")?));
+        rows.push((server.name, counted::measure(server, dir, Load::KeepAlive("/"))?));
     }
-    let allocations = match std::env::var_os("LIMITER_BIN_COUNTING") {
-        Some(bin) => {
-            let daemon = Daemon::start_binary(Path::new(&bin), &config, &[])?;
-            let a = counted::allocations(limiter_addr, daemon.admin, "/")?;
-            drop(daemon);
-            format!("{a:.1}")
-        }
-        None => "not measured (LIMITER_BIN_COUNTING unset)".into(),
+    let counting = std::env::var_os("LIMITER_BIN_COUNTING");
+    let allocations = |config: &Path, addr: SocketAddr, load: Load| -> Result<String> {
+        Ok(match &counting {
+            Some(bin) => {
+                let daemon = Daemon::start_binary(Path::new(bin), config, &[])?;
+                let a = counted::allocations(addr, daemon.admin, load)?;
+                drop(daemon);
+                format!("{a:.1}")
+            }
+            None => "not measured (LIMITER_BIN_COUNTING unset)".into(),
+        })
     };
+    let allocs_kept = allocations(&config, limiter_addr, Load::KeepAlive("/"))?;
+
+    // Refused: one session's single slot held, a new connection per 503.
+    let holding = Upstream::start();
+    let (refusing_config, refusing_addr) = client::http_config(
+        &dir.join("counted-limiter-refusing"),
+        Some(holding.addr),
+        "http.maxThreads = 208\nhttp.workers = 1\nhttp.maxSessionConnections = 1\nadmin.logLevel = info\n",
+    );
+    let refusing = Server {
+        name: "limiter",
+        program: limiter_tests::limiter_bin(),
+        args: vec!["run".into(), "--config".into(), refusing_config.display().to_string()],
+        addr: refusing_addr,
+    };
+    let nginx_refusing_port = free_port();
+    let prefix = dir.join("counted-nginx-refusing");
+    let conf = prefix.join("nginx.conf");
+    fs::write(
+        &conf,
+        nginx::conf(
+            &prefix,
+            "master_process off;\nworker_processes 1;",
+            &nginx_proxy_server(nginx_refusing_port, holding.addr, 1),
+        ),
+    )?;
+    let nginx_refusing = Server {
+        name: "nginx limit_conn",
+        program: "nginx".into(),
+        args: vec!["-p".into(), prefix.display().to_string(), "-c".into(), conf.display().to_string()],
+        addr: format!("127.0.0.1:{nginx_refusing_port}").parse()?,
+    };
+    let mut refused = Vec::new();
+    for server in [&refusing, &nginx_refusing] {
+        eprintln!("counting {} refusing (callgrind, strace)", server.name);
+        refused.push((server.name, counted::measure(server, dir, Load::Refused(&holding))?));
+    }
+    let allocs_refused = allocations(&refusing_config, refusing_addr, Load::Refused(&holding))?;
     let (l, n) = (rows[0].1, rows[1].1);
     let mut text = format!(
         "\n(7) Counted, not timed: one worker each, keep-alive, `h2load --h1 -c10`, {} minus {} requests \
@@ -323,7 +364,7 @@ fn counted(dir: &Path, upstream: SocketAddr) -> Result<String> {
         counted::FEW
     );
     for (name, r) in &rows {
-        let allocs = if *name == "limiter" { allocations.as_str() } else { "-" };
+        let allocs = if *name == "limiter" { allocs_kept.as_str() } else { "-" };
         text.push_str(&format!("| {name} | {:.0} | {:.2} | {allocs} |\n", r.instructions, r.syscalls));
     }
     text.push_str(&format!(
@@ -331,6 +372,25 @@ fn counted(dir: &Path, upstream: SocketAddr) -> Result<String> {
         verdict(l.instructions <= n.instructions),
         l.instructions / n.instructions,
         verdict(l.syscalls <= n.syscalls),
+        l.syscalls / n.syscalls
+    ));
+    text.push_str(&format!(
+        "\nThe same, refused: a new connection per request (`Connection: close`), each answered 503 by the \
+         session limit (one session of one slot, held by a request to the upstream of (2) meanwhile), \
+         {} minus {} connections:\n\n\
+         | server | user-space instructions / refused connection | system calls / refused connection | allocations / refused connection |\n\
+         |---|---|---|---|\n",
+        counted::MANY,
+        counted::FEW
+    ));
+    for (name, r) in &refused {
+        let allocs = if *name == "limiter" { allocs_refused.as_str() } else { "-" };
+        text.push_str(&format!("| {name} | {:.0} | {:.2} | {allocs} |\n", r.instructions, r.syscalls));
+    }
+    let (l, n) = (refused[0].1, refused[1].1);
+    text.push_str(&format!(
+        "\nInstructions per refused connection against nginx limit_conn's: {:.2}x; system calls {:.2}x.\n",
+        l.instructions / n.instructions,
         l.syscalls / n.syscalls
     ));
     Ok(text)
