@@ -13,6 +13,8 @@ use hyper::{
 use super::{Proxy, Reason, body::ProxyBody};
 use crate::admission::Refusal;
 
+static X_LIMITER_REFUSED: header::HeaderName = header::HeaderName::from_static("x-limiter-refused");
+
 /// A response of the proxy's own, counted by status; `close` ends the
 /// connection after it.
 pub(super) fn own(proxy: &Proxy, status: StatusCode, text: &'static str, close: bool) -> Response<ProxyBody> {
@@ -20,6 +22,8 @@ pub(super) fn own(proxy: &Proxy, status: StatusCode, text: &'static str, close: 
     let mut response = Response::new(ProxyBody::full(text));
     *response.status_mut() = status;
     let h = response.headers_mut();
+    // Room for a 503's six at once (the map would grow twice).
+    h.reserve(6);
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
     if close {
         h.insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -61,7 +65,7 @@ pub(super) fn refuse(proxy: &Arc<Proxy>, reason: Reason, started: Instant) -> Re
     let h = response.headers_mut();
     h.insert(header::RETRY_AFTER, HeaderValue::from(proxy.tuning().retry_after_secs));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert("x-limiter-refused", HeaderValue::from_static(reason.as_str()));
+    h.insert(X_LIMITER_REFUSED.clone(), HeaderValue::from_static(reason.as_str()));
     response.body_mut().meta.refused = Some(reason.as_str());
     let counters = proxy.counters.clone();
     response.map(|body| body.on_end(Box::new(move || counters.time_to_503.record(started.elapsed()))))

@@ -9,7 +9,7 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -23,7 +23,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     net::{TcpListener, TcpStream},
-    sync::watch,
+    sync::{Notify, watch},
 };
 
 use super::{
@@ -109,28 +109,40 @@ async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream, S
     }
 }
 
-/// Accepts client connections until `shutdown` turns true, then drains:
+/// Accepts client connections until `shutdown` changes, then drains:
 /// the listeners close, each connection finishes the requests it is
 /// serving and closes (idle keep-alive connections close at once), and
-/// whatever is still open after `http.drainTimeoutMs` is cut.
+/// whatever is still open after `http.drainTimeoutMs` is cut: this returns,
+/// and the worker's runtime drops the tasks left with it.
 pub async fn serve(
     plain: TcpListener,
     tls: Option<TcpListener>,
     proxy: Arc<Proxy>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
     let pool = proxy.pool();
-    let mut tasks = tokio::task::JoinSet::new();
+    // Connections are counted, not joined: nothing on the accept path
+    // wakes up when one ends.
+    let open = Arc::new(Open::default());
+    let mut stop_rx = shutdown.clone();
+    let stop = async move {
+        let _ = stop_rx.changed().await;
+    };
+    tokio::pin!(stop);
     loop {
         let (accepted, secure) = tokio::select! {
             accepted = plain.accept() => (accepted, false),
             accepted = accept(tls.as_ref()) => (accepted, true),
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
-            _ = shutdown.changed() => break,
+            () = &mut stop => break,
         };
         match accepted {
             Ok((stream, addr)) => {
-                tasks.spawn(connection(stream, addr, secure, proxy.clone(), pool.clone(), shutdown.clone()));
+                let counted = Open::count(&open);
+                let (proxy, pool, shutdown) = (proxy.clone(), pool.clone(), shutdown.clone());
+                tokio::spawn(async move {
+                    connection(stream, addr, secure, proxy, pool, shutdown).await;
+                    drop(counted);
+                });
             }
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
@@ -142,15 +154,50 @@ pub async fn serve(
     }
     drop((plain, tls));
     let drain = proxy.tuning().drain_timeout;
-    let drained = tokio::time::timeout(drain, async { while tasks.join_next().await.is_some() {} }).await;
-    if drained.is_err() {
+    if tokio::time::timeout(drain, open.none()).await.is_err() {
         tracing::warn!(
-            connections = tasks.len(),
+            connections = open.count.load(Ordering::Relaxed),
             timeout_ms = drain.as_millis() as u64,
             "drain timeout: cutting the connections still open"
         );
-        tasks.abort_all();
-        while tasks.join_next().await.is_some() {}
+    }
+}
+
+/// A worker's open client connections.
+#[derive(Default)]
+struct Open {
+    count: AtomicUsize,
+    closed_last: Notify,
+}
+
+/// One of them, until dropped (with its task, however it ends).
+struct Counted(Arc<Open>);
+
+impl Open {
+    fn count(open: &Arc<Self>) -> Counted {
+        open.count.fetch_add(1, Ordering::Relaxed);
+        Counted(open.clone())
+    }
+
+    /// Resolves once none is open.
+    async fn none(&self) {
+        loop {
+            let closed = self.closed_last.notified();
+            tokio::pin!(closed);
+            closed.as_mut().enable();
+            if self.count.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            closed.await;
+        }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.closed_last.notify_waiters();
+        }
     }
 }
 
