@@ -17,7 +17,7 @@ pub fn allocations() -> u64 {
     ALLOCATIONS.load(Ordering::Relaxed)
 }
 
-/// mimalloc, counted.
+/// The daemon's allocator, counted.
 pub struct Counting;
 
 // SAFETY: every call is passed through unchanged to mimalloc, which
@@ -27,23 +27,23 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: the caller's guarantees, passed on.
-        unsafe { mimalloc::MiMalloc.alloc(layout) }
+        unsafe { crate::allocator::Mimalloc.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: as above.
-        unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+        unsafe { crate::allocator::Mimalloc.alloc_zeroed(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: as above.
-        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+        unsafe { crate::allocator::Mimalloc.dealloc(ptr, layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: as above.
-        unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
+        unsafe { crate::allocator::Mimalloc.realloc(ptr, layout, new_size) }
     }
 }

@@ -27,8 +27,8 @@
 //!   configuration everything above reads.
 // Denied, not forbidden: `kernel::sys` holds the bpf(2) calls aya does not
 // expose and the shared mapping, `daemon::activation` takes the descriptors
-// systemd passed, and `alloc_count` (a benchmark build only) wraps the
-// allocator: each allows it where it must.
+// systemd passed, `allocator` is the global allocator, and `alloc_count`
+// (a benchmark build only) wraps it: each allows it where it must.
 #![deny(unsafe_code)]
 
 pub mod access_log;
@@ -36,6 +36,7 @@ pub mod admin;
 pub mod admission;
 #[cfg(feature = "count-allocations")]
 pub mod alloc_count;
+pub mod allocator;
 pub mod breaker;
 pub mod cli;
 pub mod config;

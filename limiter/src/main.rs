@@ -6,11 +6,10 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 use clap::{Args, Parser, Subcommand};
 use limiter::cli::{self, Access};
 
-/// mimalloc: per-thread free lists suit the one-thread-per-worker proxy
-/// better than glibc's arenas (fewer locked operations per request).
+/// mimalloc (see [`limiter::allocator`]).
 #[cfg(not(feature = "count-allocations"))]
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: limiter::allocator::Mimalloc = limiter::allocator::Mimalloc;
 
 /// The benchmark's build: mimalloc, every allocation counted.
 #[cfg(feature = "count-allocations")]
