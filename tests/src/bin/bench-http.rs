@@ -64,7 +64,9 @@ use anyhow::{Context as _, Result, bail, ensure};
 use limiter_tests::{
     Daemon,
     bench::{cpu_seconds, median, spread},
-    client, free_port, http_get,
+    client,
+    counted::{self, Load, Server},
+    free_port, http_get,
     nginx::{self, Nginx},
     upstream::Upstream,
 };
@@ -261,37 +263,47 @@ fn counted_alone(dir: &Path) -> Result<String> {
     counted(dir, upstream)
 }
 
-/// (7): instructions, system calls and allocations per request.
-fn counted(dir: &Path, upstream: SocketAddr) -> Result<String> {
-    use limiter_tests::counted::{self, Load, Server};
-    let (config, limiter_addr) = client::http_config(
-        &dir.join("counted-limiter"),
+/// A limiter of one worker for the counted rows, on `upstream`, with
+/// `extra` keys: the server, its configuration file and its address.
+fn counted_limiter(dir: &Path, upstream: SocketAddr, extra: &str) -> (Server, PathBuf, SocketAddr) {
+    let (config, addr) = client::http_config(
+        dir,
         Some(upstream),
-        "http.maxThreads = 208\nhttp.workers = 1\nadmin.logLevel = info\n",
+        &format!("http.maxThreads = 208\nhttp.workers = 1\nadmin.logLevel = info\n{extra}"),
     );
-    let limiter = Server {
+    let server = Server {
         name: "limiter",
         program: limiter_tests::limiter_bin(),
         args: vec!["run".into(), "--config".into(), config.display().to_string()],
-        addr: limiter_addr,
+        addr,
     };
-    let nginx_port = free_port();
-    let prefix = dir.join("counted-nginx");
+    (server, config, addr)
+}
+
+/// nginx `limit_conn` of one worker, no master, for the counted rows.
+fn counted_nginx(prefix: &Path, upstream: SocketAddr, per_session: u32) -> Result<Server> {
+    let port = free_port();
     let conf = prefix.join("nginx.conf");
     fs::write(
         &conf,
         nginx::conf(
-            &prefix,
+            prefix,
             "master_process off;\nworker_processes 1;",
-            &nginx_proxy_server(nginx_port, upstream, 100),
+            &nginx_proxy_server(port, upstream, per_session),
         ),
     )?;
-    let nginx = Server {
+    Ok(Server {
         name: "nginx limit_conn",
         program: "nginx".into(),
         args: vec!["-p".into(), prefix.display().to_string(), "-c".into(), conf.display().to_string()],
-        addr: format!("127.0.0.1:{nginx_port}").parse()?,
-    };
+        addr: format!("127.0.0.1:{port}").parse()?,
+    })
+}
+
+/// (7): instructions, system calls and allocations per request.
+fn counted(dir: &Path, upstream: SocketAddr) -> Result<String> {
+    let (limiter, config, limiter_addr) = counted_limiter(&dir.join("counted-limiter"), upstream, "");
+    let nginx = counted_nginx(&dir.join("counted-nginx"), upstream, 100)?;
     let floor_port = free_port();
     let floor = Server {
         name: "hyper floor",
@@ -320,34 +332,12 @@ fn counted(dir: &Path, upstream: SocketAddr) -> Result<String> {
 
     // Refused: one session's single slot held, a new connection per 503.
     let holding = Upstream::start();
-    let (refusing_config, refusing_addr) = client::http_config(
+    let (refusing, refusing_config, refusing_addr) = counted_limiter(
         &dir.join("counted-limiter-refusing"),
-        Some(holding.addr),
-        "http.maxThreads = 208\nhttp.workers = 1\nhttp.maxSessionConnections = 1\nadmin.logLevel = info\n",
+        holding.addr,
+        "http.maxSessionConnections = 1\n",
     );
-    let refusing = Server {
-        name: "limiter",
-        program: limiter_tests::limiter_bin(),
-        args: vec!["run".into(), "--config".into(), refusing_config.display().to_string()],
-        addr: refusing_addr,
-    };
-    let nginx_refusing_port = free_port();
-    let prefix = dir.join("counted-nginx-refusing");
-    let conf = prefix.join("nginx.conf");
-    fs::write(
-        &conf,
-        nginx::conf(
-            &prefix,
-            "master_process off;\nworker_processes 1;",
-            &nginx_proxy_server(nginx_refusing_port, holding.addr, 1),
-        ),
-    )?;
-    let nginx_refusing = Server {
-        name: "nginx limit_conn",
-        program: "nginx".into(),
-        args: vec!["-p".into(), prefix.display().to_string(), "-c".into(), conf.display().to_string()],
-        addr: format!("127.0.0.1:{nginx_refusing_port}").parse()?,
-    };
+    let nginx_refusing = counted_nginx(&dir.join("counted-nginx-refusing"), holding.addr, 1)?;
     let mut refused = Vec::new();
     for server in [&refusing, &nginx_refusing] {
         eprintln!("counting {} refusing (callgrind, strace)", server.name);
