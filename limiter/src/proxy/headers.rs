@@ -38,7 +38,8 @@ static X_CLIENT_ID: HeaderName = HeaderName::from_static("x-client-id");
 
 /// Which of the headers the proxy interprets or rewrites a request has,
 /// found in one pass over its names (no hashing), so that the head's
-/// checks, admission and forwarding look up only what is there.
+/// checks, admission and forwarding look up only what is there. (Of a
+/// response, only its hop-by-hop headers are used.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Seen {
     /// Lines of `Host`, `Authorization` and `Transfer-Encoding` (up to 255).

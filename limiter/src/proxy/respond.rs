@@ -22,8 +22,6 @@ pub(super) fn own(proxy: &Proxy, status: StatusCode, text: &'static str, close: 
     let mut response = Response::new(ProxyBody::full(text));
     *response.status_mut() = status;
     let h = response.headers_mut();
-    // Room for a 503's six at once (the map would grow twice).
-    h.reserve(6);
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
     if close {
         h.insert(header::CONNECTION, HeaderValue::from_static("close"));

@@ -137,7 +137,7 @@ pub async fn serve(
         };
         match accepted {
             Ok((stream, addr)) => {
-                let counted = Open::count(&open);
+                let counted = Open::track(&open);
                 let (proxy, pool, shutdown) = (proxy.clone(), pool.clone(), shutdown.clone());
                 tokio::spawn(async move {
                     connection(stream, addr, secure, proxy, pool, shutdown).await;
@@ -174,7 +174,7 @@ struct Open {
 struct Counted(Arc<Open>);
 
 impl Open {
-    fn count(open: &Arc<Self>) -> Counted {
+    fn track(open: &Arc<Self>) -> Counted {
         open.count.fetch_add(1, Ordering::Relaxed);
         Counted(open.clone())
     }

@@ -300,6 +300,14 @@ fn counted_nginx(prefix: &Path, upstream: SocketAddr, per_session: u32) -> Resul
     })
 }
 
+/// The counted table's rows; allocations are limiter's alone.
+fn push_rows(text: &mut String, rows: &[(&str, counted::PerRequest)], limiter_allocations: &str) {
+    for (name, r) in rows {
+        let allocs = if *name == "limiter" { limiter_allocations } else { "-" };
+        text.push_str(&format!("| {name} | {:.0} | {:.2} | {allocs} |\n", r.instructions, r.syscalls));
+    }
+}
+
 /// (7): instructions, system calls and allocations per request.
 fn counted(dir: &Path, upstream: SocketAddr) -> Result<String> {
     let (limiter, config, limiter_addr) = counted_limiter(&dir.join("counted-limiter"), upstream, "");
@@ -353,10 +361,7 @@ fn counted(dir: &Path, upstream: SocketAddr) -> Result<String> {
         counted::MANY,
         counted::FEW
     );
-    for (name, r) in &rows {
-        let allocs = if *name == "limiter" { allocs_kept.as_str() } else { "-" };
-        text.push_str(&format!("| {name} | {:.0} | {:.2} | {allocs} |\n", r.instructions, r.syscalls));
-    }
+    push_rows(&mut text, &rows, &allocs_kept);
     text.push_str(&format!(
         "\nTarget, instructions per request no more than nginx limit_conn's: {} ({:.2}x); system calls: {} ({:.2}x).\n",
         verdict(l.instructions <= n.instructions),
@@ -373,10 +378,7 @@ fn counted(dir: &Path, upstream: SocketAddr) -> Result<String> {
         counted::MANY,
         counted::FEW
     ));
-    for (name, r) in &refused {
-        let allocs = if *name == "limiter" { allocs_refused.as_str() } else { "-" };
-        text.push_str(&format!("| {name} | {:.0} | {:.2} | {allocs} |\n", r.instructions, r.syscalls));
-    }
+    push_rows(&mut text, &refused, &allocs_refused);
     let (l, n) = (refused[0].1, refused[1].1);
     text.push_str(&format!(
         "\nInstructions per refused connection against nginx limit_conn's: {:.2}x; system calls {:.2}x.\n",
