@@ -100,12 +100,10 @@ impl InProcess {
         client::send(self.admin, raw.as_bytes()).expect("an admin answer")
     }
 
-    /// A sample of `/metrics` (its exact name and labels); 0 when absent.
+    /// A sample of `/metrics` (its exact name and labels); fails the test
+    /// when the page lacks it ([`crate::metric`]).
     pub fn metric(&self, sample: &str) -> f64 {
-        let page = self.admin("GET", "/metrics", &[]).text();
-        page.lines()
-            .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
-            .map_or(0.0, |v| v.trim().parse().expect("a number"))
+        crate::metric(&self.admin("GET", "/metrics", &[]).text(), sample)
     }
 
     /// Rewrites the file with `extra` and reloads; the reload's answer

@@ -1,7 +1,7 @@
 //! Harness for limiter's black-box tests: a throwaway network namespace and
 //! child cgroup per test, the real daemon binary, real sockets.
 //!
-//! Why it is shaped like this (TOOLCHAIN.md): a network namespace switch
+//! Why it is shaped like this (docs/TOOLCHAIN.md, "Kernel-test isolation rules"): a network namespace switch
 //! applies to one thread, cgroup membership to a whole process, and a socket
 //! keeps the namespace and cgroup it was created in. So sockets are created
 //! on short-lived threads that entered the test's namespace, and a
@@ -35,6 +35,7 @@ pub mod nginx;
 pub mod packet;
 pub mod peer;
 pub mod process;
+pub mod scrape;
 pub mod shed_load;
 pub mod tls;
 pub mod upstream;
@@ -323,6 +324,11 @@ pub fn run(cmd: &str, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The repository's root (this crate lives one level below it).
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
 /// A running daemon, killed (by its own pid) on drop.
 pub struct Daemon {
     child: Child,
@@ -512,6 +518,27 @@ impl Daemon {
     pub fn metrics(&self) -> String {
         self.admin_get("/metrics").expect("GET /metrics")
     }
+
+    /// One sample of `/metrics`; fails the test when the page lacks it.
+    pub fn metric(&self, sample: &str) -> f64 {
+        metric(&self.metrics(), sample)
+    }
+}
+
+/// The value of one sample of a Prometheus page: `sample` is its name and
+/// labels exactly as the page writes them (`limiter_http_in_flight{pool="normal"}`).
+/// Fails the test when the page has no such sample, so a renamed metric
+/// or label cannot pass as a zero.
+pub fn metric(page: &str, sample: &str) -> f64 {
+    try_metric(page, sample).unwrap_or_else(|| panic!("no sample `{sample}` in /metrics:\n{page}"))
+}
+
+/// [`metric`] for a sample that may rightly be absent.
+pub fn try_metric(page: &str, sample: &str) -> Option<f64> {
+    let sample = sample.trim_end();
+    page.lines().find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')).map(|v| {
+        v.trim().parse().unwrap_or_else(|_| panic!("`{sample}` has no number: `{v}`"))
+    })
 }
 
 impl Drop for Daemon {

@@ -1,4 +1,4 @@
-//! The load of coupled shedding (issue 16), shared by `bench-shed` and the
+//! The load of coupled shedding, shared by `bench-shed` and the
 //! soak: from a client network namespace across a veth, keep-alive
 //! clients that each ask for a request the upstream holds (`/slowhead`),
 //! a flood of new connections from many untrusted source addresses, and

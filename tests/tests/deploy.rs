@@ -235,8 +235,9 @@ fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
 }
 
 #[test]
-#[ignore = "black-box: promtool (Debian's prometheus package); run by `cargo xtask test`"]
+#[ignore = "black-box: promtool (Debian's prometheus package), the daemon binary, root; run by `cargo xtask test`"]
 fn the_alerting_rules_pass_promtool_and_their_unit_tests_and_name_real_metrics() {
+    limiter_tests::require_kernel!();
     let dir = workspace().join("deploy/prometheus");
     let run = |args: &[&str]| {
         limiter_tests::process::run_with_deadline(
@@ -263,14 +264,17 @@ fn the_alerting_rules_pass_promtool_and_their_unit_tests_and_name_real_metrics()
         limiter_tests::process::DEADLINE,
     );
     assert!(!broken.status.success(), "a wrong threshold went unnoticed");
-    // Every metric the rules and the dashboard name is one the daemon exports
-    // (the README's metrics table lists them all).
-    let readme = std::fs::read_to_string(workspace().join("README.md")).unwrap();
+    // Every metric the rules and the dashboard name is a family of a real
+    // scrape of the daemon.
     let dashboard =
         std::fs::read_to_string(workspace().join("deploy/grafana/limiter-dashboard.json")).unwrap();
     let _: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
-    for name in metric_names(&rules).union(&metric_names(&dashboard)) {
-        assert!(readme.contains(&format!("`{name}`")), "{name} is not a metric the README lists");
-    }
+    let full = limiter_tests::scrape::full();
+    let served = limiter_tests::scrape::families(&full.page);
+    let named: Vec<_> = metric_names(&rules).union(&metric_names(&dashboard)).cloned().collect();
+    assert!(named.len() > 10, "the names the rules and dashboard use: {named:?}");
+    let unknown: Vec<_> =
+        named.iter().filter(|n| !limiter_tests::scrape::names_a_family(&served, n)).collect();
+    assert!(unknown.is_empty(), "named by the rules or the dashboard but not served: {unknown:?}");
     let _ = std::fs::remove_dir_all(&scratch);
 }

@@ -25,6 +25,7 @@ fn the_release_tarball_runs_from_a_clean_directory() {
         "etc/limiter.ini",
         "doc/README.md",
         "doc/BENCHMARKS.md",
+        "doc/docs/TOOLCHAIN.md",
         "deploy/systemd/limiter.service",
         "deploy/systemd/limiter-bpffs.service",
         "deploy/systemd/limiter.socket",

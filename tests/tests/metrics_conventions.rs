@@ -1,7 +1,8 @@
-//! A real scrape of the daemon (kernel gate, proxy, TLS and HTTP/2 in use)
-//! follows Prometheus' conventions as `promtool check metrics` lints
-//! them, and is OpenMetrics-clean: no two families share a name once a
-//! counter's `_total` is dropped.
+//! A real scrape of the daemon (every part that exports metrics in use:
+//! [`limiter_tests::scrape::full`]) follows Prometheus' conventions as
+//! `promtool check metrics` lints them, is OpenMetrics-clean (no two
+//! families share a name once a counter's `_total` is dropped), and is
+//! exactly what the README's metrics table lists.
 
 use std::{
     collections::BTreeMap,
@@ -9,24 +10,14 @@ use std::{
     process::{Command, Stdio},
 };
 
-use limiter_tests::{Daemon, Sandbox, require_kernel};
+use limiter_tests::{require_kernel, scrape};
 
 #[test]
 #[ignore = "black-box: the daemon binary, root, a network namespace and cgroup; run by `cargo xtask test`"]
 fn a_real_scrape_passes_promtool_and_is_openmetrics_clean() {
     require_kernel!();
-    let sb = Sandbox::new().unwrap();
-    let (cert, key) = limiter_tests::tls::self_signed(&sb.dir, "metrics");
-    let config = sb.config(
-        "8080:100",
-        &format!(
-            "http.upstream = sample\nhttp.h2c = true\nhttp.tls.listen = 127.0.0.1:0\nhttp.tls.certFile = {}\nhttp.tls.keyFile = {}\n",
-            cert.display(),
-            key.display()
-        ),
-    );
-    let daemon = Daemon::start_inside(&sb, &config, &[]).expect("the daemon starts");
-    let page = daemon.metrics();
+    let full = scrape::full();
+    let page = &full.page;
     for family in
         ["limiter_kernel_scrape_success 1", "process_resident_memory_bytes ", "limiter_tls_handshakes_total{"]
     {
@@ -53,4 +44,19 @@ fn a_real_scrape_passes_promtool_and_is_openmetrics_clean() {
     }
     let clashes: Vec<_> = families.values().filter(|v| v.len() > 1).collect();
     assert!(clashes.is_empty(), "families sharing an OpenMetrics name: {clashes:?}");
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, a network namespace and cgroup; run by `cargo xtask test`"]
+fn the_readme_lists_exactly_the_families_of_a_real_scrape() {
+    require_kernel!();
+    let full = scrape::full();
+    let served = scrape::families(&full.page);
+    let listed = scrape::readme_metrics();
+    let unlisted: Vec<_> = served.difference(&listed).collect();
+    let unserved: Vec<_> = listed.difference(&served).collect();
+    assert!(
+        unlisted.is_empty() && unserved.is_empty(),
+        "served but not in the README's metrics table: {unlisted:?}; in the table but not served: {unserved:?}"
+    );
 }

@@ -1,5 +1,5 @@
 //! The kernel gate's live keys change what the gate does on reload (the
-//! other live keys are proven in-process by `limiter/tests/live_keys.rs`,
+//! other live keys are proven in-process by `tests/tests/live_keys.rs`,
 //! which lists which test proves which key).
 
 use std::{

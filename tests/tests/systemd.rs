@@ -4,7 +4,6 @@
 //! outcome, and journald priorities.
 
 use std::{
-    net::TcpStream,
     os::unix::net::UnixDatagram,
     path::{Path, PathBuf},
     time::Duration,
@@ -92,7 +91,13 @@ fn notify_says_ready_once_serving_reloading_around_reloads_and_stopping_on_drain
     let ready = next(&socket);
     assert!(ready.contains("READY=1"), "{ready}");
     assert!(ready.contains(&format!("MAINPID={}", daemon.pid())), "{ready}");
-    assert!(TcpStream::connect(proxy).is_ok(), "the proxy serves once READY=1 is said");
+    // Serving, not only bound: a request sent at once is forwarded and
+    // answered (the listener is bound before READY=1, so a bare connect
+    // would prove nothing).
+    let before = up.hits();
+    let reply = client::get(proxy, "/ready", &[]);
+    assert_eq!(reply.status, 200, "the first request after READY=1: {}", reply.text());
+    assert_eq!(up.hits(), before + 1, "the upstream saw the request");
 
     // The reload verb returns with the outcome, READY=1 after RELOADING=1.
     let conf = config.to_str().unwrap();

@@ -18,7 +18,7 @@ pub fn main(args: &[String]) -> Result<()> {
         "breaker" => return breaker(),
         _ => bail!("usage: cargo xtask bench kernel|http [--before REV]|scrape|shed|breaker"),
     };
-    setup::ensure(setup::Purpose::Bench)?;
+    setup::ensure(setup::Purpose::Test)?;
     let daemon = build_daemon(true)?;
     let mut cmd = cargo();
     cmd.args(["run", "--release", "--package", "limiter-tests", "--bin", bin]).env("LIMITER_BIN", daemon);

@@ -15,7 +15,9 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-/// The bpf-linker release that builds against LLVM 22 (TOOLCHAIN.md).
+use crate::programs;
+
+/// The bpf-linker release that builds against LLVM 22 (docs/TOOLCHAIN.md).
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Where Debian's `llvm-22-dev` puts LLVM; bpf-linker's build looks here.
 pub const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
@@ -24,45 +26,34 @@ pub const NIGHTLY: &str = "nightly";
 
 /// Debian packages bpf-linker links against.
 pub const BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev"];
-/// Debian packages the test suite drives (network namespaces, an
-/// independent view of what is attached, the real TLS and HTTP/2 clients:
-/// curl, `openssl s_client`, nghttp2's `nghttp` and `h2load`; promtool,
-/// from the prometheus package, lints a real scrape).
-pub const TEST_PACKAGES: &[&str] = &[
-    "iproute2",
-    "bpftool",
-    "util-linux",
-    "ethtool",
-    "systemd",
-    "tmux",
-    "python3-venv",
-    "curl",
-    "openssl",
-    "nghttp2-client",
-];
-/// The Kubernetes schema validator the deployment test runs (from PyPI,
-/// into a virtualenv under `target/tools`).
-pub const K8S_VALIDATOR: &str = "kubernetes-validate";
-pub const K8S_VALIDATOR_VERSION: &str = "1.37.0";
-/// The peers the benchmarks run in the same run.
-pub const BENCH_PACKAGES: &[&str] =
-    &["iptables", "nginx", "wrk", "nghttp2-client", "openssl", "valgrind", "strace"];
+/// The Kubernetes schema validator the deployment test runs: the PyPI
+/// entry of [`programs::PROGRAMS`], installed into a virtualenv under
+/// `target/tools`.
+fn k8s_validator() -> (&'static str, &'static str) {
+    let pypi = programs::pypi();
+    assert_eq!(pypi.len(), 1, "set-up installs one PyPI package, into one virtualenv: {pypi:?}");
+    pypi[0]
+}
 
 /// What a verb needs beyond the eBPF build.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Purpose {
+    /// Building and running the daemon.
     Build,
+    /// The tests, the benchmarks and the soak: every program they start
+    /// ([`programs::PROGRAMS`]), one set for all three.
     Test,
-    Bench,
 }
 
 impl Purpose {
     fn packages(self) -> Vec<&'static str> {
         let mut packages = BUILD_PACKAGES.to_vec();
-        match self {
-            Self::Build => {}
-            Self::Test => packages.extend_from_slice(TEST_PACKAGES),
-            Self::Bench => packages.extend_from_slice(BENCH_PACKAGES),
+        if self == Self::Test {
+            for p in programs::debian_packages() {
+                if !packages.contains(&p) {
+                    packages.push(p);
+                }
+            }
         }
         packages
     }
@@ -157,13 +148,23 @@ impl Need {
             Self::Rustup => "rustup (the eBPF crate is built with `rustup run nightly`)".into(),
             Self::NightlyToolchain => "the nightly Rust toolchain".into(),
             Self::RustSrc => "rust-src for the nightly toolchain (build-std=core)".into(),
-            Self::Packages(p) => format!("Debian packages: {}", p.join(" ")),
+            Self::Packages(p) => {
+                let named: Vec<String> = p
+                    .iter()
+                    .map(|package| match programs::provided_by(package).as_slice() {
+                        [] => package.clone(),
+                        programs => format!("{package} ({})", programs.join(", ")),
+                    })
+                    .collect();
+                format!("Debian packages: {}", named.join(" "))
+            }
             Self::BpfLinker { found: None } => format!("bpf-linker {BPF_LINKER_VERSION}"),
             Self::BpfLinker { found: Some(v) } => {
                 format!("bpf-linker {BPF_LINKER_VERSION} (found {v})")
             }
             Self::K8sValidator { venv } => {
-                format!("{K8S_VALIDATOR} {K8S_VALIDATOR_VERSION} (PyPI) in {}", venv.display())
+                let (package, version) = k8s_validator();
+                format!("{package} {version} (PyPI) in {}", venv.display())
             }
         }
     }
@@ -219,7 +220,8 @@ pub fn probe(host: &Host, purpose: Purpose) -> Report {
     if purpose == Purpose::Test {
         let venv = host.tools.join("venv");
         if validator_marker(&venv).is_file() {
-            report.present.push(format!("{K8S_VALIDATOR} {K8S_VALIDATOR_VERSION} in {}", venv.display()));
+            let (package, version) = k8s_validator();
+            report.present.push(format!("{package} {version} in {}", venv.display()));
         } else {
             report.missing.push(Need::K8sValidator { venv });
         }
@@ -230,7 +232,8 @@ pub fn probe(host: &Host, purpose: Purpose) -> Report {
 /// Written once the validator's install finished, so a half-made venv is
 /// redone.
 fn validator_marker(venv: &Path) -> PathBuf {
-    venv.join(format!(".{K8S_VALIDATOR}-{K8S_VALIDATOR_VERSION}"))
+    let (package, version) = k8s_validator();
+    venv.join(format!(".{package}-{version}"))
 }
 
 fn linker_version(path: &Path) -> Option<String> {
@@ -320,12 +323,13 @@ fn install(need: &Need) -> Result<()> {
             let _ = fs::remove_dir_all(venv);
             fs::create_dir_all(venv.parent().unwrap_or(venv))?;
             run("creating a Python virtualenv", Command::new("python3").args(["-m", "venv"]).arg(venv))?;
+            let (package, version) = k8s_validator();
             run(
-                &format!("installing {K8S_VALIDATOR} {K8S_VALIDATOR_VERSION} from PyPI"),
+                &format!("installing {package} {version} from PyPI"),
                 Command::new(venv.join("bin/pip")).args([
                     "install",
                     "--quiet",
-                    &format!("{K8S_VALIDATOR}=={K8S_VALIDATOR_VERSION}"),
+                    &format!("{package}=={version}"),
                 ]),
             )?;
             fs::write(validator_marker(venv), "")?;
@@ -380,8 +384,8 @@ mod tests {
     fn an_empty_machine_needs_every_install_step() {
         let dir = scratch("empty");
         let report = probe(&empty_host(&dir), Purpose::Test);
-        let mut packages = BUILD_PACKAGES.to_vec();
-        packages.extend_from_slice(TEST_PACKAGES);
+        let packages = Purpose::Test.packages();
+        assert!(packages.contains(&"prometheus"), "promtool's package: {packages:?}");
         assert_eq!(
             report.missing,
             vec![
@@ -454,11 +458,8 @@ mod tests {
     /// On the machine the suite runs on, set-up has just run: the probe must
     /// agree that nothing is missing, or set-up and probe disagree.
     #[test]
+    #[ignore = "holds only after set-up ran: `cargo xtask test` runs it"]
     fn this_machine_is_complete_after_setup() {
-        if env::var_os("LIMITER_SETUP_DONE").is_none() {
-            eprintln!("not run through `cargo xtask test`; nothing to compare against");
-            return;
-        }
         let report = probe(&Host::current(), Purpose::Test);
         assert!(report.missing.is_empty(), "{:?}", report.missing);
     }

@@ -15,7 +15,7 @@
 //!     with `LIMITER_BIN_BEFORE` (`cargo xtask bench http --before REV`),
 //!     beside the limiter of an earlier revision, interleaved in one run.
 //!
-//! The front door (issue 13), limiter's TLS listener beside nginx's
+//! The front door: limiter's TLS listener beside nginx's
 //! (`ssl`, `http2`) in front of the upstream of (1):
 //!
 //! (4) HTTP/2 over TLS (ALPN h2), h2load: 50 connections with 10 streams
@@ -830,7 +830,7 @@ fn front_door_report(
         }
     };
     let mut out = format!(
-        "\nFront door (issue 13): limiter's TLS listener beside nginx (`ssl`, `http2`), {cores} workers each, the same \
+        "\nFront door (TLS and HTTP/2): limiter's TLS listener beside nginx (`ssl`, `http2`), {cores} workers each, the same \
          self-signed P-256 certificate, the upstream of (1), limits of {FRONT_LIMIT} (never reached). Session resumption \
          alike: rustls' default (256-session cache, stateful TLS 1.3 tickets, no ticket key) and nginx \
          `ssl_session_cache shared:SSL:1m; ssl_session_tickets off` (stateful TLS 1.3 tickets). CPU: user + system \

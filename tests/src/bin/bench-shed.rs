@@ -1,4 +1,4 @@
-//! `cargo xtask bench shed`: coupled shedding (issue 16) against the same
+//! `cargo xtask bench shed`: coupled shedding against the same
 //! limiter without it and against nginx `limit_conn`, in one run, over a
 //! veth: keep-alive clients ask for requests the upstream holds
 //! `HOLD_MS`, a flood of new connections comes from 64 untrusted source

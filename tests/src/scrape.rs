@@ -1,0 +1,88 @@
+//! One real scrape with every part of the daemon that exports metrics in
+//! use: the kernel gate (a port-wide limit, a per-source cap, trusted
+//! prefixes, XDP on a veth, dry-run shedding), the proxy over cleartext,
+//! h2c and TLS, the access log. The tests that hold the metrics to their
+//! conventions and the deployment files and README to the real metric
+//! names all read this page, so none of them compares against a list that
+//! could be wrong in the same way.
+
+use std::collections::BTreeSet;
+
+use crate::{Daemon, Sandbox, peer::Peer};
+
+/// A daemon running the full configuration, and what it scraped.
+pub struct Full {
+    pub daemon: Daemon,
+    pub page: String,
+    // Held for the daemon's lifetime; dropped (removed) after it.
+    _peer: Peer,
+    pub sb: Sandbox,
+}
+
+/// Starts the daemon in a sandbox with everything configured, sends it a
+/// request on each protocol so every labelled family has its series, and
+/// scrapes it.
+pub fn full() -> Full {
+    let sb = Sandbox::new().unwrap();
+    let peer = sb.peer().unwrap();
+    let (cert, key) = crate::tls::self_signed(&sb.dir, "metrics");
+    let config = sb.config(
+        "8080:100",
+        &format!(
+            "port.8080.perSourceMax = 50\nkernel.trusted = 10.99.0.0/16\nkernel.xdp.interfaces = {}\n\
+             http.upstream = sample\nhttp.h2c = true\nhttp.tls.listen = 127.0.0.1:0\n\
+             http.tls.certFile = {}\nhttp.tls.keyFile = {}\nhttp.accessLog = {}\n",
+            peer.server_if,
+            cert.display(),
+            key.display(),
+            sb.dir.join("access.log").display(),
+        ),
+    );
+    let daemon = Daemon::start_inside(&sb, &config, &[]).expect("the daemon starts");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let proxy: std::net::SocketAddr =
+        text.lines().find_map(|l| l.strip_prefix("http.listen = ")).expect("http.listen").parse().unwrap();
+    // The daemon serves in the sandbox's namespace: the client goes there.
+    let reply = sb.in_netns(move || crate::client::get(proxy, "/", &[]));
+    assert_eq!(reply.status, 200, "a request through the proxy: {}", reply.text());
+    let page = daemon.metrics();
+    Full { daemon, page, _peer: peer, sb }
+}
+
+/// The metric families a page declares with `# TYPE`.
+pub fn families(page: &str) -> BTreeSet<String> {
+    page.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Whether `name` is a family of the page or one of a histogram's series
+/// (`_bucket`, `_sum`, `_count`).
+pub fn names_a_family(families: &BTreeSet<String>, name: &str) -> bool {
+    families.contains(name)
+        || ["_bucket", "_sum", "_count"]
+            .iter()
+            .any(|s| name.strip_suffix(s).is_some_and(|base| families.contains(base)))
+}
+
+/// The metric names of the README's metrics table (its rows' first cells).
+pub fn readme_metrics() -> BTreeSet<String> {
+    let readme = std::fs::read_to_string(crate::workspace().join("README.md")).unwrap();
+    let section = readme.split("\n## Metrics\n").nth(1).expect("the README's Metrics section");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    let mut names = BTreeSet::new();
+    for row in section.lines().filter(|l| l.starts_with("| `")) {
+        let first = row.split('|').nth(1).unwrap_or_default();
+        for name in first.split('`').skip(1).step_by(2) {
+            assert!(
+                name.starts_with("limiter_") || name.starts_with("process_"),
+                "the README's metrics table names `{name}` in a row's first cell: one metric name a row, written whole"
+            );
+            names.insert(name.to_owned());
+        }
+    }
+    assert!(names.len() > 40, "the README's metrics table: {names:?}");
+    names
+}
