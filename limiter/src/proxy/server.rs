@@ -248,23 +248,45 @@ const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Whether a cleartext connection starts with the HTTP/2 preface, looking
 /// without taking (`false` as soon as a byte differs, at EOF, or when the
 /// client sends nothing for the head timeout: HTTP/1 handles those).
+///
+/// A prefix of the preface so far waits for the next bytes to arrive, not
+/// for a timer: the peek reports "would block", which clears the socket's
+/// readiness until the kernel queues more data. A client that sends
+/// `PRI * HTTP/2` and stops costs nothing until the head timeout; one that
+/// sends it and closes is done (no more bytes can come).
 async fn sends_preface(stream: &TcpStream, within: Duration) -> bool {
     let look = async {
-        let mut buf = [0u8; PREFACE.len()];
         loop {
-            if stream.readable().await.is_err() {
-                return false;
-            }
-            match stream.peek(&mut buf).await {
-                Ok(0) | Err(_) => return false,
-                Ok(n) if buf[..n] != PREFACE[..n] => return false,
-                Ok(n) if n == PREFACE.len() => return true,
-                // A prefix so far: wait for the rest without spinning.
-                Ok(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+            let ready = stream.ready(tokio::io::Interest::READABLE).await?;
+            let peeked = stream.try_io(tokio::io::Interest::READABLE, || {
+                let mut buf = [0u8; PREFACE.len()];
+                let n = stream_peek(stream, &mut buf)?;
+                if n == 0 || buf[..n] != PREFACE[..n] {
+                    Ok(false)
+                } else if n == PREFACE.len() {
+                    Ok(true)
+                } else {
+                    Err(std::io::ErrorKind::WouldBlock.into())
+                }
+            });
+            match peeked {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if ready.is_read_closed() {
+                        return Ok(false);
+                    }
+                }
+                other => return other,
             }
         }
     };
-    tokio::time::timeout(within, look).await.unwrap_or(false)
+    matches!(tokio::time::timeout(within, look).await, Ok(Ok::<_, std::io::Error>(true)))
+}
+
+/// A non-blocking `MSG_PEEK` on the connection's socket.
+fn stream_peek(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+    use nix::sys::socket::{MsgFlags, recv};
+    use std::os::fd::AsRawFd as _;
+    recv(stream.as_raw_fd(), buf, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT).map_err(std::io::Error::from)
 }
 
 async fn connection(
