@@ -11,7 +11,7 @@ use std::{
 };
 
 use limiter::admin::{HEADER_TIMEOUT, MAX_CONNECTIONS};
-use limiter_tests::{in_process::InProcess, upstream::Upstream};
+use limiter_tests::{in_process::InProcess, process::wait_for, upstream::Upstream};
 
 /// How long the server keeps `s` open, reading what it sends.
 fn open_for(mut s: TcpStream, limit: Duration) -> Duration {
@@ -43,17 +43,30 @@ fn large_and_endless_heads_are_cut_and_piled_up_connections_are_refused() {
     s.write_all(b"GET /status HTTP/1.1\r\nHost: a\r\n").unwrap();
     let took = open_for(s, HEADER_TIMEOUT * 3);
     assert!(took >= HEADER_TIMEOUT - Duration::from_millis(200) && took < HEADER_TIMEOUT * 2, "{took:?}");
-    // Piled-up idle connections: past the cap, closed at once.
-    let held: Vec<TcpStream> = (0..MAX_CONNECTIONS).map(|_| TcpStream::connect(d.admin).unwrap()).collect();
-    thread::sleep(Duration::from_millis(200));
+    // Piled-up idle connections: past the cap, closed at once. Each held
+    // one is answered once, so each surely holds its slot (idle then, kept
+    // until the header timeout) before the one past the cap comes.
+    let mut held: Vec<TcpStream> =
+        (0..MAX_CONNECTIONS).map(|_| limiter_tests::client::connect(d.admin)).collect();
+    for s in &mut held {
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    }
+    for (i, s) in held.iter_mut().enumerate() {
+        let reply =
+            limiter_tests::client::read_reply(s).unwrap_or_else(|e| panic!("held connection {i}: {e}"));
+        assert_eq!(reply.status, 200, "held connection {i}");
+    }
     let extra = TcpStream::connect(d.admin).unwrap();
     assert!(
         open_for(extra, Duration::from_secs(3)) < Duration::from_secs(1),
         "the connection past the cap is closed"
     );
     drop(held);
-    thread::sleep(Duration::from_millis(200));
-    assert_eq!(d.admin("GET", "/healthz", &[]).status, 200);
+    // Their slots come back as the listener sees them close.
+    wait_for("the admin listener serving again", Duration::from_secs(5), || {
+        limiter_tests::client::send(d.admin, b"GET /healthz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            .is_ok_and(|r| r.status == 200)
+    });
 }
 
 /// One request to the admin listener: its status, and how long it took.
@@ -78,34 +91,39 @@ fn healthz_and_reload_answer_during_fifty_concurrent_scrapes_of_a_large_gate() {
     let daemon = limiter_tests::Daemon::start(&config, &[]).expect("the daemon starts");
     let admin = daemon.admin;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pages = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let scrapers: Vec<_> = (0..50)
         .map(|_| {
-            let stop = stop.clone();
+            let (stop, pages) = (stop.clone(), pages.clone());
             thread::spawn(move || {
-                let mut pages = 0;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     assert_eq!(timed(admin, "GET", "/metrics").0, 200);
-                    pages += 1;
+                    pages.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
-                pages
             })
         })
         .collect();
-    thread::sleep(Duration::from_millis(500));
+    let pages_now = || pages.load(std::sync::atomic::Ordering::Relaxed);
+    // The scrapes are under way: the process's first (whole) read is done
+    // and 50 pages have been served.
+    wait_for("50 pages scraped", Duration::from_secs(30), || pages_now() >= 50);
+    let before = pages_now();
     let (mut healthz, mut reload) = (Duration::ZERO, Duration::ZERO);
     for i in 0..20 {
         let (path, worst) = if i % 5 == 4 { ("/reload", &mut reload) } else { ("/healthz", &mut healthz) };
         let (status, took) = timed(admin, if path == "/reload" { "POST" } else { "GET" }, path);
         assert_eq!(status, 200, "{path}");
         *worst = (*worst).max(took);
+        // Pacing: the probes spread over the scrapes, not synchronisation.
         thread::sleep(Duration::from_millis(20));
     }
+    let during = pages_now() - before;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let pages: u32 = scrapers.into_iter().map(|s| s.join().unwrap()).sum();
+    scrapers.into_iter().for_each(|s| s.join().unwrap());
     eprintln!(
-        "during 50 concurrent scrapes ({pages} pages): /healthz worst {healthz:?}, /reload worst {reload:?}"
+        "during 50 concurrent scrapes ({during} pages while probing): /healthz worst {healthz:?}, /reload worst {reload:?}"
     );
-    assert!(pages >= 50, "the scrapes ran: {pages}");
+    assert!(during >= 50, "the scrapes ran while /healthz and /reload were asked: {during} pages");
     assert!(healthz < Duration::from_secs(1), "/healthz: {healthz:?}");
     // A reload writes the maps alone, so it waits for the scrapes reading
     // now: each reads only what changed, so not for long (it waited

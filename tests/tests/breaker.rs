@@ -1,9 +1,9 @@
 //! The circuit breaker through real sockets: a flapping upstream written
 //! for the test, the real daemon in front of it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use limiter_tests::{Daemon, client, http_post, upstream::Upstream};
+use limiter_tests::{Daemon, client, http_post, process::wait_for, upstream::Upstream};
 
 fn status(proxy: std::net::SocketAddr, path: &str) -> client::Reply {
     client::get(proxy, path, &[])
@@ -57,8 +57,17 @@ fn the_upstream_sees_nothing_while_open_exactly_the_probes_half_open_and_traffic
         "limiter_http_refused_total{reason=\"breaker\"} 20"
     );
 
+    // The sleep window over (the breaker turns half-open at the next
+    // request once `/breaker` says a probe is due).
+    let probe_due = || {
+        let b: serde_json::Value =
+            serde_json::from_str(&limiter_tests::http_get(daemon.admin, "/breaker").unwrap())
+                .expect("/breaker is JSON");
+        b["next_probe_in_ms"] == 0
+    };
+
     // Half-open while still failing: exactly one probe, it fails, open again.
-    std::thread::sleep(Duration::from_millis(2100));
+    wait_for("the 2 s sleep window over", Duration::from_secs(5), probe_due);
     assert_eq!(status(proxy, "/flap").status, 500, "the probe");
     assert_eq!(upstream.flap_hits(), 12);
     assert_eq!(status(proxy, "/flap").status, 503);
@@ -67,13 +76,9 @@ fn the_upstream_sees_nothing_while_open_exactly_the_probes_half_open_and_traffic
     // Recovered upstream: probes, capped at one in flight, then two
     // consecutive successes close it.
     upstream.set_failing(false);
-    std::thread::sleep(Duration::from_millis(2100));
+    wait_for("the 2 s sleep window over again", Duration::from_secs(5), probe_due);
     let hold = std::thread::spawn(move || client::get(proxy, "/hold", &[]));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while upstream.holding() != 1 {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    upstream.wait_holding(1);
     // One probe is out: everything else is refused, nothing reaches upstream.
     let before = upstream.hits();
     for _ in 0..5 {

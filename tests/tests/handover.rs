@@ -38,16 +38,25 @@ fn a_second_run_beside_the_first_then_sigterm_to_the_first_refuses_no_connection
     let mut first = Daemon::start_inside(&sb, &config, &[]).expect("the first daemon");
 
     let clients = client::Looping::start(&sb.netns_file(), proxy, 4);
-    thread::sleep(Duration::from_millis(300));
+    // Requests flow through each phase: the first alone, both, the second
+    // alone.
+    let flowed = |phase: &str| {
+        let from = clients.ok();
+        wait_for(&format!("20 requests answered {phase}"), Duration::from_secs(10), || {
+            clients.ok() >= from + 20
+        });
+    };
+    flowed("by the first alone");
     let mut second = Daemon::start_inside(&sb, &config, &[]).expect("the second daemon, beside the first");
     wait_for("the second daemon serving", Duration::from_secs(10), || {
         second.log().contains("HTTP proxy serving")
     });
     assert!(second.log().contains("kernel gate adopted"), "{}", second.log());
-    thread::sleep(Duration::from_millis(300));
+    assert!(listens(&sb, proxy, &first) && listens(&sb, proxy, &second), "both listen on the proxy's port");
+    flowed("with both daemons serving");
     let before = clients.ok();
     assert_eq!(terminate(&mut first, Duration::from_secs(30)), Some(0));
-    thread::sleep(Duration::from_millis(500));
+    flowed("by the second alone");
     let (ok, errors) = clients.stop();
     eprintln!("handover: {ok} requests answered 200 ({before} before the SIGTERM), {} errors", errors.len());
     assert!(
@@ -75,6 +84,17 @@ fn burst(netns: &std::fs::File, proxy: SocketAddr, path: &str, n: usize) -> Vec<
         })
         .collect();
     threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+/// Whether `daemon` has a socket listening on the proxy's port (each of
+/// its workers has one), as `ss` sees the sandbox.
+fn listens(sb: &Sandbox, proxy: SocketAddr, daemon: &Daemon) -> bool {
+    let filter = format!("sport = :{}", proxy.port());
+    let owner = format!("pid={},", daemon.pid());
+    run("ip", &["netns", "exec", &sb.name, "ss", "-Hltnp", &filter])
+        .unwrap()
+        .lines()
+        .any(|l| l.contains(&owner))
 }
 
 fn tally(statuses: &[u16]) -> (usize, usize, usize) {
@@ -114,17 +134,22 @@ fn during_a_handover_the_two_daemons_together_admit_no_more_than_the_limits() {
     // until they finish, then has the slots to itself.
     let in_flight = {
         let (netns, proxy) = (netns.try_clone().unwrap(), proxy);
-        thread::spawn(move || burst(&netns, proxy, "/slowhead?ms=2000", 5))
+        thread::spawn(move || burst(&netns, proxy, "/hold", 5))
     };
-    thread::sleep(Duration::from_millis(300));
+    up.wait_holding(5);
     first.signal(nix::sys::signal::Signal::SIGTERM);
-    thread::sleep(Duration::from_millis(200));
+    // The first has closed its listeners: what comes now meets the second.
+    wait_for("the first's listeners closed", Duration::from_secs(10), || !listens(&sb, proxy, &first));
+    assert!(listens(&sb, proxy, &second), "the second still listens");
+    assert!(first.log().contains("draining"), "{}", first.log());
     let during = burst(&netns, proxy, "/x", 10);
     assert_eq!(
         tally(&during),
         (0, 10, 0),
         "every slot is held by the draining one or the second: {during:?}"
     );
+    assert_eq!(up.holding(), 5, "the draining one's requests were still in flight");
+    up.release();
     assert_eq!(tally(&in_flight.join().unwrap()), (5, 0, 0));
     assert!(limiter_tests::process::exited_within(first.pid(), Duration::from_secs(30)));
     let _ = first.wait();

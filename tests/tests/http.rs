@@ -11,6 +11,7 @@ use std::{
 use limiter_tests::{
     Daemon,
     client::{self, Reply, closed_by_server, connect, get, read_reply, send},
+    process::wait_for,
     upstream::Upstream,
 };
 
@@ -192,12 +193,21 @@ fn session_and_web_limits_count_exactly_and_name_the_first_failing_check() {
     s.assert_pools_empty();
 }
 
-/// Whether the proxy has closed its socket for good: a write from the
-/// client draws a RST, so the next one fails.
-fn fully_closed(stream: &mut std::net::TcpStream) -> bool {
-    let _ = stream.write_all(b"x");
+/// Waits until the proxy has closed its socket for good: a write from the
+/// client draws a RST, so a later one fails. `within` is well inside the
+/// default `http.lingerMs` (2 s), so a lingering socket fails the test.
+fn wait_fully_closed(stream: &mut std::net::TcpStream, within: Duration, what: &str) {
+    limiter_tests::process::wait_for(what, within, || stream.write_all(b"x").is_err());
+}
+
+/// Whether the proxy still reads what the client sends: a write, then,
+/// after the time a RST would take to come back, another one succeeds.
+fn still_reading(stream: &mut std::net::TcpStream) -> bool {
+    let first = stream.write_all(b"x");
+    // The window for a RST to come back over loopback: what is asked is
+    // whether one comes.
     std::thread::sleep(Duration::from_millis(100));
-    stream.write_all(b"x").is_err()
+    first.is_ok() && stream.write_all(b"x").is_ok()
 }
 
 #[test]
@@ -218,15 +228,19 @@ fn a_503_to_requests_read_whole_closes_at_once_and_arrives_intact() {
         let reply = read_reply(&mut stream).expect("the 503 is readable, not reset");
         assert_503(&reply, "normal");
         assert!(closed_by_server(&mut stream), "the connection stays open after a 503");
-        std::thread::sleep(Duration::from_millis(300));
-        assert!(fully_closed(&mut stream), "the proxy lingered after a 503 with nothing unread");
+        wait_fully_closed(
+            &mut stream,
+            Duration::from_millis(500),
+            "the socket closed for good after a 503 with nothing unread, not lingering",
+        );
     }
     // A body it did not read: the proxy lingers, reading what still comes.
     let mut stream = connect(s.proxy);
     stream.write_all(b"POST /u HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n").unwrap();
     assert_503(&read_reply(&mut stream).expect("a 503"), "normal");
+    // Pacing: asked 300 ms into the 2 s linger, not at its start.
     std::thread::sleep(Duration::from_millis(300));
-    assert!(!fully_closed(&mut stream), "the proxy did not linger behind an unread body");
+    assert!(still_reading(&mut stream), "the proxy did not linger behind an unread body");
     assert_eq!(s.upstream.hits(), 1);
     s.upstream.release();
     assert_eq!(held.join().unwrap().status, 200);
@@ -278,11 +292,7 @@ fn client_aborts_return_their_permits() {
     let mut uploading = connect(s.proxy);
     uploading.write_all(b"POST /sink HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\n").unwrap();
     uploading.write_all(&[b'x'; 1000]).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while s.upstream.hits() < 3 {
-        assert!(Instant::now() < deadline, "the upload never reached the upstream");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for("the upload reaching the upstream", Duration::from_secs(5), || s.upstream.hits() >= 3);
     socket2::SockRef::from(&uploading).set_linger(Some(Duration::ZERO)).unwrap();
     drop(uploading);
     // Every permit is back while the upstream still holds the first
@@ -290,11 +300,9 @@ fn client_aborts_return_their_permits() {
     s.assert_pools_empty();
     s.upstream.release();
     // None of these was the upstream's fault: no breaker result, no reset.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while s.metric("limiter_http_bad_requests_total{kind=\"body\"}") < 1.0 {
-        assert!(Instant::now() < deadline, "the aborted upload was not accounted as a client body error");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for("the aborted upload accounted as a client body error", Duration::from_secs(5), || {
+        s.metric("limiter_http_bad_requests_total{kind=\"body\"}") >= 1.0
+    });
     assert_eq!(s.metric("limiter_breaker_window_error_ratio"), 0.0);
     assert_eq!(s.metric("limiter_http_upstream_errors_total{kind=\"reset\"}"), 0.0);
     // The pool is whole again: all four slots fit.
@@ -808,11 +816,9 @@ fn twenty_trickling_uploads_hold_no_permit_and_ordinary_requests_keep_their_200s
             t
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while s.metric("limiter_http_bodies_receiving ") < 20.0 {
-        assert!(Instant::now() < deadline, "the uploads did not all start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for("the 20 uploads started", Duration::from_secs(5), || {
+        s.metric("limiter_http_bodies_receiving ") >= 20.0
+    });
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let feeding = {
         let (stop, mut tricklers) = (stop.clone(), tricklers);
@@ -821,6 +827,7 @@ fn twenty_trickling_uploads_hold_no_permit_and_ordinary_requests_keep_their_200s
                 for t in &mut tricklers {
                     let _ = t.write_all(b"x");
                 }
+                // Pacing: the attack's byte every 0.5 s.
                 std::thread::sleep(Duration::from_millis(500));
             }
             tricklers
@@ -834,10 +841,8 @@ fn twenty_trickling_uploads_hold_no_permit_and_ordinary_requests_keep_their_200s
     assert_eq!(s.metric("limiter_http_refused_total{reason=\"normal\"}"), 0.0);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     drop(feeding.join().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while s.metric("limiter_http_bodies_receiving ") > 0.0 {
-        assert!(Instant::now() < deadline, "the vanished uploads are still counted");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for("the vanished uploads no longer counted", Duration::from_secs(5), || {
+        s.metric("limiter_http_bodies_receiving ") == 0.0
+    });
     s.assert_pools_empty();
 }

@@ -93,6 +93,7 @@ fn a_layout_2_gate_with_connections_held_is_migrated_in_place_by_a_second_run() 
                             .map_err(|e| e.kind()),
                     );
                     attempts.fetch_add(1, Ordering::Relaxed);
+                    // Pacing: the prober's rate, not synchronisation.
                     std::thread::sleep(Duration::from_millis(2));
                 }
                 outcomes

@@ -19,6 +19,7 @@ use limiter::config::{KEYS, Reload};
 use limiter_tests::{
     client::{self, Reply},
     in_process::InProcess,
+    process::wait_for,
     upstream::Upstream,
 };
 
@@ -243,7 +244,11 @@ fn connect_timeout_changes_for_the_next_request() {
         let _ = f.connect(&hanging.into());
         fillers.push(f);
     }
-    thread::sleep(Duration::from_millis(100));
+    // With a backlog of 0 the queue holds one connection: once a filler's
+    // handshake is done, the queue is full.
+    wait_for("the upstream's accept queue full", Duration::from_secs(5), || {
+        fillers.iter().any(|f| f.peer_addr().is_ok())
+    });
     let d = InProcess::start(hanging, "http.connectTimeoutMs = 2000\nbreaker.minRequests = 1000\n");
     let timed = |d: &InProcess| {
         let started = Instant::now();
@@ -279,20 +284,14 @@ fn max_header_bytes_changes_for_new_connections() {
     assert_eq!(d.get("/x", &[&big]).status, 431);
 }
 
-/// After a 503 with `Connection: close` to a request whose body was not
-/// read: whether the connection still takes bytes without a reset 300 ms
-/// after the proxy's FIN.
-fn lingers_after_503(proxy: SocketAddr) -> bool {
+/// A 503 with `Connection: close` to a request whose body was not read;
+/// the connection it came on.
+fn refused_with_body_unread(proxy: SocketAddr) -> std::net::TcpStream {
     let mut s = client::connect(proxy);
     s.write_all(b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n\r\n").unwrap();
     let reply = client::read_reply(&mut s).expect("an answer");
     assert_eq!(reply.status, 503);
-    thread::sleep(Duration::from_millis(300));
-    // The first write after the peer closed draws its RST; the second fails.
-    let first = s.write_all(b"more body");
-    thread::sleep(Duration::from_millis(100));
-    let second = s.write_all(b"more body");
-    first.is_ok() && second.is_ok()
+    s
 }
 
 #[test]
@@ -301,9 +300,21 @@ fn linger_changes_for_new_connections() {
     let d = InProcess::start(up.addr, "http.maxThreads = 12\nhttp.lingerMs = 0\n");
     let held = spawn_get(d.proxy, "/hold", &[]);
     up.wait_holding(1);
-    assert!(!lingers_after_503(d.proxy), "lingerMs = 0 closes at once");
+    // Closed at once: a write draws the RST of a closed socket, and a later
+    // one fails, well before the 300 ms asked below.
+    let mut s = refused_with_body_unread(d.proxy);
+    wait_for("lingerMs = 0 closing at once", Duration::from_millis(300), || {
+        s.write_all(b"more body").is_err()
+    });
     d.reload("http.maxThreads = 12\nhttp.lingerMs = 2000\n");
-    assert!(lingers_after_503(d.proxy), "lingerMs = 2000 keeps draining");
+    let mut s = refused_with_body_unread(d.proxy);
+    // Pacing: asked 300 ms into the 2 s linger.
+    thread::sleep(Duration::from_millis(300));
+    let first = s.write_all(b"more body");
+    // The window for a RST to come back over loopback: what is asked is
+    // whether one comes.
+    thread::sleep(Duration::from_millis(100));
+    assert!(first.is_ok() && s.write_all(b"more body").is_ok(), "lingerMs = 2000 keeps draining");
     up.release();
     held.join().unwrap();
 }
@@ -360,6 +371,7 @@ fn trickle(proxy: SocketAddr, length: usize, every: Duration) -> thread::JoinHan
             if answer.is_finished() || s.write_all(b"x").is_err() {
                 break;
             }
+            // Pacing: the trickle's rate.
             thread::sleep(every);
         }
         (answer.join().unwrap(), started.elapsed())
@@ -428,9 +440,14 @@ fn response_buffer_bytes_changes_live() {
     let d = InProcess::start(up.addr, "http.responseBufferBytes = 0\n");
     let mut reader = client::connect(d.proxy);
     reader.write_all(ask).unwrap();
-    // Streamed to a client that does not read: the permit stays held.
+    // Streamed to a client that does not read: the permit stays held, and
+    // nothing is read ahead (which would give it back).
+    wait_metric(&d, "limiter_http_admitted_total{pool=\"normal\"}", 1.0);
+    // The time a read-ahead would have had to take the 20 MB: what is
+    // asked is whether the permit is still held after it.
     thread::sleep(Duration::from_millis(300));
     assert_eq!(metric(&d, "limiter_http_in_flight{pool=\"normal\"}"), 1.0);
+    assert_eq!(metric(&d, "limiter_http_buffered_bytes"), 0.0);
     drop(reader);
     wait_metric(&d, "limiter_http_in_flight{pool=\"normal\"}", 0.0);
     d.reload("http.responseBufferBytes = 33554432\n");
@@ -471,6 +488,7 @@ fn slow_reader(
         s.write_all(b"GET /big?bytes=20000000 HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
         let mut buf = [0u8; 100];
         while !stop.load(std::sync::atomic::Ordering::Relaxed) && matches!(s.read(&mut buf), Ok(n) if n > 0) {
+            // Pacing: the reader's 1 KB/s.
             thread::sleep(Duration::from_millis(100));
         }
     })
@@ -484,6 +502,7 @@ fn min_data_rate_changes_live_for_slow_readers() {
     let d = InProcess::start(up.addr, &format!("{keys}http.minDataRate = 0\n"));
     let stop = Arc::new(AtomicBool::new(false));
     let reader = slow_reader(d.proxy, stop.clone());
+    // A timer: past the 3 s grace, after which a minimum would have cut it.
     thread::sleep(Duration::from_secs(4));
     assert_eq!(
         metric(&d, "limiter_http_in_flight{pool=\"normal\"}"),
@@ -550,6 +569,8 @@ fn breaker_sleep_window_changes_while_open() {
     let keys = "breaker.minRequests = 2\nbreaker.sleepWindowMs = 60000\n";
     let d = InProcess::start(up.addr, keys);
     trip(&d);
+    // A timer: more than the 300 ms reloaded below have passed since the
+    // trip, so a probe is due at once under the new window.
     thread::sleep(Duration::from_millis(400));
     assert_eq!(d.get("/x", &[]).status, 503, "60 s sleep window");
     d.reload("breaker.minRequests = 2\nbreaker.sleepWindowMs = 300\n");
@@ -564,7 +585,10 @@ fn breaker_half_open_probes_and_successes_change_live() {
     let d = InProcess::start(up.addr, keys);
     let probe_round = |d: &InProcess| {
         trip(d);
-        thread::sleep(Duration::from_millis(150));
+        wait_for("the 100 ms sleep window over", Duration::from_secs(5), || {
+            let b: serde_json::Value = serde_json::from_str(&d.admin("GET", "/breaker", &[]).text()).unwrap();
+            b["next_probe_in_ms"] == 0
+        });
         let a = spawn_get(d.proxy, "/slowhead?ms=700", &[]);
         let b = spawn_get(d.proxy, "/slowhead?ms=700", &[]);
         let mut statuses = [a.join().unwrap().status, b.join().unwrap().status];
@@ -637,7 +661,7 @@ fn admin_watch_config_reloads_on_a_change_and_on_a_configmap_swap() {
     assert_eq!(limit(), 1.0);
     // An edit in place, no signal.
     std::fs::write(&file, text(13, true)).unwrap();
-    limiter_tests::process::wait_for("the edit applied", within, || limit() == 2.0);
+    wait_for("the edit applied", within, || limit() == 2.0);
     // The ConfigMap way: the file is a symlink into `..data`, itself a
     // symlink swapped to a new directory on each update.
     let update = |name: &str, body: String| {
@@ -653,19 +677,23 @@ fn admin_watch_config_reloads_on_a_change_and_on_a_configmap_swap() {
     let tmp = d.dir.join("limiter.ini.tmp");
     symlink("..data/limiter.ini", &tmp).unwrap();
     std::fs::rename(&tmp, &file).unwrap();
-    limiter_tests::process::wait_for("the ConfigMap file applied", within, || limit() == 3.0);
+    wait_for("the ConfigMap file applied", within, || limit() == 3.0);
     update("..2026_12_01_b", text(15, true));
-    limiter_tests::process::wait_for("the ..data swap applied", within, || limit() == 4.0);
+    wait_for("the ..data swap applied", within, || limit() == 4.0);
     // A bad update applies nothing, once.
     update("..2026_12_01_c", format!("{base}admin.watchConfig = true\nhttp.maxThreads = lots\n"));
     let rejected = "limiter_config_reloads_total{result=\"rejected\"}";
-    limiter_tests::process::wait_for("the bad file refused", within, || d.metric(rejected) == 1.0);
+    wait_for("the bad file refused", within, || d.metric(rejected) == 1.0);
+    // A window of two and a half looks (one a second): what is asked is
+    // that none of them retries.
     thread::sleep(Duration::from_millis(2500));
     assert_eq!((limit(), d.metric(rejected)), (4.0, 1.0), "nothing applied, and not retried in a loop");
     // Turned off (by a change it still sees): later changes wait for a signal.
     update("..2026_12_01_d", text(16, false));
-    limiter_tests::process::wait_for("the last watched change applied", within, || limit() == 5.0);
+    wait_for("the last watched change applied", within, || limit() == 5.0);
     update("..2026_12_01_e", text(17, false));
+    // A window of two and a half looks: what is asked is that none applies
+    // the change.
     thread::sleep(Duration::from_millis(2500));
     assert_eq!(limit(), 5.0, "watching is off");
 }

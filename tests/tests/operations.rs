@@ -14,6 +14,7 @@ use std::{
 use limiter_tests::{
     Daemon,
     client::{self, get},
+    process::wait_for,
     upstream::Upstream,
 };
 use nix::sys::signal::Signal;
@@ -54,14 +55,6 @@ fn admin(addr: SocketAddr, method: &str, path: &str, token: Option<&str>) -> (u1
     );
     let reply = client::send(addr, raw.as_bytes()).expect("admin reply");
     (reply.status, reply.text())
-}
-
-fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[test]
@@ -118,10 +111,11 @@ fn reload_through_the_admin_listener_under_load_is_atomic_and_names_what_blocks_
     let s = setup("http.maxThreads = 14\n");
     let text = std::fs::read_to_string(&s.config).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicU64::new(0));
     let proxy = s.proxy;
     let load: Vec<_> = (0..3)
         .map(|_| {
-            let stop = stop.clone();
+            let (stop, answered) = (stop.clone(), answered.clone());
             std::thread::spawn(move || {
                 let (mut ok, mut refused, mut other) = (0u64, 0u64, Vec::new());
                 while !stop.load(Ordering::Relaxed) {
@@ -131,12 +125,20 @@ fn reload_through_the_admin_listener_under_load_is_atomic_and_names_what_blocks_
                         Ok(r) => other.push(format!("status {}", r.status)),
                         Err(e) => other.push(e.to_string()),
                     }
+                    answered.fetch_add(1, Ordering::Relaxed);
                 }
                 (ok, refused, other)
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
+    // The load runs through each step: some requests answered after it.
+    let load_runs = |step: &str| {
+        let from = answered.load(Ordering::Relaxed);
+        wait_for(&format!("30 requests answered {step}"), Duration::from_secs(10), || {
+            answered.load(Ordering::Relaxed) >= from + 30
+        });
+    };
+    load_runs("before the first reload");
     let limit = |d: &Daemon| {
         d.metrics()
             .lines()
@@ -159,7 +161,7 @@ fn reload_through_the_admin_listener_under_load_is_atomic_and_names_what_blocks_
         "{body}"
     );
     assert!(limit(&s.daemon).ends_with(" 9"));
-    std::thread::sleep(Duration::from_millis(200));
+    load_runs("after the good reload");
 
     // A bad file: nothing changes, the answer names file, line and key.
     std::fs::write(&s.config, text.replace("http.maxThreads = 14", "http.maxThreads = -3")).unwrap();
@@ -175,7 +177,7 @@ fn reload_through_the_admin_listener_under_load_is_atomic_and_names_what_blocks_
     assert_eq!(status, 422, "{body}");
     assert!(body.contains("http.workers changed, which needs a restart"), "{body}");
     assert!(limit(&s.daemon).ends_with(" 9"));
-    std::thread::sleep(Duration::from_millis(200));
+    load_runs("after the refused reloads");
 
     stop.store(true, Ordering::Relaxed);
     let (mut ok, mut refused) = (0, 0);
@@ -259,10 +261,15 @@ fn refusal_logs_are_rate_limited_and_account_for_every_refusal() {
         .collect();
     threads.into_iter().for_each(|t| t.join().unwrap());
     let elapsed = started.elapsed();
+    let refusal_lines = || s.daemon.log().lines().filter(|l| l.contains("refused with 503")).count();
     // One more refusal after a quiet second carries the count the last
-    // lines left out.
+    // lines left out. (A timer: the log's one-second window has to pass.)
     std::thread::sleep(Duration::from_millis(1100));
+    let logged = refusal_lines();
     assert_eq!(get(proxy, "/x", &[]).status, 503);
+    wait_for("the line of the refusal after the quiet second", Duration::from_secs(5), || {
+        refusal_lines() > logged
+    });
     s.upstream.release();
     held.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     assert_eq!(client::read_reply(&mut held).unwrap().status, 200);

@@ -138,6 +138,7 @@ impl Flood {
                     _ => 3,
                 };
                 t[i].fetch_add(1, Ordering::Relaxed);
+                // Pacing: the flood's rate.
                 thread::sleep(Duration::from_millis(3));
             }
         });
@@ -161,6 +162,12 @@ fn shedding_active(daemon: &Daemon) -> bool {
     daemon.admin_get("/status").is_ok_and(|s| {
         serde_json::from_str::<Value>(&s).is_ok_and(|v| v["http"]["shedding"]["active"] == true)
     })
+}
+
+/// The controller's part of `/status` (`http.shedding`).
+fn shed_status(daemon: &Daemon) -> Value {
+    let status: Value = serde_json::from_str(&daemon.admin_get("/status").expect("GET /status")).unwrap();
+    status["http"]["shedding"].clone()
 }
 
 #[test]
@@ -206,7 +213,9 @@ fn a_refusing_pool_sheds_new_connections_at_the_syn_until_it_has_had_room_for_th
     assert!(daemon.log().contains("shedding new connections at the SYN"), "{}", daemon.log());
 
     // Probes: one attempt in 16 still reaches HTTP and gets its 503.
-    thread::sleep(Duration::from_millis(500));
+    wait_for("probes meeting the HTTP 503 while shedding", Duration::from_secs(10), || {
+        flood.counts()[1] >= at_start[1] + 3
+    });
     // The last refusal happens no earlier than this.
     let quiet = Instant::now();
     let during = flood.stop();
@@ -223,6 +232,7 @@ fn a_refusing_pool_sheds_new_connections_at_the_syn_until_it_has_had_room_for_th
     for h in held {
         assert_eq!(h.join().unwrap(), Outcome::Status(200));
     }
+    // A timer: a third of the release, which the test measures.
     thread::sleep(Duration::from_millis(RELEASE_MS / 3).saturating_sub(quiet.elapsed()));
     assert!(
         shedding_active(&daemon),
@@ -306,6 +316,7 @@ fn a_daemon_killed_while_shedding_leaves_the_port_open_within_one_lease() {
             "the port stayed shut {:?} after the kill",
             killed.elapsed()
         );
+        // Pacing: attempts 20 ms apart, timing how long the port stays shut.
         thread::sleep(Duration::from_millis(20));
     };
     eprintln!("port open {opened:?} after the kill; {refused_after_kill} SYNs shed before");
@@ -342,18 +353,35 @@ fn reload_with(daemon: &Daemon, keys: &[(&str, &str)]) {
 fn shedding_and_its_timings_change_live() {
     require_kernel!();
     let (sb, up, mut daemon, proxy) = setup("");
-    // Off, and with delays the test would not wait for.
-    reload_with(
-        &daemon,
-        &[("http.shedAtSyn", "false"), ("http.shedAfterMs", "8000"), ("http.shedReleaseMs", "8000")],
-    );
+    // Off, with the start delay still AFTER_MS: only `shedAtSyn = false`
+    // can explain that a pool refusing for many times that sheds nothing.
+    // (A release the test would not wait for.)
+    reload_with(&daemon, &[("http.shedAtSyn", "false"), ("http.shedReleaseMs", "8000")]);
     let held = fill_pool(&sb, &up, proxy);
     let flood = Flood::start(&sb, proxy);
-    thread::sleep(Duration::from_millis(500));
-    assert_eq!(flood.counts()[0], 0, "switched off: no SYN refused while the pool refuses");
+    wait_for("the pool refusing", Duration::from_secs(5), || flood.counts()[1] > 0);
+    let refusing = flood.counts();
+    // A timer: ten start delays of a refusing pool, ample for shedding to
+    // start were it on.
+    thread::sleep(Duration::from_millis(10 * AFTER_MS));
+    let off = flood.counts();
+    assert_eq!(off[0], 0, "switched off: no SYN refused while the pool refuses: {off:?}");
+    assert!(off[1] >= refusing[1] + 20, "the pool kept refusing: {refusing:?} then {off:?}");
+    assert_eq!(shed_status(&daemon)["started"], 0, "switched off: shedding never started");
     assert!(!shedding_active(&daemon));
-    // On, with the reloaded delay (8 s would outlast the wait below).
-    reload_with(&daemon, &[("http.shedAtSyn", "true"), ("http.shedAfterMs", "100")]);
+    // On, with a start delay the test would not wait for: still nothing
+    // shed after the same ten delays of AFTER_MS.
+    reload_with(&daemon, &[("http.shedAtSyn", "true"), ("http.shedAfterMs", "8000")]);
+    let before = flood.counts();
+    // A timer, as above.
+    thread::sleep(Duration::from_millis(10 * AFTER_MS));
+    let on = flood.counts();
+    assert_eq!(on[0], 0, "an 8 s start delay: no SYN refused yet: {on:?}");
+    assert!(on[1] >= before[1] + 20, "the pool kept refusing: {before:?} then {on:?}");
+    assert_eq!(shed_status(&daemon)["started"], 0, "an 8 s start delay: shedding not started yet");
+    // The reloaded delay: the pool has been refusing for longer than 100
+    // ms, so shedding starts (8 s would outlast the wait below).
+    reload_with(&daemon, &[("http.shedAfterMs", "100")]);
     wait_for("shedding after the reloaded 100 ms", Duration::from_secs(3), || shedding_active(&daemon));
     // The reloaded release: refusing stops, shedding stops within it, not
     // after the 8 s it had.
@@ -369,9 +397,15 @@ fn shedding_and_its_timings_change_live() {
     wait_for("switched off", Duration::from_secs(1), || !shedding_active(&daemon));
     assert!(daemon.log().contains("http.shedAtSyn was switched off"), "{}", daemon.log());
     assert!(port_row(&dump(&sb.pin_path), proxy.port())["shedding"].is_null(), "the flag is lowered");
-    let before = flood.counts()[0];
-    thread::sleep(Duration::from_millis(300));
-    assert_eq!(flood.stop()[0], before, "no SYN refused once switched off");
+    let before = flood.counts();
+    // The next 50 attempts (a fifth of a second of this flood, well inside
+    // the 1 s lease a flag left raised would still hold).
+    let attempts = |c: [u64; 4]| c.iter().sum::<u64>();
+    wait_for("50 attempts once switched off", Duration::from_secs(5), || {
+        attempts(flood.counts()) >= attempts(before) + 50
+    });
+    let after = flood.stop();
+    assert_eq!(after[0], before[0], "no SYN refused once switched off: {before:?} then {after:?}");
     up.release();
     for h in held {
         let _ = h.join();

@@ -755,6 +755,7 @@ fn a_restart_swaps_the_programs_in_their_pinned_links_without_a_gap() {
                     outcomes.push(r);
                     attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
+                // Pacing: the prober's rate, not synchronisation.
                 std::thread::sleep(Duration::from_millis(5));
             }
             drop(veth);
