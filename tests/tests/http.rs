@@ -46,13 +46,8 @@ fn setup(extra: &str) -> Setup {
 
 impl Setup {
     /// A metric's value (first sample whose line starts with `prefix`).
-    fn metric(&self, prefix: &str) -> f64 {
-        let text = self.daemon.metrics();
-        text.lines()
-            .find(|l| l.starts_with(prefix))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no metric {prefix} in\n{text}"))
+    fn metric(&self, sample: &str) -> f64 {
+        self.daemon.metric(sample)
     }
 
     /// Waits until every pool is back to zero (permits are returned when

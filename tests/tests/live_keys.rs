@@ -350,11 +350,7 @@ fn drain_timeout_changes_live() {
 
 /// A metric's value from the admin listener.
 fn metric(d: &InProcess, name: &str) -> f64 {
-    let page = d.admin("GET", "/metrics", &[]).text();
-    page.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{page}"))
+    d.metric(name)
 }
 
 /// A POST announcing `length` bytes that sends one byte per `every` on a

@@ -43,13 +43,10 @@ impl Row {
     }
 }
 
-/// A metric's value from a Prometheus page (first line starting with `name`).
+/// A sample's value from a Prometheus page; NaN (which no check accepts)
+/// when the page lacks it.
 fn metric(page: &str, name: &str) -> f64 {
-    page.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(f64::NAN)
+    limiter_tests::try_metric(page, name).unwrap_or(f64::NAN)
 }
 
 /// Resident memory of a process now, in MiB.
