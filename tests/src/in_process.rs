@@ -95,7 +95,8 @@ impl InProcess {
     pub fn admin(&self, method: &str, path: &str, headers: &[&str]) -> Reply {
         let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
         let raw = format!(
-            "{method} {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 0\r\n{extra}\r\n"
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: 0\r\n{extra}\r\n",
+            self.admin
         );
         client::send(self.admin, raw.as_bytes()).expect("an admin answer")
     }

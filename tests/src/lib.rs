@@ -329,6 +329,20 @@ pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
 }
 
+/// Writes a file only its owner may read (mode 0600), as the daemon
+/// requires of `admin.tokenFile`.
+pub fn write_secret(path: &Path, contents: &str) {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    f.write_all(contents.as_bytes()).unwrap();
+}
+
 /// A running daemon, killed (by its own pid) on drop.
 pub struct Daemon {
     child: Child,
@@ -536,9 +550,9 @@ pub fn metric(page: &str, sample: &str) -> f64 {
 /// [`metric`] for a sample that may rightly be absent.
 pub fn try_metric(page: &str, sample: &str) -> Option<f64> {
     let sample = sample.trim_end();
-    page.lines().find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')).map(|v| {
-        v.trim().parse().unwrap_or_else(|_| panic!("`{sample}` has no number: `{v}`"))
-    })
+    page.lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
+        .map(|v| v.trim().parse().unwrap_or_else(|_| panic!("`{sample}` has no number: `{v}`")))
 }
 
 impl Drop for Daemon {
@@ -564,7 +578,8 @@ pub fn http_post(addr: SocketAddr, path: &str) -> Result<String> {
 fn http_call(addr: SocketAddr, method: &str, path: &str) -> Result<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "{method} {path} HTTP/1.0\r\nHost: x\r\nContent-Length: 0\r\n\r\n")?;
+    // The admin listener answers only requests addressed to itself.
+    write!(s, "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n")?;
     let mut raw = String::new();
     s.read_to_string(&mut raw)?;
     let (head, body) = raw.split_once("\r\n\r\n").context("no header end")?;

@@ -27,53 +27,61 @@ fn open_for(mut s: TcpStream, limit: Duration) -> Duration {
 }
 
 #[test]
-fn large_and_endless_heads_are_cut_and_piled_up_connections_are_refused() {
+fn large_and_endless_heads_are_cut_and_piled_up_connections_cannot_keep_a_probe_out() {
     let up = Upstream::start();
     let d = InProcess::start(up.addr, "");
     // 20 heads of 400 KB: each answered 431 (or cut) at once, not kept.
     for _ in 0..20 {
         let mut s = TcpStream::connect(d.admin).unwrap();
         let _ = s.write_all(
-            format!("GET /metrics HTTP/1.1\r\nHost: a\r\nX-Big: {}", "a".repeat(400_000)).as_bytes(),
+            format!("GET /metrics HTTP/1.1\r\nHost: {}\r\nX-Big: {}", d.admin, "a".repeat(400_000))
+                .as_bytes(),
         );
         assert!(open_for(s, Duration::from_secs(3)) < Duration::from_secs(2));
     }
     // A head that never ends is cut at the header timeout.
     let mut s = TcpStream::connect(d.admin).unwrap();
-    s.write_all(b"GET /status HTTP/1.1\r\nHost: a\r\n").unwrap();
+    s.write_all(format!("GET /status HTTP/1.1\r\nHost: {}\r\n", d.admin).as_bytes()).unwrap();
     let took = open_for(s, HEADER_TIMEOUT * 3);
     assert!(took >= HEADER_TIMEOUT - Duration::from_millis(200) && took < HEADER_TIMEOUT * 2, "{took:?}");
-    // Piled-up idle connections: past the cap, closed at once. Each held
-    // one is answered once, so each surely holds its slot (idle then, kept
-    // until the header timeout) before the one past the cap comes.
+    // Piled-up idle connections: all the slots taken by connections that
+    // each had one request answered (so each surely holds its slot) and
+    // then sit idle, as a local process could keep them.
+    let healthz = format!("GET /healthz HTTP/1.1\r\nHost: {}\r\n\r\n", d.admin);
     let mut held: Vec<TcpStream> =
         (0..MAX_CONNECTIONS).map(|_| limiter_tests::client::connect(d.admin)).collect();
     for s in &mut held {
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+        s.write_all(healthz.as_bytes()).unwrap();
     }
     for (i, s) in held.iter_mut().enumerate() {
         let reply =
             limiter_tests::client::read_reply(s).unwrap_or_else(|e| panic!("held connection {i}: {e}"));
         assert_eq!(reply.status, 200, "held connection {i}");
     }
-    let extra = TcpStream::connect(d.admin).unwrap();
-    assert!(
-        open_for(extra, Duration::from_secs(3)) < Duration::from_secs(1),
-        "the connection past the cap is closed"
-    );
-    drop(held);
-    // Their slots come back as the listener sees them close.
-    wait_for("the admin listener serving again", Duration::from_secs(5), || {
-        limiter_tests::client::send(d.admin, b"GET /healthz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-            .is_ok_and(|r| r.status == 200)
-    });
+    // A probe past the cap is answered: it takes the slot of the oldest
+    // idle connection, which is closed.
+    // (Each probe's connection is kept, so the next one finds no slot free.)
+    let mut probes = Vec::new();
+    for probe in 0..3 {
+        let mut s = limiter_tests::client::connect(d.admin);
+        s.write_all(healthz.as_bytes()).unwrap();
+        let reply = limiter_tests::client::read_reply(&mut s).expect("the probe's answer");
+        probes.push(s);
+        assert_eq!(reply.status, 200, "probe {probe} past {MAX_CONNECTIONS} idle connections");
+        assert!(
+            limiter_tests::client::closed_by_server(&mut held[probe]),
+            "the oldest idle connection ({probe}) gave its slot"
+        );
+    }
+    assert!(!limiter_tests::client::closed_by_server(&mut held[3]), "the next oldest kept its own");
 }
 
 /// One request to the admin listener: its status, and how long it took.
 fn timed(admin: std::net::SocketAddr, method: &str, path: &str) -> (u16, Duration) {
     let started = Instant::now();
-    let raw =
-        format!("{method} {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+    let raw = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    );
     let status = limiter_tests::client::send(admin, raw.as_bytes()).map_or(0, |r| r.status);
     (status, started.elapsed())
 }
@@ -139,7 +147,7 @@ fn the_metrics_listener_serves_metrics_and_healthz_only_without_the_token() {
     let dir = std::env::temp_dir().join(format!("limiter-metrics-listen-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let token = dir.join("token");
-    std::fs::write(&token, "0123456789abcdef0123\n").unwrap();
+    limiter_tests::write_secret(&token, "0123456789abcdef0123\n");
     let d = InProcess::start(
         up.addr,
         &format!("admin.tokenFile = {}\nadmin.metricsListen = 127.0.0.1:0\n", token.display()),
@@ -159,7 +167,19 @@ fn the_metrics_listener_serves_metrics_and_healthz_only_without_the_token() {
     }
     assert_eq!(ask("POST", "/reload").status, 404, "no reload there");
     assert_eq!(ask("POST", "/metrics").status, 405);
+    // Any Host (Prometheus may scrape it by name; `Host: a` above), but
+    // no page of another site.
+    let cross = format!(
+        "GET /metrics HTTP/1.1\r\nHost: {metrics}\r\nOrigin: https://evil.example\r\nConnection: close\r\n\r\n"
+    );
+    assert_eq!(limiter_tests::client::send(metrics, cross.as_bytes()).unwrap().status, 403);
     assert_eq!(d.admin("GET", "/status", &[]).status, 401, "admin.listen still wants the token");
+    // The scheme is case-insensitive (RFC 9110 §11.1).
+    for auth in ["Bearer 0123456789abcdef0123", "bearer 0123456789abcdef0123", "BEARER 0123456789abcdef0123"]
+    {
+        assert_eq!(d.admin("GET", "/status", &[&format!("Authorization: {auth}")]).status, 200, "{auth}");
+    }
+    assert_eq!(d.admin("GET", "/status", &["Authorization: Basic 0123456789abcdef0123"]).status, 401);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -226,4 +246,42 @@ fn scrapes_of_a_large_source_table_read_what_changed_not_the_table() {
     );
     drop(daemon);
     let _ = limiter_tests::limiter(&["unload", "--pin-path", sb.pin_path.to_str().unwrap()]);
+}
+
+/// The exact request a web page anywhere can make a browser send: a
+/// simple cross-site POST (no preflight), and a DNS-rebinding read under
+/// the attacker's own name.
+#[test]
+fn a_web_page_can_neither_drive_nor_read_the_admin_listener() {
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "");
+    let port = d.admin.port();
+    let send = |raw: String| limiter_tests::client::send(d.admin, raw.as_bytes()).unwrap();
+    let cross_site = send(format!(
+        "POST /breaker/open HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nOrigin: https://evil.example\r\n\
+         Content-Type: text/plain\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    ));
+    assert_eq!(cross_site.status, 403, "{}", cross_site.text());
+    assert_eq!(d.breaker_state(), "closed", "the breaker did not open");
+    for origin in ["null", "http://evil.example", &format!("http://127.0.0.1:{}", port + 1)] {
+        let r = send(format!(
+            "POST /reload HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nOrigin: {origin}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        ));
+        assert_eq!(r.status, 403, "Origin: {origin}");
+    }
+    let rebound =
+        send(format!("GET /status HTTP/1.1\r\nHost: evil.example:{port}\r\nConnection: close\r\n\r\n"));
+    assert_eq!(rebound.status, 403, "a rebound name: {}", rebound.text());
+    assert!(!rebound.text().contains("pid"), "nothing of /status in the refusal");
+    // The listener's own names, and its own origin, are served.
+    for host in [format!("127.0.0.1:{port}"), format!("localhost:{port}"), "localhost".into()] {
+        let r = send(format!("GET /status HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"));
+        assert_eq!(r.status, 200, "Host: {host}");
+    }
+    let same_origin = send(format!(
+        "GET /status HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nOrigin: http://127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    ));
+    assert_eq!(same_origin.status, 200);
+    // HTTP/1.0 without a Host (an old script) names no other site.
+    assert_eq!(send("GET /healthz HTTP/1.0\r\n\r\n".into()).status, 200);
 }

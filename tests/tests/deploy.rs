@@ -121,6 +121,8 @@ fn the_kubernetes_manifest_passes_schema_validation_and_ships_a_valid_config() {
         "startupProbe:",
         "preStop:",
         "secretName: limiter-admin-token",
+        "defaultMode: 0440",
+        "fsGroup: 65534",
         "prometheus.io/port: \"9902\"",
         "\"--user\", \"nobody\"",
         "maxSurge: 1",
@@ -161,7 +163,7 @@ fn token_file(dir: &Path) -> String {
     let yaml = std::fs::read_to_string(workspace().join("deploy/kubernetes/limiter.yaml")).unwrap();
     let token = yaml.lines().find_map(|l| l.trim().strip_prefix("token: ")).expect("the Secret's token");
     let path = dir.join("token");
-    std::fs::write(&path, format!("{token}\n")).unwrap();
+    limiter_tests::write_secret(&path, &format!("{token}\n"));
     path.to_str().unwrap().to_owned()
 }
 

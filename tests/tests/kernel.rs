@@ -640,7 +640,7 @@ fn unload_under_a_running_daemon_is_refused_unless_forced_and_the_daemon_notices
     });
     let health = limiter_tests::client::send(
         daemon.admin,
-        b"GET /healthz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        format!("GET /healthz HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", daemon.admin).as_bytes(),
     )
     .unwrap();
     assert_eq!(health.status, 503, "{}", health.text());

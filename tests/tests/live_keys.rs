@@ -636,7 +636,7 @@ fn admin_token_file_changes_live() {
     let d = InProcess::start(up.addr, "");
     assert_eq!(d.admin("GET", "/status", &[]).status, 200);
     let token = d.dir.join("token");
-    std::fs::write(&token, "0123456789abcdef0123\n").unwrap();
+    limiter_tests::write_secret(&token, "0123456789abcdef0123\n");
     d.reload(&format!("admin.tokenFile = {}\n", token.display()));
     assert_eq!(d.admin("GET", "/status", &[]).status, 401);
     assert_eq!(d.admin("GET", "/status", &["Authorization: Bearer 0123456789abcdef0123"]).status, 200);

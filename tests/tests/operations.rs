@@ -51,7 +51,7 @@ fn setup(extra: &str) -> Setup {
 fn admin(addr: SocketAddr, method: &str, path: &str, token: Option<&str>) -> (u16, String) {
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
     let raw = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n{auth}\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n{auth}\r\n"
     );
     let reply = client::send(addr, raw.as_bytes()).expect("admin reply");
     (reply.status, reply.text())
@@ -187,7 +187,8 @@ fn reload_through_the_admin_listener_under_load_is_atomic_and_names_what_blocks_
         ok += o;
         refused += r;
     }
-    assert!(ok > 100, "the load ran ({ok} ok, {refused} refused)");
+    // Three steps of at least 30 answers each (`load_runs`), most of them 200s.
+    assert!(ok + refused >= 3 * 30 && ok > refused, "the load ran ({ok} ok, {refused} refused)");
     assert!(s.daemon.metrics().contains("limiter_config_reloads_total{result=\"rejected\"} 2"));
 }
 
@@ -198,7 +199,7 @@ fn the_admin_token_guards_everything_but_healthz_and_no_credential_is_logged() {
     std::fs::create_dir_all(&dir).unwrap();
     let token = "t0ken-for-the-admin-listener-5f3a";
     let token_file = dir.join("token");
-    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    limiter_tests::write_secret(&token_file, &format!("{token}\n"));
     let session = "Bearer session-secret-value-9c1d77";
     let s = setup(&format!("admin.tokenFile = {}\nhttp.maxSessionConnections = 2\n", token_file.display()));
     let a = s.daemon.admin;

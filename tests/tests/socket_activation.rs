@@ -14,7 +14,7 @@ use nix::{sys::signal::Signal, unistd::Pid};
 
 /// GET on the admin address from the sandbox (whichever daemon serves it).
 fn admin_get(sb: &Sandbox, admin: SocketAddr, path: &str) -> Option<String> {
-    let raw = format!("GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    let raw = format!("GET {path} HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n");
     sb.in_netns(move || {
         client::send(admin, raw.as_bytes()).ok().filter(|r| r.status == 200).map(|r| r.text())
     })

@@ -6,12 +6,17 @@
 //!
 //! With `admin.tokenFile`, every path but `/healthz` (which probes must
 //! reach and which tells nothing) requires `Authorization: Bearer TOKEN`.
+//! Every path answers only requests addressed to the listener itself
+//! ([`origin`]: its own `Host`, no other site's `Origin`), so a web page
+//! can neither drive it nor read it.
 //!
 //! The listener serves a small [`Control`] interface; the daemon implements
 //! it. [`api`] holds the typed bodies, shared with `dump` and `top`.
 
 pub mod api;
 pub mod auth;
+pub mod origin;
+mod slots;
 
 use std::{convert::Infallible, sync::Arc};
 
@@ -48,6 +53,9 @@ pub trait Control: Send + Sync + 'static {
     fn breaker(&self, mode: Option<Mode>) -> Option<breaker::Snapshot>;
     /// The bearer token every path but `/healthz` requires, if any.
     fn token(&self) -> Option<Secret>;
+    /// The address the listener of `scope` was configured with
+    /// (`admin.listen`, `admin.metricsListen`).
+    fn configured_addr(&self, scope: Scope) -> std::net::SocketAddr;
 }
 
 type Body = Full<Bytes>;
@@ -62,8 +70,9 @@ pub enum Scope {
     MetricsOnly,
 }
 
-/// Admin connections served at once; more are closed on accept (a local
-/// client cannot pile up connections, each with its buffers).
+/// Admin connections served at once. When they are all open, a new one
+/// takes the slot of the oldest with no request in progress ([`slots`]),
+/// so a local client that opens many connections cannot keep a probe out.
 pub const MAX_CONNECTIONS: usize = 256;
 /// A request head must arrive within this long of the connection (or of
 /// the previous response); then the connection closes.
@@ -81,25 +90,46 @@ pub async fn serve(
     scope: Scope,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let slots = Arc::new(slots::Slots::new(MAX_CONNECTIONS));
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, peer)) = accepted else { continue };
-                let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    tracing::debug!(%peer, "admin listener: {MAX_CONNECTIONS} connections open; closing this one");
-                    continue;
+                let Ok(local) = stream.local_addr() else { continue };
+                let slot = match slots.take() {
+                    slots::Taken::Slot(slot, evicted) => {
+                        if evicted.is_some() {
+                            tracing::debug!(%peer, "admin listener: {MAX_CONNECTIONS} connections open; closed the oldest idle one");
+                        }
+                        slot
+                    }
+                    slots::Taken::Full => {
+                        tracing::debug!(%peer, "admin listener: {MAX_CONNECTIONS} requests in progress; closing this connection");
+                        continue;
+                    }
                 };
-                let control = control.clone();
+                let (control, slots) = (control.clone(), slots.clone());
                 tokio::spawn(async move {
-                    let service = service_fn(move |req| handle(req, control.clone(), scope));
-                    let _ = hyper::server::conn::http1::Builder::new()
+                    let in_service = slot.clone();
+                    let service = service_fn(move |req| {
+                        let busy = in_service.busy();
+                        let answer = handle(req, control.clone(), scope, local);
+                        async move {
+                            let answer = answer.await;
+                            drop(busy);
+                            answer
+                        }
+                    });
+                    let connection = hyper::server::conn::http1::Builder::new()
                         .timer(hyper_util::rt::TokioTimer::new())
                         .header_read_timeout(HEADER_TIMEOUT)
                         .max_buf_size(MAX_HEAD_BYTES)
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                    drop(slot);
+                        .serve_connection(TokioIo::new(stream), service);
+                    tokio::select! {
+                        _ = connection => {}
+                        () = slot.evicted() => {}
+                    }
+                    slots.release(&slot);
                 });
             }
             _ = shutdown.changed() => return,
@@ -116,7 +146,18 @@ async fn handle(
     req: Request<Incoming>,
     control: Arc<dyn Control>,
     scope: Scope,
+    local: std::net::SocketAddr,
 ) -> Result<Response<Body>, Infallible> {
+    // `admin.metricsListen` serves read-only pages to scrapers that may
+    // name it by a DNS name: its Host is not checked, a page's Origin is.
+    let configured = control.configured_addr(scope);
+    let checked = match scope {
+        Scope::Full => origin::check(req.headers(), local, configured),
+        Scope::MetricsOnly => origin::check_origin(req.headers(), local, configured),
+    };
+    if let Err(foreign) = checked {
+        return Ok(reply(StatusCode::FORBIDDEN, "text/plain", foreign.explain().into()));
+    }
     if scope == Scope::MetricsOnly && !matches!(req.uri().path(), "/metrics" | "/healthz") {
         return Ok(reply(
             StatusCode::NOT_FOUND,

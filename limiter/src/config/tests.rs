@@ -423,8 +423,26 @@ fn an_admin_listener_beyond_loopback_needs_a_token() {
     let token = dir.join("token");
     std::fs::write(&token, "0123456789abcdef0123\n").unwrap();
     let text = format!("[admin]\nlisten = 0.0.0.0:9901\ntokenFile = {}\n", token.display());
-    assert!(Config::parse(&text, "limiter.ini").is_ok());
+    // Others may read it: refused, naming the file and its mode.
+    chmod(&token, 0o644);
+    let err = Config::parse(&text, "limiter.ini").unwrap_err().to_string();
+    assert!(
+        err.contains(&format!(
+            "admin.tokenFile = {0}: {0} has mode 0644: other users can read it",
+            token.display()
+        )),
+        "{err}"
+    );
+    for mode in [0o600, 0o640, 0o400] {
+        chmod(&token, mode);
+        assert!(Config::parse(&text, "limiter.ini").is_ok(), "{mode:o}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn chmod(path: &std::path::Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
 #[test]

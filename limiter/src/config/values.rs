@@ -103,7 +103,20 @@ pub(super) fn xdp_mode(value: &str) -> Result<XdpModeChoice, String> {
 
 /// The first line of a token file: at least 16 characters, no spaces.
 pub(super) fn read_token(path: &Path) -> Result<String, String> {
+    use std::os::unix::fs::PermissionsExt as _;
     let text = fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    // A secret every local user can read is no secret: refuse it, as ssh
+    // refuses a private key others can read.
+    let mode =
+        fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?.permissions().mode();
+    if mode & 0o007 != 0 {
+        return Err(format!(
+            "{} has mode {:04o}: other users can read it; make it readable by the daemon's user or group only \
+             (chmod 0600, or 0640 with the daemon's group)",
+            path.display(),
+            mode & 0o7777
+        ));
+    }
     let token = text.lines().next().unwrap_or("").trim();
     if token.len() < 16 || token.contains(char::is_whitespace) {
         return Err(format!(

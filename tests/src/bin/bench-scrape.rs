@@ -43,7 +43,7 @@ struct Figures {
 }
 
 fn get(addr: SocketAddr, path: &str) -> Result<(u16, Duration, String)> {
-    let raw = format!("GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    let raw = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     let started = Instant::now();
     let r = client::send(addr, raw.as_bytes())?;
     Ok((r.status, started.elapsed(), r.text()))
