@@ -25,11 +25,11 @@ use tokio::time::Sleep;
 use super::{
     Proxy, Tuning,
     body::{Progress, ProxyBody, Stall, Stalled},
-    exchange::Streams,
     headers::{Forwarding, Seen, strip_hop_by_hop},
     respond,
     shield::{self, MinRate, Prefixed, ReadAhead, Receipt, TooSlow},
     stream_guard,
+    streams::Streams,
     upstream::{Pool, Timeouts, UpstreamError},
 };
 use crate::{admission::Permit, breaker::ticket::Ticket};

@@ -17,6 +17,10 @@
 //!   resolves them;
 //! - [`forward`]: the request to the upstream and its response back;
 //! - [`respond`]: the responses the proxy writes itself (503s, errors);
+//! - [`reason`]: why a request is refused (shared by the pipeline, the
+//!   responses and the metrics);
+//! - [`streams`]: the open streams of an HTTP/2 connection (shared by the
+//!   server and each exchange);
 //! - [`upstream`]: each worker's upstream connection pool;
 //! - [`body`], [`io`], [`framing`], [`headers`]: bodies, the client
 //!   socket, the framing watch, hop-by-hop and forwarding headers;
@@ -37,6 +41,7 @@ pub mod io;
 pub mod path;
 pub mod pipeline;
 pub mod proto;
+pub mod reason;
 pub mod refusal_log;
 pub mod respond;
 pub mod sample;
@@ -44,12 +49,13 @@ pub mod server;
 pub mod shared;
 pub mod shield;
 pub mod stream_guard;
+pub mod streams;
 pub mod tuning;
 pub mod upstream;
 
 pub use self::{
     counters::Counters,
-    pipeline::Reason,
+    reason::Reason,
     server::{Listeners, bind, run_workers, serve},
     shared::Proxy,
     tuning::Tuning,

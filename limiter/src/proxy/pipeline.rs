@@ -25,51 +25,20 @@ use hyper::{Method, Request, Response, StatusCode, body::Body as _, header};
 use super::{
     Proxy, Tuning,
     body::{ClientBody, ProxyBody},
-    exchange::Streams,
     forward::forward,
     head,
     headers::{Client, Forwarding, Seen, is_upgrade},
     path::is_debug_path,
+    reason::Reason,
     respond,
     shield::{self, Receipt, ReceiveError},
+    streams::Streams,
     upstream::Pool,
 };
 use crate::{
-    admission::{Ask, Refusal},
+    admission::Ask,
     breaker::{Decision, State, ticket::Ticket},
 };
-
-/// Why the proxy refused a request with a 503 (labels of
-/// `limiter_http_refused_total` and `X-Limiter-Refused`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reason {
-    /// A limit of the pools, web clients or sessions.
-    Admission(Refusal),
-    /// The breaker is open (or half-open with its probes out).
-    Breaker,
-    /// `http.bufferMemoryBytes` is spent: the body cannot be buffered.
-    BufferFull,
-}
-
-impl Reason {
-    /// Every reason, in the order metrics list them.
-    pub const ALL: [Reason; 6] = [
-        Reason::Admission(Refusal::ALL[0]),
-        Reason::Admission(Refusal::ALL[1]),
-        Reason::Admission(Refusal::ALL[2]),
-        Reason::Admission(Refusal::ALL[3]),
-        Reason::Breaker,
-        Reason::BufferFull,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Admission(r) => r.as_str(),
-            Self::Breaker => "breaker",
-            Self::BufferFull => "buffer_full",
-        }
-    }
-}
 
 /// hyper's service function for one client request (an `async` block,
 /// see [`forward`]).
@@ -193,16 +162,5 @@ fn breaker_at_head(proxy: &Proxy, debug: bool, tuning: &Tuning) -> Option<u64> {
     match proxy.breaker.admit_passive() {
         Decision::Refuse { retry_after_ms } => Some(retry_after_ms),
         Decision::Admit(_) => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reasons_are_the_pools_then_the_breaker_then_the_buffers_each_once() {
-        let names: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
-        assert_eq!(names, ["normal", "debug", "web", "session", "breaker", "buffer_full"]);
     }
 }

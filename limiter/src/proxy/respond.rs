@@ -10,7 +10,7 @@ use hyper::{
     header::{self, HeaderValue},
 };
 
-use super::{Proxy, Reason, body::ProxyBody};
+use super::{Proxy, body::ProxyBody, reason::Reason};
 use crate::admission::Refusal;
 
 static X_LIMITER_REFUSED: header::HeaderName = header::HeaderName::from_static("x-limiter-refused");

@@ -29,11 +29,12 @@ use tokio::{
 use super::{
     Proxy, Tuning,
     counters::HANDSHAKES,
-    exchange::{self, Streams},
+    exchange,
     headers::Client,
     headers::Forwarding,
     io::{ClientIo, Watch},
     proto::Proto,
+    streams::Streams,
     upstream::Pool,
 };
 
