@@ -60,7 +60,7 @@ pub fn parse_release(release: &str) -> Option<(u32, u32)> {
 /// Fails unless `version` is at least [`MIN_KERNEL`].
 pub fn check_kernel(version: (u32, u32)) -> Result<(), KernelError> {
     if version < MIN_KERNEL {
-        return Err(KernelError::KernelTooOld { found: version });
+        return Err(KernelError::KernelTooOld { found: version, needs: MIN_KERNEL });
     }
     Ok(())
 }

@@ -12,7 +12,7 @@ use aya::{
 };
 use limiter_common::LAYOUT_VERSION;
 
-use super::{btf::BtfError, env};
+use super::btf::BtfError;
 
 /// Errors of the kernel gate.
 #[derive(Debug, thiserror::Error)]
@@ -24,12 +24,14 @@ pub enum KernelError {
     Privileges { missing: String },
     #[error("cannot tell the kernel version from /proc/sys/kernel/osrelease ({0:?})")]
     UnknownKernel(String),
+    /// `needs` is `env::MIN_KERNEL`, carried so that this module, which
+    /// `env` uses, does not use `env` in turn.
     #[error(
         "kernel {}.{} is too old: limiter needs {}.{} or newer (a TCP socket iterator that \
          locks each socket, 5.19; bpf_get_netns_cookie in sock_ops, 5.15)",
-        found.0, found.1, env::MIN_KERNEL.0, env::MIN_KERNEL.1
+        found.0, found.1, needs.0, needs.1
     )]
-    KernelTooOld { found: (u32, u32) },
+    KernelTooOld { found: (u32, u32), needs: (u32, u32) },
     #[error(
         "no cgroup v2 is mounted (none in /proc/self/mounts): mount one \
          (mount -t cgroup2 none /sys/fs/cgroup/unified) or set kernel.cgroup"
