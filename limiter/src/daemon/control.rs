@@ -4,13 +4,13 @@
 use std::{
     path::PathBuf,
     sync::{
-        Arc, Mutex,
+        Arc, Mutex, MutexGuard,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::SystemTime,
 };
 
-use super::gate::HeldGate;
+use super::{gate::HeldGate, shedding};
 use crate::{
     admin::{
         Control,
@@ -41,7 +41,17 @@ pub struct Daemon {
     /// --force`): `/healthz` answers 503.
     pub(super) gate_lost: AtomicBool,
     /// The coupled shedding's controller (with a gate and a proxy).
-    pub(super) shedding: Option<Arc<super::shedding::Status>>,
+    pub(super) shedding: Option<Arc<shedding::Status>>,
+}
+
+impl shedding::Host for Daemon {
+    fn config(&self) -> MutexGuard<'_, Config> {
+        self.config.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
 }
 
 impl Daemon {

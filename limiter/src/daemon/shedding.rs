@@ -14,13 +14,12 @@
 
 use std::{
     sync::{
-        Arc, Mutex,
+        Arc, Mutex, MutexGuard,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant, SystemTime},
 };
 
-use super::Daemon;
 use crate::{
     admin::api::ShedStatus,
     admission::Refusal,
@@ -80,6 +79,16 @@ impl Status {
     }
 }
 
+/// What the controller reads of the running daemon every tick. The
+/// daemon (`control`) implements it: the daemon holds the controller's
+/// [`Status`], so this module does not name the daemon in turn.
+pub trait Host: Send + Sync + 'static {
+    /// The configuration in force (a reload replaces it).
+    fn config(&self) -> MutexGuard<'_, Config>;
+    /// The daemon is draining: the flags come down and the controller ends.
+    fn draining(&self) -> bool;
+}
+
 /// The keys in force, read every tick (all of them reload live).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Settings {
@@ -102,10 +111,8 @@ impl Settings {
 }
 
 /// The controller: runs until the daemon drains, then lowers its flags.
-pub async fn run(daemon: Arc<Daemon>, proxy: Arc<Proxy>, mut flags: ShedFlags, status: Arc<Status>) {
-    let settings = || {
-        Settings::of(&daemon.config.lock().unwrap_or_else(std::sync::PoisonError::into_inner), &status.ports)
-    };
+pub async fn run(daemon: Arc<impl Host>, proxy: Arc<Proxy>, mut flags: ShedFlags, status: Arc<Status>) {
+    let settings = || Settings::of(&daemon.config(), &status.ports);
     let first = settings();
     let mut hysteresis = Hysteresis::new(first.after, first.release);
     let mut tick = tokio::time::interval(TICK);
@@ -118,7 +125,7 @@ pub async fn run(daemon: Arc<Daemon>, proxy: Arc<Proxy>, mut flags: ShedFlags, s
         tick.tick().await;
         let s = settings();
         status.enabled.store(s.enabled, Ordering::Relaxed);
-        let draining = daemon.draining.load(Ordering::Relaxed);
+        let draining = daemon.draining();
         let now_refused = refused();
         let refusing = now_refused > last_refused || proxy.breaker.state() == breaker::State::Open;
         last_refused = now_refused;
