@@ -9,7 +9,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::{AccessLog, Prefix, Upstream, XdpModeChoice};
+use super::{AccessLog, Prefix, Upstream, XdpModeChoice, mask_addr};
 
 pub(super) fn int_at_least(value: &str, min: u32) -> Result<u32, String> {
     let n: i64 = value.parse().map_err(|_| format!("not a whole number (expected at least {min})"))?;
@@ -185,20 +185,6 @@ pub(super) fn prefixes(value: &str) -> Result<Vec<Prefix>, String> {
         out.push(prefix);
     }
     Ok(out)
-}
-
-/// `addr` with every bit past the first `len` cleared.
-pub(super) fn mask_addr(addr: std::net::IpAddr, len: u8) -> std::net::IpAddr {
-    match addr {
-        std::net::IpAddr::V4(a) => {
-            let mask = if len == 0 { 0 } else { u32::MAX << (32 - u32::from(len)) };
-            std::net::IpAddr::V4((u32::from(a) & mask).into())
-        }
-        std::net::IpAddr::V6(a) => {
-            let mask = if len == 0 { 0 } else { u128::MAX << (128 - u32::from(len)) };
-            std::net::IpAddr::V6((u128::from(a) & mask).into())
-        }
-    }
 }
 
 /// `eth0, eth1`
