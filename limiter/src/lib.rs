@@ -1,30 +1,43 @@
 //! limiter: a node daemon that keeps servers alive under overload by
 //! admitting or refusing work from one set of limits.
 //!
-//! Layout (callers first; the leaves, `admission`, `breaker`, `histogram`
-//! and `config`, call nothing above them, and `metrics` only reads the
-//! parts it renders):
+//! Layout, callers first: a module imports only modules listed below it,
+//! and a leaf imports none of the crate's others (both checked against
+//! the source by `import_graph`'s tests; no module imports itself through
+//! others either):
 //! - [`cli`]: one file per command-line verb (`main.rs` parses the command
 //!   line and calls these);
 //! - [`daemon`]: `limiter run`: start-up, serving, reload, drain, signals,
-//!   privileges, logging;
+//!   privileges, logging, the coupled shedding's controller;
+//! - [`metrics`]: Prometheus text, one module per part's families (it
+//!   reads the parts it renders);
 //! - [`admin`]: the admin listener, serving a [`admin::Control`] the daemon
 //!   implements; [`admin::api`] holds the typed `/status` and `/reload`
 //!   bodies shared with `dump` and `top`;
-//! - [`proxy`]: the HTTP/1.1 reverse proxy (server, per-request pipeline,
-//!   forwarding, responses);
-//! - [`admission`]: HTTP permits (pools, sessions, web clients);
-//! - [`shedding`]: when coupled shedding starts and stops (the hysteresis;
-//!   `daemon::shedding` samples the pools and raises the kernel flags);
-//! - [`breaker`]: the circuit breaker in front of the upstream (no I/O,
-//!   injected clock), its ticket and event sink;
+//! - [`proxy`]: the HTTP reverse proxy (HTTP/1.1 and HTTP/2 from clients,
+//!   in cleartext and over TLS; HTTP/1.1 over a keep-alive pool to the
+//!   upstream): server, per-request pipeline, forwarding, responses;
+//! - [`access_log`]: the access log, one JSON line per request, written
+//!   by a thread of its own;
+//! - [`admission`]: HTTP permits (pools, sessions, web clients), counted
+//!   with the other daemon's during a handover through a ledger in the
+//!   kernel gate's shared memory (so it imports `kernel`);
 //! - [`kernel`]: the eBPF gate (load, pin, adopt, swap, unload, maps,
 //!   views), with [`kernel::env`] probing privileges, kernel, cgroup v2,
 //!   bpffs;
-//! - [`metrics`]: Prometheus text, one module per part's families;
-//! - [`histogram`]: the latency histogram the proxy records into;
+//! - [`breaker`]: the circuit breaker in front of the upstream (no I/O,
+//!   injected clock), its ticket and event sink;
+//! - [`shedding`] (leaf): when coupled shedding starts and stops (the
+//!   hysteresis; `daemon::shedding` samples the pools and raises the
+//!   kernel flags);
+//! - [`histogram`] (leaf): the latency histogram the proxy records into;
 //! - [`config`]: the file's grammar, the one key table, the typed
-//!   configuration everything above reads.
+//!   configuration everything above reads (with the TLS pair it names);
+//! - [`tls`]: the TLS certificate pair and the rustls configuration;
+//! - [`utc`] (leaf): UTC dates for the access log and certificates;
+//! - `alloc_count`: the counting allocator of the `count-allocations`
+//!   benchmark build;
+//! - [`allocator`] (leaf): the global allocator (mimalloc).
 // Denied, not forbidden: `kernel::sys` holds the bpf(2) calls aya does not
 // expose and the shared mapping, `daemon::activation` takes the descriptors
 // systemd passed, `allocator` is the global allocator, and `alloc_count`
@@ -42,6 +55,8 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod histogram;
+#[cfg(test)]
+mod import_graph;
 pub mod kernel;
 pub mod metrics;
 pub mod proxy;
