@@ -1,31 +1,51 @@
-//! The HTTP/1.1 reverse proxy: admission first, then the request streams to
-//! the upstream and the response streams back, each holding its permit
-//! until the response body has been handed to the client connection (or
-//! the client went away).
+//! The HTTP reverse proxy. Clients speak HTTP/1.1 or HTTP/2: in
+//! cleartext on `http.listen` (HTTP/2 there by prior knowledge, with
+//! `http.h2c`), or over TLS on `http.tls.listen` (rustls, ALPN `h2` or
+//! `http/1.1`). Client connections are kept alive. Requests go to the
+//! upstream as HTTP/1.1 over each worker's pool of keep-alive upstream
+//! connections; an `Upgrade` the upstream accepts (WebSocket) becomes a
+//! tunnel.
+//!
+//! Admission comes first: the head's own checks, then the breaker and the
+//! limits (pools, web clients, sessions), checked at the head, then a body
+//! up to `http.requestBufferBytes` received holding no permit, then the
+//! breaker and the limits taken. Then the request streams
+//! to the upstream and the response streams back, holding its permit
+//! until the upstream has delivered it (read ahead of the client when it
+//! fits `http.responseBufferBytes`) or its body has been handed to the
+//! client connection (or the client went away).
 //!
 //! A request over a limit is answered `503` at once, before anything
-//! reaches the upstream, with `Connection: close` and `Retry-After`; the
-//! connection then closes with a bounded lingering close ([`io`]) so the
-//! 503 arrives intact even when the request body was never read.
+//! reaches the upstream, with `Retry-After` and `X-Limiter-Refused`. On
+//! HTTP/1 it carries `Connection: close` and the connection then closes
+//! with a bounded lingering close ([`io`]) so the 503 arrives intact even
+//! when the request body was never read; on HTTP/2 the stream ends with
+//! its 503 and the connection stays open for its other streams.
 //!
-//! - [`server`]: listeners, worker threads, connections, drain;
-//! - [`pipeline`]: one request: head checks → breaker → pools → forward
-//!   → respond;
+//! - [`server`]: listeners, TLS handshakes, worker threads, connections
+//!   (HTTP/1.1 or HTTP/2), drain;
+//! - [`exchange`]: one request and its response as the connection sees
+//!   it (counted by protocol, access-logged, HTTP/2's headers);
+//! - [`pipeline`]: one request: head checks → breaker → pools → body →
+//!   forward → respond;
 //! - [`head`]: what a head must satisfy before admission (`Host`,
 //!   `Authorization`, `Transfer-Encoding`);
 //! - [`path`]: which paths are diagnostic (`/debug/`), as the upstream
 //!   resolves them;
+//! - [`shield`], [`budget`]: bodies received before admission and
+//!   responses read ahead, within the memory budget;
 //! - [`forward`]: the request to the upstream and its response back;
-//! - [`respond`]: the responses the proxy writes itself (503s, errors);
-//! - [`reason`]: why a request is refused (shared by the pipeline, the
-//!   responses and the metrics);
-//! - [`streams`]: the open streams of an HTTP/2 connection (shared by the
-//!   server and each exchange);
-//! - [`upstream`]: each worker's upstream connection pool;
+//! - [`upstream`]: each worker's pool of keep-alive upstream connections;
+//! - [`respond`], [`reason`]: the responses the proxy writes itself (503s,
+//!   errors) and why it refuses;
+//! - [`streams`], [`stream_guard`], [`h2_meter`]: an HTTP/2 connection's
+//!   open streams, its starved streams, its floods of frames;
 //! - [`body`], [`io`], [`framing`], [`headers`]: bodies, the client
-//!   socket, the framing watch, hop-by-hop and forwarding headers;
-//! - [`shared`], [`tuning`], [`counters`]: what the workers share, the
-//!   values a reload changes, the proxy's counters;
+//!   socket, the HTTP/1 framing watch, hop-by-hop and forwarding headers;
+//! - [`proto`]: the four ways in (`h1`, `h1+tls`, `h2+tls`, `h2c`);
+//! - [`shared`], [`tuning`], [`counters`], [`refusal_log`]: what the
+//!   workers share, the values a reload changes, the proxy's counters,
+//!   the rate-limited refusal log;
 //! - [`sample`]: the built-in demo upstream (`http.upstream = sample`).
 
 pub mod body;

@@ -1,4 +1,4 @@
-//! The built-in sample upstream, used when `http.upstream` is not set, so
+//! The built-in sample upstream, used with `http.upstream = sample`, so
 //! the proxy can be tried end to end with nothing else running:
 //!
 //! - `GET /slow?ms=N` answers after N ms (default 5000): a few concurrent
