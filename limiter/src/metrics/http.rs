@@ -8,7 +8,7 @@ use crate::{
     admission::{self, Refusal},
     proxy::{
         Counters, Reason,
-        counters::{BODY_TIMEOUTS, HANDSHAKES},
+        counters::{BodyTimeout, HANDSHAKES},
         h2_meter::Flood,
         head::Bad,
         proto::Proto,
@@ -198,11 +198,11 @@ pub fn write(page: &mut Page, a: &admission::Snapshot, c: &Counters, buffered_by
         "counter",
         "Request bodies too slow, answered 408, by rule.",
     );
-    for (i, kind) in BODY_TIMEOUTS.iter().enumerate() {
+    for rule in BodyTimeout::ALL {
         page.sample(
             "limiter_http_body_timeouts_total",
-            &[("kind", kind)],
-            c.body_timeouts[i].load(Ordering::Relaxed),
+            &[("kind", rule.as_str())],
+            c.body_timeouts[rule.index()].load(Ordering::Relaxed),
         );
     }
     page.family(

@@ -38,8 +38,8 @@ pub struct Counters {
     pub bodies_receiving: AtomicU64,
     /// Client connections cut for reading slower than `http.minDataRate`.
     pub slow_readers: AtomicU64,
-    /// Request bodies too slow (408), by rule: [`BODY_TIMEOUTS`] order.
-    pub body_timeouts: [AtomicU64; 3],
+    /// Request bodies too slow (408), by [`BodyTimeout`] rule.
+    pub body_timeouts: [AtomicU64; BodyTimeout::ALL.len()],
     pub connections_open: AtomicU64,
     pub connections_total: AtomicU64,
     pub upgrades: AtomicU64,
@@ -64,13 +64,52 @@ pub struct Counters {
 /// `protocol`: not TLS, no common version or cipher, a bad message; `io`).
 pub const HANDSHAKES: [&str; 6] = ["ok", "timeout", "closed", "alert", "protocol", "io"];
 
-/// The rules that answer a too slow request body with 408.
-pub const BODY_TIMEOUTS: [&str; 3] = ["deadline", "min_rate", "idle"];
+/// The rule that answered a too slow request body with 408.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyTimeout {
+    /// A body read whole before admission missed `http.requestBodyTimeoutMs`.
+    Deadline,
+    /// A streamed body averaged less than `http.minDataRate`.
+    MinRate,
+    /// A streamed body stalled past `http.idleTimeoutMs`.
+    Idle,
+}
+
+impl BodyTimeout {
+    /// Every rule, in the order metrics list them.
+    pub const ALL: [BodyTimeout; 3] = [BodyTimeout::Deadline, BodyTimeout::MinRate, BodyTimeout::Idle];
+
+    /// The `kind` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Deadline => "deadline",
+            Self::MinRate => "min_rate",
+            Self::Idle => "idle",
+        }
+    }
+
+    /// Its place in [`BodyTimeout::ALL`] and in the counters.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
 
 impl Counters {
     /// Counts a response by its status class.
     pub fn status(&self, status: StatusCode) {
         let class = usize::from(status.as_u16() / 100).clamp(1, 5) - 1;
         self.responses[class].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_timeout_rules_are_listed_once_each_in_counter_order() {
+        let kinds: Vec<&str> = BodyTimeout::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(kinds, ["deadline", "min_rate", "idle"]);
+        assert!(BodyTimeout::ALL.iter().enumerate().all(|(i, r)| r.index() == i));
     }
 }

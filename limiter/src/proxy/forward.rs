@@ -25,6 +25,7 @@ use tokio::time::Sleep;
 use super::{
     Proxy, Tuning,
     body::{Progress, ProxyBody, Stall, Stalled},
+    counters::BodyTimeout,
     headers::{Forwarding, Seen, strip_hop_by_hop},
     respond,
     shield::{self, MinRate, Prefixed, ReadAhead, Receipt, TooSlow},
@@ -143,15 +144,15 @@ pub(super) fn forward(
                 tracing::debug!("request body failed: {e:?}");
                 let cause = std::error::Error::source(&e);
                 let timeout = if cause.is_some_and(|c| c.is::<TooSlow>()) {
-                    Some(1)
+                    Some(BodyTimeout::MinRate)
                 } else if cause.is_some_and(|c| c.is::<Stalled>()) {
-                    Some(2)
+                    Some(BodyTimeout::Idle)
                 } else {
                     None
                 };
                 return match timeout {
                     Some(rule) => {
-                        proxy.counters.body_timeouts[rule].fetch_add(1, Ordering::Relaxed);
+                        proxy.counters.body_timeouts[rule.index()].fetch_add(1, Ordering::Relaxed);
                         respond::body_timeout(proxy)
                     }
                     None => {

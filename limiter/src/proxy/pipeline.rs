@@ -25,6 +25,7 @@ use hyper::{Method, Request, Response, StatusCode, body::Body as _, header};
 use super::{
     Proxy, Tuning,
     body::{ClientBody, ProxyBody},
+    counters::BodyTimeout,
     forward::forward,
     head,
     headers::{Client, Forwarding, Seen, is_upgrade},
@@ -110,7 +111,8 @@ pub(super) fn handle(
                     return Ok(respond::refuse(&proxy, Reason::BufferFull, started));
                 }
                 Err(ReceiveError::Deadline) => {
-                    proxy.counters.body_timeouts[0].fetch_add(1, Ordering::Relaxed);
+                    proxy.counters.body_timeouts[BodyTimeout::Deadline.index()]
+                        .fetch_add(1, Ordering::Relaxed);
                     return Ok(respond::body_timeout(&proxy));
                 }
                 Err(ReceiveError::Client(e)) => {
