@@ -101,9 +101,9 @@ pub enum Slot {
     Reserved,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
-    limits: Option<Limits>,
+    limits: Limits,
     /// Normal slots in use (by normal requests and by `/debug/` requests
     /// that found the reserved slots taken).
     normal: u32,
@@ -116,6 +116,22 @@ struct Inner {
     admitted: [u64; 2],
     refused: [u64; 4],
     would_refuse: [u64; 4],
+}
+
+impl Inner {
+    /// Nothing in use yet, under `limits`.
+    fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            normal: 0,
+            reserved: 0,
+            web: 0,
+            sessions: HashMap::new(),
+            admitted: [0; 2],
+            refused: [0; 4],
+            would_refuse: [0; 4],
+        }
+    }
 }
 
 /// The shared admission state of the proxy.
@@ -217,7 +233,7 @@ impl Admission {
     /// same gate too (`ledger`).
     pub fn with_ledger(limits: Limits, ledger: Option<Arc<Ledger>>) -> Arc<Self> {
         Arc::new(Self {
-            inner: Mutex::new(Inner { limits: Some(limits), ..Inner::default() }),
+            inner: Mutex::new(Inner::new(limits)),
             session_keys: ledger
                 .as_ref()
                 .map_or_else(SessionKeys::default, |l| SessionKeys::with_seed(l.seed())),
@@ -240,11 +256,11 @@ impl Admission {
     pub fn set_limits(&self, limits: Limits) {
         // Session entries of permits in flight stay until those permits
         // return, whatever the new limit: the counts stay exact.
-        self.lock().limits = Some(limits);
+        self.lock().limits = limits;
     }
 
     pub fn limits(&self) -> Limits {
-        self.lock().limits.expect("set at construction")
+        self.lock().limits
     }
 
     /// Takes every permit the request needs, or none: `Err` names the first
@@ -253,7 +269,7 @@ impl Admission {
         let session = self.session_of(ask);
         let mut inner = self.lock();
         let shared = self.shared();
-        let limits = inner.limits.expect("set at construction");
+        let limits = inner.limits;
         let Decision { slot, web, session, refusal } = decide(&inner, &limits, ask, session, shared.as_ref());
         if let Some(reason) = refusal {
             if !limits.dry_run {
@@ -304,7 +320,7 @@ impl Admission {
         let session = self.session_of(ask);
         let mut inner = self.lock();
         let shared = self.shared();
-        let limits = inner.limits.expect("set at construction");
+        let limits = inner.limits;
         match decide(&inner, &limits, ask, session, shared.as_ref()).refusal {
             Some(reason) if !limits.dry_run => {
                 inner.refused[reason.index()] += 1;
@@ -327,7 +343,7 @@ impl Admission {
             let o = s.others();
             [o.normal, o.reserved, o.web]
         });
-        let limits = inner.limits.expect("set at construction");
+        let limits = inner.limits;
         Snapshot {
             normal_in_use: inner.normal,
             normal_limit: limits.normal,
