@@ -1,9 +1,17 @@
-//! Forwarding an admitted request: the request goes to the upstream in
-//! origin form with hop-by-hop headers removed and forwarding headers
-//! added; the response comes back carrying the permit, or the proxy
-//! answers 502/504/400 itself. The breaker's ticket records the result.
+//! Forwarding an admitted request, phase by phase (as a proxy's exchange
+//! is usually cut up): the request filter makes the head fit for the
+//! upstream (origin form, hop-by-hop headers removed, `Host` and the
+//! forwarding headers added); the upstream request adds the body as it was
+//! received and goes to the worker's pool within the upstream timeout; the
+//! response filter records the result on the breaker's ticket, tunnels an
+//! upgrade, and removes the response's hop-by-hop headers; the response
+//! body filter reads a small body ahead (the permit goes back) or streams
+//! a larger one carrying the permit. When the upstream or the client's
+//! body fails before the client has anything, the proxy answers
+//! 502/504/408/400 itself ([`fail_to_proxy`]).
 
 use std::{
+    ops::ControlFlow,
     pin::Pin,
     sync::{Arc, atomic::Ordering},
     task::{Context, Poll, ready},
@@ -16,7 +24,7 @@ use hyper::{
     Request, Response, StatusCode,
     body::Incoming,
     header::{self, HeaderValue},
-    http::request::Parts,
+    http::{request, response},
     upgrade::OnUpgrade,
 };
 use hyper_util::rt::TokioIo;
@@ -24,242 +32,346 @@ use tokio::time::Sleep;
 
 use super::{
     Proxy, Tuning,
-    body::{Progress, ProxyBody, Stall, Stalled},
+    body::{BoxError, Progress, ProxyBody, Stall, Stalled},
     counters::BodyTimeout,
     headers::{Forwarding, Seen, strip_hop_by_hop},
     respond,
     shield::{self, MinRate, Prefixed, ReadAhead, Receipt, TooSlow},
     stream_guard,
     streams::Streams,
-    upstream::{Pool, Timeouts, UpstreamError},
+    upstream::{self, Pool, Timeouts, UpstreamError},
 };
 use crate::{admission::Permit, breaker::ticket::Ticket};
 
-#[expect(clippy::too_many_arguments, reason = "the request's parts and every lifetime it carries")]
+/// An admitted request, as the pipeline hands it over: its head, its body
+/// so far, and every lifetime it carries.
+pub(super) struct Admitted {
+    pub parts: request::Parts,
+    pub seen: Seen,
+    pub receipt: Receipt,
+    /// The client's side of the upgrade it asked for.
+    pub upgrade: Option<OnUpgrade>,
+    pub permit: Permit,
+    /// `None` for a diagnostic request (it took no breaker probe).
+    pub ticket: Option<Ticket>,
+}
+
+/// What every admitted request of a connection goes with: the proxy, the
+/// worker's upstream pool, the connection's forwarding headers and (on
+/// HTTP/2) its streams, and the values in force for this request.
+pub(super) struct Route<'a> {
+    pub proxy: &'a Proxy,
+    pub pool: &'a Pool,
+    pub fwd: &'a Forwarding,
+    pub h2: Option<Arc<Streams>>,
+    pub tuning: Arc<Tuning>,
+}
+
+/// Forwards an admitted request: the response for the client, the
+/// upstream's or the proxy's own.
+///
 /// (An `async` block, not an `async fn`: an `async fn` moves its
 /// arguments into the future, then again into locals on its first poll,
 /// so a large argument costs two copies in the future and one more move.
-/// The proxy's per-request futures are written this way.)
+/// The proxy's per-request futures are written this way; for the same
+/// reason the block uses `req`'s fields in place rather than binding them
+/// to locals, and the phases that do not wait are plain functions, whose
+/// locals are not kept in the future.)
 #[expect(clippy::manual_async_fn, reason = "an async fn would hold its arguments twice")]
-pub(super) fn forward(
-    mut parts: Parts,
-    mut seen: Seen,
-    receipt: Receipt,
-    client_upgrade: Option<OnUpgrade>,
-    permit: Permit,
-    ticket: Option<Ticket>,
-    proxy: &Arc<Proxy>,
-    pool: &Pool,
-    fwd: &Forwarding,
-    h2: Option<Arc<Streams>>,
-    tuning: Arc<Tuning>,
-) -> impl Future<Output = Response<ProxyBody>> {
+pub(super) fn forward(mut req: Admitted, to: Route<'_>) -> impl Future<Output = Response<ProxyBody>> {
     async move {
-        let upgrade = client_upgrade.is_some();
         // Any Upgrade header stops the framing watch (the connection may become
         // a tunnel), so unless an upgrade really happens this connection closes.
-        let close_after = seen.upgrade();
-        // Origin form towards the upstream, whatever form the client used
-        // (an HTTP/1 request in origin form, the usual one, is sent as it is).
-        let origin_form = parts.uri.scheme().is_none()
-            && parts.uri.authority().is_none()
-            && parts.uri.path_and_query().is_some();
-        if !origin_form {
-            let target = hyper::Uri::builder()
-                .path_and_query(parts.uri.path_and_query().map_or("/", |pq| pq.as_str()));
-            let Ok(uri) = target.build() else {
-                return respond::own(
-                    proxy,
-                    StatusCode::BAD_REQUEST,
-                    "400 Bad Request: unusable request target\n",
-                    true,
-                );
-            };
-            parts.uri = uri;
-        }
-        if strip_hop_by_hop(&mut parts.headers, &seen, upgrade) {
-            // `Connection` named other headers (even `Host`): look again.
-            seen = Seen::scan(&parts.headers);
-        }
-        let host = if seen.hosts > 0 {
-            parts.headers.get(header::HOST).cloned()
-        } else if let Some(a) = parts
-            .uri
-            .authority()
-            // HTTP/2 names the host in `:authority`, which hyper puts in the URI.
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-            .filter(|a| super::head::is_valid_host(a.as_bytes()))
+        let close_after = req.seen.upgrade();
+        if let ControlFlow::Break(response) =
+            request_filter(&mut req.parts, req.seen, req.upgrade.is_some(), &to)
         {
-            parts.headers.insert(header::HOST, a.clone());
-            Some(a)
-        } else {
-            // HTTP/1.0 without Host: name the upstream, as HTTP/1.1 needs one.
-            if let Ok(upstream) = HeaderValue::from_str(proxy.upstream()) {
-                parts.headers.insert(header::HOST, upstream);
-            }
-            None
-        };
-        if h2.is_some() {
-            join_cookies(&mut parts.headers);
+            return response;
         }
-        fwd.apply(&mut parts.headers, host.as_ref(), seen.chained);
-        parts.version = hyper::Version::HTTP_11;
-        // A body in memory is sent as soon as the upstream takes it (the
-        // upstream timeout counts from now); a streaming one reports when it
-        // has been read to its end.
-        let mut progress = None;
-        let body = match receipt {
-            Receipt::Whole(frames) => Prefixed::whole(frames),
-            Receipt::Streaming(frames, rest) => {
-                let rest = MinRate::new(rest, tuning.min_data_rate);
-                let p = progress.insert(Arc::new(Progress::default()));
-                Prefixed::streaming(frames, Stall::with_progress(rest, tuning.idle_timeout, p.clone()))
-            }
-        };
-        let upstream_req = Request::from_parts(parts, body);
+        let (upstream_req, progress) = upstream_request(req.parts, req.receipt, &to.tuning);
 
         let sent = Instant::now();
-        let timeouts = Timeouts { connect: tuning.connect_timeout, idle: tuning.idle_timeout };
-        let answer =
-            answer_within(pool.send(upstream_req, timeouts), progress.as_deref(), tuning.upstream_timeout);
-        let mut response = match answer.await {
-            Err(_) => {
-                if let Some(t) = ticket {
-                    t.record(false)
-                }
-                proxy.counters.upstream_timeouts.fetch_add(1, Ordering::Relaxed);
-                return respond::own(
-                    proxy,
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "504 Gateway Timeout: the upstream did not answer in time\n",
-                    true,
-                );
-            }
-            Ok(Err(UpstreamError::Send(e))) if e.is_user() => {
-                // The client's body failed (aborted), or came too slowly (under
-                // http.minDataRate, or stalled past http.idleTimeoutMs): not
-                // the upstream's fault, not a result. The upstream request is
-                // dropped, and the permit with it.
-                drop(ticket);
-                tracing::debug!("request body failed: {e:?}");
-                let cause = std::error::Error::source(&e);
-                let timeout = if cause.is_some_and(|c| c.is::<TooSlow>()) {
-                    Some(BodyTimeout::MinRate)
-                } else if cause.is_some_and(|c| c.is::<Stalled>()) {
-                    Some(BodyTimeout::Idle)
-                } else {
-                    None
-                };
-                return match timeout {
-                    Some(rule) => {
-                        proxy.counters.body_timeouts[rule.index()].fetch_add(1, Ordering::Relaxed);
-                        respond::body_timeout(proxy)
-                    }
-                    None => {
-                        proxy.counters.client_body_errors.fetch_add(1, Ordering::Relaxed);
-                        respond::own(
-                            proxy,
-                            StatusCode::BAD_REQUEST,
-                            "400 Bad Request: the request body failed\n",
-                            true,
-                        )
-                    }
-                };
-            }
-            Ok(Err(e)) => {
-                if let Some(t) = ticket {
-                    t.record(false)
-                }
-                let (counter, text) = match e {
-                    UpstreamError::Connect(_) => (
-                        &proxy.counters.upstream_connect_errors,
-                        "502 Bad Gateway: cannot connect to the upstream\n",
-                    ),
-                    UpstreamError::Send(_) => (
-                        &proxy.counters.upstream_resets,
-                        "502 Bad Gateway: the upstream closed the connection\n",
-                    ),
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!("upstream request failed: {e:?}");
-                return respond::own(proxy, StatusCode::BAD_GATEWAY, text, true);
-            }
+        let timeouts = Timeouts { connect: to.tuning.connect_timeout, idle: to.tuning.idle_timeout };
+        let answer = answer_within(
+            to.pool.send(upstream_req, timeouts),
+            progress.as_deref(),
+            to.tuning.upstream_timeout,
+        );
+        let response = match answer.await {
             Ok(Ok(response)) => response,
+            Ok(Err(e)) => return fail_to_proxy(Failure::Upstream(e), req.ticket, to.proxy),
+            Err(()) => return fail_to_proxy(Failure::Timeout, req.ticket, to.proxy),
         };
         let upstream_time = sent.elapsed();
-        proxy.counters.upstream_latency.record(upstream_time);
-        if let Some(ticket) = ticket {
-            ticket.record(!tuning.is_failure(response.status().as_u16()));
-        }
-
-        if let Some(client_upgrade) = client_upgrade
-            && response.status() == StatusCode::SWITCHING_PROTOCOLS
-        {
-            let upstream_upgrade = hyper::upgrade::on(&mut response);
-            proxy.counters.upgrades.fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(async move {
-                let (Ok(client), Ok(upstream)) = tokio::join!(client_upgrade, upstream_upgrade) else {
-                    return;
-                };
-                let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut TokioIo::new(upstream))
-                    .await;
-            });
-            proxy.counters.status(response.status());
-            // The upgrade is complete: the permit goes back now, the
-            // tunnel is not an HTTP request any more.
-            drop(permit);
-            return response.map(|_| ProxyBody::empty());
-        }
-        let (mut parts, body) = response.into_parts();
-        let seen = Seen::scan(&parts.headers);
-        strip_hop_by_hop(&mut parts.headers, &seen, false);
-        if close_after {
-            // Refused upgrade: the framing watch stopped at the Upgrade head,
-            // so this connection must not carry another request.
-            parts.headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
-        let body = match shield::read_ahead(body, &tuning, &proxy.budget).await {
-            Ok(ReadAhead::Whole(frames)) => {
-                // The upstream has delivered its last byte: its thread is free,
-                // however slowly the client reads.
-                drop(permit);
-                let body = Prefixed::<Stall<Incoming>>::whole(frames).boxed_unsync();
-                match &h2 {
-                    // On HTTP/2 a starved stream must not keep its bytes for ever.
-                    Some(conn) if !body.is_end_stream() => {
-                        ProxyBody::boxed(stream_guard::guard(body, None, &conn.watchlist).boxed_unsync())
-                    }
-                    _ => ProxyBody::boxed(body),
-                }
-            }
-            Ok(ReadAhead::Streaming(frames, rest)) => {
-                let rest = Stall::new(rest, tuning.idle_timeout);
-                let body = Prefixed::streaming(frames, rest).boxed_unsync();
-                match &h2 {
-                    // One stream can starve while its connection flows: a
-                    // watchdog, not the socket, notices.
-                    Some(conn) => ProxyBody::boxed(
-                        stream_guard::guard(body, Some(permit), &conn.watchlist).boxed_unsync(),
-                    ),
-                    None => ProxyBody::boxed(body).with_permit(permit),
-                }
-            }
-            Err(e) => {
-                // Nothing has reached the client yet: it can still be told.
-                proxy.counters.upstream_resets.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!("upstream response body failed before the client got it: {e}");
-                return respond::own(
-                    proxy,
-                    StatusCode::BAD_GATEWAY,
-                    "502 Bad Gateway: the upstream's response broke off\n",
-                    true,
-                );
+        to.proxy.counters.upstream_latency.record(upstream_time);
+        let (parts, body) = match response_filter(response, req.ticket, req.upgrade, close_after, &to) {
+            ControlFlow::Continue(head) => head,
+            ControlFlow::Break(tunnel) => {
+                // The upgrade is complete: the permit goes back now, the
+                // tunnel is not an HTTP request any more.
+                drop(req.permit);
+                return tunnel;
             }
         };
-        proxy.counters.status(parts.status);
-        let mut body = body;
-        body.meta.upstream = Some(upstream_time);
-        Response::from_parts(parts, body)
+        let read = shield::read_ahead(body, &to.tuning, &to.proxy.budget).await;
+        match response_body_filter(read, req.permit, &to) {
+            Ok(mut body) => {
+                to.proxy.counters.status(parts.status);
+                body.meta.upstream = Some(upstream_time);
+                Response::from_parts(parts, body)
+            }
+            Err(failure) => fail_to_proxy(failure, None, to.proxy),
+        }
+    }
+}
+
+/// The request filter: the head as the upstream gets it, in origin form
+/// with hop-by-hop headers removed and `Host` and the forwarding headers
+/// set; `Break` with the 400 for a target it cannot name. (`upgrade`: the
+/// client asked for one, so its `Upgrade` and `Connection` stay.)
+fn request_filter(
+    parts: &mut request::Parts,
+    mut seen: Seen,
+    upgrade: bool,
+    to: &Route<'_>,
+) -> ControlFlow<Response<ProxyBody>> {
+    // Origin form towards the upstream, whatever form the client used
+    // (an HTTP/1 request in origin form, the usual one, is sent as it is).
+    let origin_form = parts.uri.scheme().is_none()
+        && parts.uri.authority().is_none()
+        && parts.uri.path_and_query().is_some();
+    if !origin_form {
+        let target =
+            hyper::Uri::builder().path_and_query(parts.uri.path_and_query().map_or("/", |pq| pq.as_str()));
+        let Ok(uri) = target.build() else {
+            return ControlFlow::Break(respond::own(
+                to.proxy,
+                StatusCode::BAD_REQUEST,
+                "400 Bad Request: unusable request target\n",
+                true,
+            ));
+        };
+        parts.uri = uri;
+    }
+    if strip_hop_by_hop(&mut parts.headers, &seen, upgrade) {
+        // `Connection` named other headers (even `Host`): look again.
+        seen = Seen::scan(&parts.headers);
+    }
+    let host = if seen.hosts > 0 {
+        parts.headers.get(header::HOST).cloned()
+    } else if let Some(a) = parts
+        .uri
+        .authority()
+        // HTTP/2 names the host in `:authority`, which hyper puts in the URI.
+        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        .filter(|a| super::head::is_valid_host(a.as_bytes()))
+    {
+        parts.headers.insert(header::HOST, a.clone());
+        Some(a)
+    } else {
+        // HTTP/1.0 without Host: name the upstream, as HTTP/1.1 needs one.
+        if let Ok(upstream) = HeaderValue::from_str(to.proxy.upstream()) {
+            parts.headers.insert(header::HOST, upstream);
+        }
+        None
+    };
+    if to.h2.is_some() {
+        join_cookies(&mut parts.headers);
+    }
+    to.fwd.apply(&mut parts.headers, host.as_ref(), seen.chained);
+    parts.version = hyper::Version::HTTP_11;
+    ControlFlow::Continue(())
+}
+
+/// The upstream request: the filtered head with its body, and how far a
+/// streaming body has been sent. A body in memory is sent as soon as the
+/// upstream takes it (the upstream timeout counts from now); a streaming
+/// one reports when it has been read to its end.
+fn upstream_request(
+    parts: request::Parts,
+    receipt: Receipt,
+    tuning: &Tuning,
+) -> (Request<upstream::Body>, Option<Arc<Progress>>) {
+    let mut progress = None;
+    let body = match receipt {
+        Receipt::Whole(frames) => Prefixed::whole(frames),
+        Receipt::Streaming(frames, rest) => {
+            let rest = MinRate::new(rest, tuning.min_data_rate);
+            let p = progress.insert(Arc::new(Progress::default()));
+            Prefixed::streaming(frames, Stall::with_progress(rest, tuning.idle_timeout, p.clone()))
+        }
+    };
+    (Request::from_parts(parts, body), progress)
+}
+
+/// The response filter: the upstream's result goes to the breaker's
+/// ticket, an upgrade the upstream accepted becomes a tunnel (`Break`
+/// with its 101), and the head loses its hop-by-hop headers (and closes
+/// the connection after a refused upgrade, `close_after`).
+fn response_filter(
+    mut response: Response<Incoming>,
+    ticket: Option<Ticket>,
+    client_upgrade: Option<OnUpgrade>,
+    close_after: bool,
+    to: &Route<'_>,
+) -> ControlFlow<Response<ProxyBody>, (response::Parts, Incoming)> {
+    if let Some(ticket) = ticket {
+        ticket.record(!to.tuning.is_failure(response.status().as_u16()));
+    }
+    if let Some(client_upgrade) = client_upgrade
+        && response.status() == StatusCode::SWITCHING_PROTOCOLS
+    {
+        let upstream_upgrade = hyper::upgrade::on(&mut response);
+        to.proxy.counters.upgrades.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            let (Ok(client), Ok(upstream)) = tokio::join!(client_upgrade, upstream_upgrade) else {
+                return;
+            };
+            let _ =
+                tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut TokioIo::new(upstream)).await;
+        });
+        to.proxy.counters.status(response.status());
+        return ControlFlow::Break(response.map(|_| ProxyBody::empty()));
+    }
+    let (mut parts, body) = response.into_parts();
+    let seen = Seen::scan(&parts.headers);
+    strip_hop_by_hop(&mut parts.headers, &seen, false);
+    if close_after {
+        // Refused upgrade: the framing watch stopped at the Upgrade head,
+        // so this connection must not carry another request.
+        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    ControlFlow::Continue((parts, body))
+}
+
+/// The response body filter: a body read ahead whole gives the permit
+/// back, one larger than the buffer streams carrying it (on HTTP/2 both
+/// under the stream guard); a body that broke off while read ahead is a
+/// failure the client can still be told of.
+fn response_body_filter(
+    read: Result<ReadAhead<Incoming>, BoxError>,
+    permit: Permit,
+    to: &Route<'_>,
+) -> Result<ProxyBody, Failure> {
+    match read {
+        Ok(ReadAhead::Whole(frames)) => {
+            // The upstream has delivered its last byte: its thread is free,
+            // however slowly the client reads.
+            drop(permit);
+            let body = Prefixed::<Stall<Incoming>>::whole(frames).boxed_unsync();
+            Ok(match &to.h2 {
+                // On HTTP/2 a starved stream must not keep its bytes for ever.
+                Some(conn) if !body.is_end_stream() => {
+                    ProxyBody::boxed(stream_guard::guard(body, None, &conn.watchlist).boxed_unsync())
+                }
+                _ => ProxyBody::boxed(body),
+            })
+        }
+        Ok(ReadAhead::Streaming(frames, rest)) => {
+            let rest = Stall::new(rest, to.tuning.idle_timeout);
+            let body = Prefixed::streaming(frames, rest).boxed_unsync();
+            Ok(match &to.h2 {
+                // One stream can starve while its connection flows: a
+                // watchdog, not the socket, notices.
+                Some(conn) => {
+                    ProxyBody::boxed(stream_guard::guard(body, Some(permit), &conn.watchlist).boxed_unsync())
+                }
+                None => ProxyBody::boxed(body).with_permit(permit),
+            })
+        }
+        Err(e) => Err(Failure::ResponseBody(e)),
+    }
+}
+
+/// How forwarding failed before anything of the response reached the
+/// client.
+enum Failure {
+    /// No response head within `http.upstreamTimeoutMs` of the request
+    /// sent.
+    Timeout,
+    /// Connecting to the upstream, or sending the request to it (the
+    /// client's body failing included).
+    Upstream(UpstreamError),
+    /// The response body broke off while read ahead.
+    ResponseBody(BoxError),
+}
+
+/// The failure phase: the proxy's own answer, counted, with the ticket
+/// (if not recorded yet) recording a failure of the upstream's, or
+/// dropped unrecorded for one of the client's.
+fn fail_to_proxy(failure: Failure, ticket: Option<Ticket>, proxy: &Proxy) -> Response<ProxyBody> {
+    match failure {
+        Failure::Timeout => {
+            if let Some(t) = ticket {
+                t.record(false)
+            }
+            proxy.counters.upstream_timeouts.fetch_add(1, Ordering::Relaxed);
+            respond::own(
+                proxy,
+                StatusCode::GATEWAY_TIMEOUT,
+                "504 Gateway Timeout: the upstream did not answer in time\n",
+                true,
+            )
+        }
+        Failure::Upstream(UpstreamError::Send(e)) if e.is_user() => {
+            // The client's body failed (aborted), or came too slowly (under
+            // http.minDataRate, or stalled past http.idleTimeoutMs): not
+            // the upstream's fault, not a result. The upstream request is
+            // dropped, and the permit with it.
+            drop(ticket);
+            tracing::debug!("request body failed: {e:?}");
+            let cause = std::error::Error::source(&e);
+            let timeout = if cause.is_some_and(|c| c.is::<TooSlow>()) {
+                Some(BodyTimeout::MinRate)
+            } else if cause.is_some_and(|c| c.is::<Stalled>()) {
+                Some(BodyTimeout::Idle)
+            } else {
+                None
+            };
+            match timeout {
+                Some(rule) => {
+                    proxy.counters.body_timeouts[rule.index()].fetch_add(1, Ordering::Relaxed);
+                    respond::body_timeout(proxy)
+                }
+                None => {
+                    proxy.counters.client_body_errors.fetch_add(1, Ordering::Relaxed);
+                    respond::own(
+                        proxy,
+                        StatusCode::BAD_REQUEST,
+                        "400 Bad Request: the request body failed\n",
+                        true,
+                    )
+                }
+            }
+        }
+        Failure::Upstream(e) => {
+            if let Some(t) = ticket {
+                t.record(false)
+            }
+            let (counter, text) = match e {
+                UpstreamError::Connect(_) => (
+                    &proxy.counters.upstream_connect_errors,
+                    "502 Bad Gateway: cannot connect to the upstream\n",
+                ),
+                UpstreamError::Send(_) => {
+                    (&proxy.counters.upstream_resets, "502 Bad Gateway: the upstream closed the connection\n")
+                }
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!("upstream request failed: {e:?}");
+            respond::own(proxy, StatusCode::BAD_GATEWAY, text, true)
+        }
+        Failure::ResponseBody(e) => {
+            // Nothing has reached the client yet: it can still be told.
+            proxy.counters.upstream_resets.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!("upstream response body failed before the client got it: {e}");
+            respond::own(
+                proxy,
+                StatusCode::BAD_GATEWAY,
+                "502 Bad Gateway: the upstream's response broke off\n",
+                true,
+            )
+        }
     }
 }
 

@@ -26,7 +26,7 @@ use super::{
     Proxy, Tuning,
     body::{ClientBody, ProxyBody},
     counters::BodyTimeout,
-    forward::forward,
+    forward::{Admitted, Route, forward},
     head,
     headers::{Client, Forwarding, Seen, is_upgrade},
     path::is_debug_path,
@@ -142,8 +142,8 @@ pub(super) fn handle(
         };
         match proxy.admission.admit(ask) {
             Ok(permit) => {
-                Ok(forward(parts, seen, receipt, upgrade, permit, ticket, &proxy, &pool, &fwd, h2, tuning)
-                    .await)
+                let req = Admitted { parts, seen, receipt, upgrade, permit, ticket };
+                Ok(forward(req, Route { proxy: &proxy, pool: &pool, fwd: &fwd, h2, tuning }).await)
             }
             // The ticket is dropped unrecorded: a refusal is not a result.
             Err(refusal) => Ok(respond::refuse(&proxy, Reason::Admission(refusal), started)),
