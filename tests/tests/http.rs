@@ -531,7 +531,8 @@ fn hop_by_hop_headers_go_and_forwarding_headers_come() {
     for gone in ["x-private", "keep-alive", "\nte:", "proxy-authorization", "connection: keep-alive"] {
         assert!(!seen.contains(gone), "`{gone}` reached the upstream:\n{seen}");
     }
-    assert!(seen.contains("x-forwarded-for: 10.1.2.3, 127.0.0.1"), "{seen}");
+    // The client is not a trusted forwarder: its chain is replaced.
+    assert!(seen.contains("x-forwarded-for: 127.0.0.1\n") && !seen.contains("10.1.2.3"), "{seen}");
     assert!(seen.contains("forwarded: for=127.0.0.1;proto=http;host=\"test\""), "{seen}");
     assert!(seen.contains("host: test"), "{seen}");
     assert!(seen.contains("authorization: bearer kept"), "{seen}");
@@ -613,6 +614,10 @@ fn a_path_the_upstream_resolves_under_debug_takes_a_reserved_slot() {
     s.release_all(debug.into_iter().chain([normal]));
 }
 
+/// [`limiter`]'s answer to a request whose authority is missing, invalid,
+/// repeated or contradicted.
+const BAD_AUTHORITY: &str = "400 Bad Request: the request's authority (Host, or the target's) is missing, invalid, repeated or contradicted\n";
+
 #[test]
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn a_forged_or_repeated_host_is_refused_before_admission() {
@@ -625,41 +630,115 @@ fn a_forged_or_repeated_host_is_refused_before_admission() {
         b"GET /headers HTTP/1.1\r\nHost: app,for=6.6.6.6\r\n\r\n",
         b"GET /headers HTTP/1.1\r\nHost: [::1\r\n\r\n",
         b"GET /headers HTTP/1.1\r\nHost: app:99999\r\n\r\n",
+        // HTTP/1.1 without Host (RFC 9112 §3.2), and a target whose
+        // authority has userinfo.
+        b"GET /headers HTTP/1.1\r\nAccept: */*\r\n\r\n",
+        b"GET http://user:pw@app/headers HTTP/1.1\r\nHost: app\r\n\r\n",
     ] {
-        assert_refused_head(&s, raw, 400, "400 Bad Request: the Host header is invalid or repeated\n");
+        assert_refused_head(&s, raw, 400, BAD_AUTHORITY);
+    }
+    // Targets the method cannot have: the authority form outside CONNECT,
+    // `*` outside OPTIONS.
+    for raw in [&b"GET app:80 HTTP/1.1\r\nHost: app\r\n\r\n"[..], b"GET * HTTP/1.1\r\nHost: app\r\n\r\n"] {
+        assert_refused_head(&s, raw, 400, "400 Bad Request: this method cannot have this request target\n");
     }
     assert_eq!(s.upstream.hits(), 1, "a bad Host reached the upstream");
-    assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"host\"}"), 7.0);
+    assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"host\"}"), 9.0);
+    assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"target\"}"), 2.0);
     assert_eq!(s.metric("limiter_http_refused_total{reason=\"normal\"}"), 0.0);
-    assert_eq!(s.metric("limiter_http_responses_total{class=\"4xx\"}"), 7.0);
+    assert_eq!(s.metric("limiter_http_responses_total{class=\"4xx\"}"), 11.0);
     s.release_all([held]);
+}
+
+/// Every forwarding header a client can send to pass as the proxy's word.
+const SPOOFED: &[u8] = b"X-Forwarded-Proto: https\r\nForwarded: for=10.0.0.9;proto=https\r\n\
+    Forwarded: for=10.0.0.8\r\nX-Forwarded-For: 10.0.0.9\r\nX-Forwarded-For: 10.0.0.8\r\n\
+    X-Forwarded-Host: evil.example\r\nX-Forwarded-Port: 443\r\nX-Real-IP: 10.0.0.9\r\n\
+    Client-IP: 10.0.0.9\r\nTrue-Client-IP: 10.0.0.9\r\nX-Original-URL: /admin\r\nX-Rewrite-URL: /admin\r\n";
+
+/// The upstream's view of `GET /headers` with `Host: app.example:8080`
+/// and [`SPOOFED`], as lines.
+fn spoofed_request_seen(s: &Setup) -> String {
+    let raw = [&b"GET /headers HTTP/1.1\r\nHost: app.example:8080\r\n"[..], SPOOFED, b"\r\n"].concat();
+    let reply = send(s.proxy, &raw).unwrap();
+    assert_eq!(reply.status, 200, "{reply:?}");
+    reply.text()
+}
+
+fn assert_lines(seen: &str, want: &[String], gone: &[&str]) {
+    let lines: Vec<&str> = seen.lines().collect();
+    for want in want {
+        assert!(lines.contains(&want.as_str()), "no `{want}` in\n{seen}");
+        let name = want.split(':').next().unwrap();
+        let count = lines.iter().filter(|l| l.split(':').next() == Some(name)).count();
+        assert_eq!(count, 1, "`{name}` more than once:\n{seen}");
+    }
+    for gone in gone {
+        assert!(
+            !lines.iter().any(|l| l.starts_with(&format!("{gone}:"))),
+            "`{gone}` reached the upstream:\n{seen}"
+        );
+    }
 }
 
 #[test]
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
-fn forwarding_headers_name_the_listener_and_quote_the_host() {
+fn forwarding_headers_from_a_client_are_replaced_by_the_proxys_own() {
     let s = setup("");
-    let reply = send(
-        s.proxy,
-        b"GET /headers HTTP/1.1\r\nHost: app.example:8080\r\nX-Forwarded-Proto: https\r\n\
-          Forwarded: for=10.0.0.9;proto=https\r\nForwarded: for=10.0.0.8\r\n\
-          X-Forwarded-For: 10.0.0.9\r\nX-Forwarded-For: 10.0.0.8\r\n\r\n",
-    )
-    .unwrap();
+    let port = s.proxy.port();
+    assert_lines(
+        &spoofed_request_seen(&s),
+        &[
+            "host: app.example:8080".into(),
+            "x-forwarded-for: 127.0.0.1".into(),
+            "forwarded: for=127.0.0.1;proto=http;host=\"app.example:8080\"".into(),
+            "x-forwarded-proto: http".into(),
+            "x-forwarded-host: app.example:8080".into(),
+            format!("x-forwarded-port: {port}"),
+        ],
+        &["x-real-ip", "client-ip", "true-client-ip", "x-original-url", "x-rewrite-url"],
+    );
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn a_trusted_forwarders_chain_is_extended_and_its_view_kept() {
+    let s = setup("http.trustedForwarders = 127.0.0.0/8\n");
+    assert_lines(
+        &spoofed_request_seen(&s),
+        &[
+            "host: app.example:8080".into(),
+            "x-forwarded-for: 10.0.0.9, 10.0.0.8, 127.0.0.1".into(),
+            "forwarded: for=10.0.0.9;proto=https, for=10.0.0.8, for=127.0.0.1;proto=http;host=\"app.example:8080\""
+                .into(),
+            "x-forwarded-proto: https".into(),
+            "x-forwarded-host: evil.example".into(),
+            "x-forwarded-port: 443".into(),
+            "x-real-ip: 10.0.0.9".into(),
+        ],
+        // Path overrides pass from no one.
+        &["x-original-url", "x-rewrite-url"],
+    );
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn an_absolute_target_names_the_host() {
+    let s = setup("");
+    // RFC 9112 §3.2.2: the target's authority wins over Host.
+    let reply = send(s.proxy, b"GET http://app.example/headers HTTP/1.1\r\nHost: other\r\n\r\n").unwrap();
     assert_eq!(reply.status, 200, "{reply:?}");
-    let seen = reply.text();
-    let lines: Vec<&str> = seen.lines().collect();
-    for want in [
-        "host: app.example:8080",
-        "x-forwarded-proto: http",
-        "forwarded: for=10.0.0.9;proto=https, for=10.0.0.8, for=127.0.0.1;proto=http;host=\"app.example:8080\"",
-        "x-forwarded-for: 10.0.0.9, 10.0.0.8, 127.0.0.1",
-    ] {
-        assert!(lines.contains(&want), "no `{want}` in\n{seen}");
-    }
-    for name in ["x-forwarded-proto:", "forwarded:", "x-forwarded-for:"] {
-        assert_eq!(lines.iter().filter(|l| l.starts_with(name)).count(), 1, "`{name}` twice:\n{seen}");
-    }
+    assert_lines(&reply.text(), &["host: app.example".into(), "x-forwarded-host: app.example".into()], &[]);
+    assert!(reply.text().starts_with("GET /headers HTTP/1.1"), "origin form upstream: {}", reply.text());
+    // A fragment is no part of a target (RFC 9112 §3.2): it is dropped.
+    let reply = send(s.proxy, b"GET /headers?q=1#frag HTTP/1.1\r\nHost: app\r\n\r\n").unwrap();
+    assert!(reply.text().starts_with("GET /headers?q=1 HTTP/1.1\n"), "{}", reply.text());
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn forwarding_headers_quote_the_host() {
+    let s = setup("");
     // An IPv6 literal is a valid Host, quoted whole.
     let reply = send(s.proxy, b"GET /headers HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n").unwrap();
     assert!(

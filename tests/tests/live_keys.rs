@@ -52,6 +52,7 @@ const HERE: &[(&str, &str)] = &[
     ("breaker.failureStatuses", "breaker_failure_statuses_change_live"),
     ("breaker.bypassDebug", "breaker_bypass_debug_changes_live"),
     ("admin.tokenFile", "admin_token_file_changes_live"),
+    ("http.trustedForwarders", "trusted_forwarders_change_for_new_connections"),
     ("admin.watchConfig", "admin_watch_config_reloads_on_a_change_and_on_a_configmap_swap"),
 ];
 
@@ -640,6 +641,21 @@ fn admin_token_file_changes_live() {
     d.reload(&format!("admin.tokenFile = {}\n", token.display()));
     assert_eq!(d.admin("GET", "/status", &[]).status, 401);
     assert_eq!(d.admin("GET", "/status", &["Authorization: Bearer 0123456789abcdef0123"]).status, 200);
+}
+
+#[test]
+fn trusted_forwarders_change_for_new_connections() {
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "");
+    let chain = |d: &InProcess| {
+        let r = d.get("/headers", &["X-Forwarded-For: 10.0.0.9"]);
+        r.text().lines().find_map(|l| l.strip_prefix("x-forwarded-for: ").map(str::to_owned)).unwrap()
+    };
+    assert_eq!(chain(&d), "127.0.0.1", "untrusted: replaced");
+    d.reload("http.trustedForwarders = 127.0.0.1\n");
+    assert_eq!(chain(&d), "10.0.0.9, 127.0.0.1", "trusted: extended");
+    d.reload("http.trustedForwarders = 10.0.0.0/8\n");
+    assert_eq!(chain(&d), "127.0.0.1", "no longer trusted");
 }
 
 #[test]

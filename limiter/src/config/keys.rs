@@ -434,6 +434,13 @@ pub static KEYS: &[Key] = &[
         set: plain!(|c, v| c.http.tls_handshake_timeout_ms = ms(v, 1)?),
     },
     Key {
+        name: "http.trustedForwarders",
+        default: DefaultValue::Unset("(none)"),
+        reload: Reload::Live,
+        doc: "prefixes of proxies in front whose forwarding headers are kept and extended; from any other client they are replaced",
+        set: plain!(|c, v| c.http.trusted_forwarders = prefixes(v)?),
+    },
+    Key {
         name: "http.h2c",
         default: DefaultValue::Value("false"),
         reload: Reload::Restart,

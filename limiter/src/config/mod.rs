@@ -294,6 +294,9 @@ pub struct HttpConfig {
     pub h2_max_concurrent_streams: u32,
     /// Where the access log goes (`http.accessLog`).
     pub access_log: AccessLog,
+    /// Clients whose forwarding headers are kept and extended
+    /// (`http.trustedForwarders`); from any other, limiter writes its own.
+    pub trusted_forwarders: Vec<Prefix>,
 }
 
 /// `http.accessLog`.

@@ -135,6 +135,11 @@ fn request_filter(
     upgrade: bool,
     to: &Route<'_>,
 ) -> ControlFlow<Response<ProxyBody>> {
+    // The request's authority ([`super::head::target`] checked it): the
+    // target's own (HTTP/1 absolute form, HTTP/2 `:authority`) wins over
+    // `Host` (RFC 9112 §3.2.2, RFC 9113 §8.3.1), read before the target
+    // becomes origin form.
+    let authority = parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok());
     // Origin form towards the upstream, whatever form the client used
     // (an HTTP/1 request in origin form, the usual one, is sent as it is).
     let origin_form = parts.uri.scheme().is_none()
@@ -157,17 +162,11 @@ fn request_filter(
         // `Connection` named other headers (even `Host`): look again.
         seen = Seen::scan(&parts.headers);
     }
-    let host = if seen.hosts > 0 {
-        parts.headers.get(header::HOST).cloned()
-    } else if let Some(a) = parts
-        .uri
-        .authority()
-        // HTTP/2 names the host in `:authority`, which hyper puts in the URI.
-        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        .filter(|a| super::head::is_valid_host(a.as_bytes()))
-    {
+    let host = if let Some(a) = authority {
         parts.headers.insert(header::HOST, a.clone());
         Some(a)
+    } else if seen.hosts > 0 {
+        parts.headers.get(header::HOST).cloned()
     } else {
         // HTTP/1.0 without Host: name the upstream, as HTTP/1.1 needs one.
         if let Ok(upstream) = HeaderValue::from_str(to.proxy.upstream()) {
@@ -178,7 +177,7 @@ fn request_filter(
     if to.h2.is_some() {
         join_cookies(&mut parts.headers);
     }
-    to.fwd.apply(&mut parts.headers, host.as_ref(), seen.chained);
+    to.fwd.apply(&mut parts.headers, host.as_ref(), &seen);
     parts.version = hyper::Version::HTTP_11;
     ControlFlow::Continue(())
 }

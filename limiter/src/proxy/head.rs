@@ -18,6 +18,14 @@
 //!   Jetty decodes a request coding, so it is refused with 501 (RFC 9112
 //!   §6.1 allows it).
 //!
+//! - The request target and its authority (RFC 9112 §3.2, RFC 9113
+//!   §8.3.1): an HTTP/1.1 request without `Host` is refused (400); an
+//!   authority in the target (HTTP/1 absolute form, HTTP/2 `:authority`)
+//!   must be a valid `Host` without userinfo, and on HTTP/2 a `host`
+//!   header that names another authority than `:authority` is refused;
+//!   the authority form (`GET app:80`) is CONNECT's only, and `*` is
+//!   OPTIONS' only.
+//!
 //! A head that fails is answered by the proxy with `Connection: close`,
 //! never forwarded, takes no breaker ticket and no permit, and is counted
 //! by [`Bad::kind`] under `limiter_http_bad_requests_total`.
@@ -37,11 +45,14 @@ pub enum Bad {
     Authorization,
     /// A transfer coding other than a single `chunked`.
     TransferEncoding,
+    /// A request target this method cannot have (the authority form
+    /// outside CONNECT, `*` outside OPTIONS).
+    Target,
 }
 
 impl Bad {
     /// Every kind, in the order metrics list them.
-    pub const ALL: [Bad; 3] = [Bad::Host, Bad::Authorization, Bad::TransferEncoding];
+    pub const ALL: [Bad; 4] = [Bad::Host, Bad::Authorization, Bad::TransferEncoding, Bad::Target];
 
     /// The `kind` label of `limiter_http_bad_requests_total`.
     pub fn kind(self) -> &'static str {
@@ -49,19 +60,23 @@ impl Bad {
             Self::Host => "host",
             Self::Authorization => "authorization",
             Self::TransferEncoding => "transfer_encoding",
+            Self::Target => "target",
         }
     }
 
     pub fn status(self) -> StatusCode {
         match self {
-            Self::Host | Self::Authorization => StatusCode::BAD_REQUEST,
+            Self::Host | Self::Authorization | Self::Target => StatusCode::BAD_REQUEST,
             Self::TransferEncoding => StatusCode::NOT_IMPLEMENTED,
         }
     }
 
     pub fn text(self) -> &'static str {
         match self {
-            Self::Host => "400 Bad Request: the Host header is invalid or repeated\n",
+            Self::Host => {
+                "400 Bad Request: the request's authority (Host, or the target's) is missing, invalid, repeated or contradicted\n"
+            }
+            Self::Target => "400 Bad Request: this method cannot have this request target\n",
             Self::Authorization => "400 Bad Request: more than one Authorization header\n",
             Self::TransferEncoding => "501 Not Implemented: only the chunked transfer coding is supported\n",
         }
@@ -91,6 +106,45 @@ pub fn check(headers: &HeaderMap, seen: &Seen) -> Result<(), Bad> {
                 .is_some_and(|c| c.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked")))
     {
         return Err(Bad::TransferEncoding);
+    }
+    Ok(())
+}
+
+/// Checks the request target and its authority against the `Host`
+/// header (see the module's list); `Err` names what fails.
+pub fn target(
+    method: &hyper::Method,
+    uri: &hyper::Uri,
+    version: hyper::Version,
+    headers: &HeaderMap,
+    seen: &Seen,
+) -> Result<(), Bad> {
+    let authority = uri.authority();
+    if uri.path() == "*" && method != hyper::Method::OPTIONS {
+        return Err(Bad::Target);
+    }
+    if authority.is_some() && uri.scheme().is_none() {
+        // The authority form (`GET app:80`): CONNECT's, refused before this.
+        return Err(Bad::Target);
+    }
+    if let Some(a) = authority {
+        // `user@host` is deprecated (RFC 9110 §4.2.4) and refused on
+        // HTTP/2 (RFC 9113 §8.3.1); and the authority becomes the `Host`.
+        if !is_valid_host(a.as_str().as_bytes()) || a.as_str().is_empty() {
+            return Err(Bad::Host);
+        }
+        if version == hyper::Version::HTTP_2
+            && seen.hosts == 1
+            && !headers
+                .get(header::HOST)
+                .is_some_and(|h| h.as_bytes().eq_ignore_ascii_case(a.as_str().as_bytes()))
+        {
+            return Err(Bad::Host);
+        }
+    } else if seen.hosts == 0 && version >= hyper::Version::HTTP_11 {
+        // HTTP/1.1 (RFC 9112 §3.2), and HTTP/2 with neither `:authority`
+        // nor `host`: the upstream would be told its own name.
+        return Err(Bad::Host);
     }
     Ok(())
 }
@@ -260,10 +314,43 @@ mod tests {
         );
     }
 
+    fn target_of(method: &str, uri: &str, version: hyper::Version, hosts: &[&str]) -> Result<(), Bad> {
+        let mut h = HeaderMap::new();
+        for host in hosts {
+            h.append(header::HOST, HeaderValue::from_str(host).unwrap());
+        }
+        let seen = Seen::scan(&h);
+        target(&method.parse().unwrap(), &uri.parse().unwrap(), version, &h, &seen)
+    }
+
+    #[test]
+    fn targets_and_their_authorities_follow_the_rfcs() {
+        use hyper::Version as V;
+        assert_eq!(target_of("GET", "/x", V::HTTP_11, &["app"]), Ok(()));
+        assert_eq!(target_of("GET", "/x", V::HTTP_11, &[]), Err(Bad::Host), "HTTP/1.1 needs Host");
+        assert_eq!(target_of("GET", "/x", V::HTTP_10, &[]), Ok(()), "HTTP/1.0 may omit it");
+        assert_eq!(
+            target_of("GET", "http://app.example/x", V::HTTP_11, &["other"]),
+            Ok(()),
+            "the target wins"
+        );
+        assert_eq!(target_of("GET", "app:80", V::HTTP_11, &["app"]), Err(Bad::Target), "authority form");
+        assert_eq!(target_of("GET", "*", V::HTTP_11, &["app"]), Err(Bad::Target));
+        assert_eq!(target_of("OPTIONS", "*", V::HTTP_11, &["app"]), Ok(()));
+        assert_eq!(target_of("GET", "http://u:p@app/x", V::HTTP_11, &["app"]), Err(Bad::Host), "userinfo");
+        // HTTP/2: `:authority` (in the URI) against `host`.
+        assert_eq!(target_of("GET", "https://app/x", V::HTTP_2, &[]), Ok(()));
+        assert_eq!(target_of("GET", "https://app/x", V::HTTP_2, &["APP"]), Ok(()));
+        assert_eq!(target_of("GET", "https://app/x", V::HTTP_2, &["other"]), Err(Bad::Host));
+        assert_eq!(target_of("GET", "https://user@app/x", V::HTTP_2, &[]), Err(Bad::Host));
+        assert_eq!(target_of("GET", "/x", V::HTTP_2, &["app"]), Ok(()), "host without :authority");
+        assert_eq!(target_of("GET", "/x", V::HTTP_2, &[]), Err(Bad::Host), "no authority at all");
+    }
+
     #[test]
     fn kinds_are_listed_once_each() {
         let kinds: Vec<&str> = Bad::ALL.iter().map(|b| b.kind()).collect();
-        assert_eq!(kinds, ["host", "authorization", "transfer_encoding"]);
+        assert_eq!(kinds, ["host", "authorization", "transfer_encoding", "target"]);
         assert!(Bad::ALL.iter().enumerate().all(|(i, b)| b.index() == i));
     }
 }

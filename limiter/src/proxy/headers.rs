@@ -1,6 +1,13 @@
 //! Header rewriting between client and upstream: hop-by-hop headers are
-//! removed (RFC 9110 §7.6.1), `X-Forwarded-For`, `Forwarded` and
-//! `X-Forwarded-Proto` say who the client was and how it connected.
+//! removed (RFC 9110 §7.6.1), and the forwarding headers say who the
+//! client was and how it connected. Those are the proxy's word: from a
+//! client outside `http.trustedForwarders`, every forwarding header it
+//! sent ([`FORWARDING`]) is removed and limiter writes its own
+//! (`X-Forwarded-For`, `-Proto`, `-Host`, `-Port` and one `Forwarded`
+//! element); from a trusted forwarder, the chains are extended and its
+//! `X-Forwarded-Proto`, `-Host` and `-Port` kept. `X-Original-URL` and
+//! `X-Rewrite-URL`, path overrides that some frameworks honour past their
+//! access rules, never pass.
 
 use std::net::SocketAddr;
 
@@ -31,8 +38,83 @@ const CONNECTION_AT: usize = 0;
 const TRANSFER_ENCODING_AT: usize = 5;
 const UPGRADE_AT: usize = 6;
 
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+/// The headers a client may send to pass as the proxy's word: who the
+/// client is, how it connected, which URL it asked for. The first five
+/// are limiter's own, in the order of the constants below, then the two
+/// path overrides; the rest only ever come from clients (or forwarders in
+/// front).
+const FORWARDING_NAMES: [&str; 19] = [
+    "x-forwarded-for",
+    "forwarded",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-forwarded-port",
+    "x-original-url",
+    "x-rewrite-url",
+    "x-forwarded-server",
+    "x-forwarded-prefix",
+    "x-forwarded-ssl",
+    "x-forwarded-scheme",
+    "x-real-ip",
+    "client-ip",
+    "true-client-ip",
+    "x-client-ip",
+    "x-cluster-client-ip",
+    "x-original-host",
+    "x-url-scheme",
+    "front-end-https",
+];
+
+const fn forwarding(i: usize) -> HeaderName {
+    HeaderName::from_static(FORWARDING_NAMES[i])
+}
+
+/// [`FORWARDING_NAMES`] as names.
+pub static FORWARDING: [HeaderName; 19] = [
+    forwarding(0),
+    forwarding(1),
+    forwarding(2),
+    forwarding(3),
+    forwarding(4),
+    forwarding(5),
+    forwarding(6),
+    forwarding(7),
+    forwarding(8),
+    forwarding(9),
+    forwarding(10),
+    forwarding(11),
+    forwarding(12),
+    forwarding(13),
+    forwarding(14),
+    forwarding(15),
+    forwarding(16),
+    forwarding(17),
+    forwarding(18),
+];
+const XFF_AT: usize = 0;
+const FORWARDED_AT: usize = 1;
+const PROTO_AT: usize = 2;
+const HOST_AT: usize = 3;
+const PORT_AT: usize = 4;
+/// `X-Original-URL` and `X-Rewrite-URL`: never passed, from anyone.
+const OVERRIDES: u32 = 1 << 5 | 1 << 6;
+
+/// The lengths of the [`FORWARDING`] names, as bits (a name of another
+/// length is none of them: one test per header).
+const FORWARDING_LENGTHS: u32 = {
+    let mut bits = 0u32;
+    let mut i = 0;
+    while i < FORWARDING_NAMES.len() {
+        bits |= 1 << FORWARDING_NAMES[i].len();
+        i += 1;
+    }
+    bits
+};
+
+static X_FORWARDED_FOR: &HeaderName = &FORWARDING[XFF_AT];
+static X_FORWARDED_PROTO: &HeaderName = &FORWARDING[PROTO_AT];
+static X_FORWARDED_HOST: &HeaderName = &FORWARDING[HOST_AT];
+static X_FORWARDED_PORT: &HeaderName = &FORWARDING[PORT_AT];
 /// Names a web client (the web-client limit).
 static X_CLIENT_ID: HeaderName = HeaderName::from_static("x-client-id");
 
@@ -48,8 +130,8 @@ pub struct Seen {
     pub codings: u8,
     /// `X-Client-Id` is there.
     pub client_id: bool,
-    /// `X-Forwarded-For` or `Forwarded` is there: a client-sent chain.
-    pub chained: bool,
+    /// A bit for each member of [`FORWARDING`] present.
+    pub forwarding: u32,
     /// A bit for each member of [`HOP_BY_HOP`] present.
     hop_by_hop: u8,
 }
@@ -65,8 +147,6 @@ impl Seen {
                     seen.authorizations = seen.authorizations.saturating_add(1);
                 }
                 11 if name == X_CLIENT_ID => seen.client_id = true,
-                9 if name == header::FORWARDED => seen.chained = true,
-                15 if name == X_FORWARDED_FOR => seen.chained = true,
                 2 | 7 | 10 | 16 | 17 | 19 => {
                     if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
                         seen.hop_by_hop |= 1 << i;
@@ -77,8 +157,20 @@ impl Seen {
                 }
                 _ => {}
             }
+            let len = name.as_str().len();
+            if len < 32
+                && FORWARDING_LENGTHS & (1 << len) != 0
+                && let Some(i) = FORWARDING.iter().position(|h| h == name)
+            {
+                seen.forwarding |= 1 << i;
+            }
         }
         seen
+    }
+
+    /// `X-Forwarded-For` or `Forwarded` is there: a client-sent chain.
+    pub fn chained(&self) -> bool {
+        self.forwarding & (1 << XFF_AT | 1 << FORWARDED_AT) != 0
     }
 
     /// An `Upgrade` header is there (an upgrade request, or one refused).
@@ -153,20 +245,24 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, seen: &Seen, keep_upgrade: bool
 pub struct Client {
     pub addr: SocketAddr,
     pub proto: Proto,
+    /// The port of the listener it reached (`X-Forwarded-Port`).
+    pub port: u16,
+    /// It is in `http.trustedForwarders` (when its connection was accepted).
+    pub trusted: bool,
 }
 
-/// Appends the client to `X-Forwarded-For` and `Forwarded` (a client-sent
-/// chain, on any number of lines, is kept before it) and sets
-/// `X-Forwarded-Proto` to the listener's scheme, replacing a client-sent
-/// one. `host` is the request's `Host`, already validated ([`super::head`]);
-/// it is quoted anyway (RFC 7239 §4). Each value is written once into the
-/// buffer that becomes it (no formatting machinery: this runs on every
-/// request).
-pub fn add_forwarded(headers: &mut HeaderMap, client: Client, host: Option<&HeaderValue>) {
-    let (xff, element) = forwarded_values(client, host);
-    append(headers, &X_FORWARDED_FOR, xff);
-    append(headers, &header::FORWARDED, element);
-    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(client.proto.scheme()));
+/// Removes what `seen` found of the client's forwarding headers: all of
+/// them from an untrusted client, the path overrides from any.
+fn remove_client_forwarding(headers: &mut HeaderMap, seen: &Seen, trusted: bool) {
+    let remove = if trusted { seen.forwarding & OVERRIDES } else { seen.forwarding };
+    if remove == 0 {
+        return;
+    }
+    for (i, name) in FORWARDING.iter().enumerate() {
+        if remove & (1 << i) != 0 {
+            headers.remove(name);
+        }
+    }
 }
 
 /// This client's own `X-Forwarded-For` entry and `Forwarded` element.
@@ -201,8 +297,9 @@ fn forwarded_values(client: Client, host: Option<&HeaderValue>) -> (Vec<u8>, Vec
 /// each, not a buffer.
 pub struct Forwarding {
     client: Client,
-    /// `X-Forwarded-For`, and `Forwarded` for a request without a `Host`.
-    written: std::sync::OnceLock<(Option<HeaderValue>, Option<HeaderValue>)>,
+    /// `X-Forwarded-For`, `Forwarded` for a request without a `Host`, and
+    /// `X-Forwarded-Port`.
+    written: std::sync::OnceLock<(Option<HeaderValue>, Option<HeaderValue>, HeaderValue)>,
     /// The last `Host` seen and its `Forwarded` element.
     with_host: std::sync::Mutex<Option<(HeaderValue, HeaderValue)>>,
 }
@@ -212,18 +309,41 @@ impl Forwarding {
         Self { client, written: std::sync::OnceLock::new(), with_host: std::sync::Mutex::new(None) }
     }
 
-    /// [`add_forwarded`] for this connection's client, from what was
-    /// written before when it can be. `chained`: the request has
-    /// `X-Forwarded-For` or `Forwarded` (as [`Seen`] found).
-    pub fn apply(&self, headers: &mut HeaderMap, host: Option<&HeaderValue>, chained: bool) {
-        let (xff, without_host) = self.written.get_or_init(|| {
+    /// Writes the forwarding headers for this connection's client, from
+    /// what was written before when it can be (see the module's rules);
+    /// `seen` is what [`Seen::scan`] found of the client's own.
+    pub fn apply(&self, headers: &mut HeaderMap, host: Option<&HeaderValue>, seen: &Seen) {
+        let trusted = self.client.trusted;
+        remove_client_forwarding(headers, seen, trusted);
+        let (xff, without_host, port) = self.written.get_or_init(|| {
             let (xff, element) = forwarded_values(self.client, None);
             (
                 HeaderValue::from_maybe_shared(bytes::Bytes::from(xff)).ok(),
                 HeaderValue::from_maybe_shared(bytes::Bytes::from(element)).ok(),
+                HeaderValue::from(self.client.port),
             )
         });
         let host = host.filter(|h| !h.is_empty());
+        // A trusted forwarder's own say on how its client connected stays.
+        let kept = |at: usize| trusted && seen.forwarding & (1 << at) != 0;
+        if !kept(PROTO_AT) {
+            headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(self.client.proto.scheme()));
+        }
+        if !kept(PORT_AT) {
+            headers.insert(X_FORWARDED_PORT.clone(), port.clone());
+        }
+        if !kept(HOST_AT)
+            && let Some(h) = host
+        {
+            headers.insert(X_FORWARDED_HOST.clone(), h.clone());
+        }
+        if trusted && seen.chained() {
+            // A chain to extend.
+            let (xff, element) = forwarded_values(self.client, host);
+            append(headers, X_FORWARDED_FOR, xff);
+            append(headers, &header::FORWARDED, element);
+            return;
+        }
         let element = match host {
             None => without_host.clone(),
             Some(h) => {
@@ -239,15 +359,17 @@ impl Forwarding {
                 }
             }
         };
-        match (chained, xff, element) {
-            (false, Some(xff), Some(element)) => {
+        match (xff, element) {
+            (Some(xff), Some(element)) => {
                 headers.insert(X_FORWARDED_FOR.clone(), xff.clone());
                 headers.insert(header::FORWARDED, element);
-                headers
-                    .insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(self.client.proto.scheme()));
             }
-            // A client-sent chain to extend (or a value that would not do).
-            _ => add_forwarded(headers, self.client, host),
+            // A value that would not do as a header (it always does).
+            _ => {
+                let (xff, element) = forwarded_values(self.client, host);
+                append(headers, X_FORWARDED_FOR, xff);
+                append(headers, &header::FORWARDED, element);
+            }
         }
     }
 }
@@ -364,76 +486,106 @@ mod tests {
         assert!(h.get("keep-alive").is_none());
     }
 
-    fn client(addr: &str) -> Client {
-        Client { addr: addr.parse().unwrap(), proto: Proto::H1 }
+    fn client(addr: &str, trusted: bool) -> Client {
+        Client { addr: addr.parse().unwrap(), proto: Proto::H1, port: 8080, trusted }
+    }
+
+    /// What a connection of `c` writes for a request with `prior` headers
+    /// and `host`.
+    fn forwarded(c: Client, prior: &[(&str, &str)], host: Option<&'static str>) -> HeaderMap {
+        let mut h = map(prior);
+        let seen = Seen::scan(&h);
+        Forwarding::new(c).apply(&mut h, host.map(HeaderValue::from_static).as_ref(), &seen);
+        h
+    }
+
+    fn one<'a>(h: &'a HeaderMap, name: &str) -> Vec<&'a str> {
+        h.get_all(name).iter().map(|v| v.to_str().unwrap()).collect()
     }
 
     #[test]
-    fn forwarded_headers_append() {
-        let mut h = map(&[("x-forwarded-for", "10.0.0.1")]);
-        add_forwarded(&mut h, client("127.0.0.1:5000"), Some(&HeaderValue::from_static("app.example")));
-        assert_eq!(h.get("x-forwarded-for").unwrap(), "10.0.0.1, 127.0.0.1");
-        assert_eq!(h.get("forwarded").unwrap(), "for=127.0.0.1;proto=http;host=\"app.example\"");
-        let mut h = HeaderMap::new();
-        add_forwarded(&mut h, client("[::1]:5000"), None);
-        assert_eq!(h.get("forwarded").unwrap(), "for=\"[::1]\";proto=http");
+    fn an_untrusted_clients_forwarding_headers_are_replaced_by_the_proxys() {
+        let prior: Vec<(&str, &str)> = FORWARDING_NAMES.iter().map(|n| (*n, "6.6.6.6")).collect();
+        let mut prior = prior;
+        prior.push(("forwarded", "for=6.6.6.6;proto=https"));
+        prior.push(("accept", "*/*"));
+        let h = forwarded(client("127.0.0.1:5000", false), &prior, Some("app.example"));
+        assert_eq!(one(&h, "x-forwarded-for"), ["127.0.0.1"]);
+        assert_eq!(one(&h, "forwarded"), ["for=127.0.0.1;proto=http;host=\"app.example\""]);
+        assert_eq!(one(&h, "x-forwarded-proto"), ["http"]);
+        assert_eq!(one(&h, "x-forwarded-host"), ["app.example"]);
+        assert_eq!(one(&h, "x-forwarded-port"), ["8080"]);
+        for name in &FORWARDING_NAMES[5..] {
+            assert!(h.get(*name).is_none(), "{name} passed");
+        }
+        assert_eq!(one(&h, "accept"), ["*/*"]);
+        // Without a Host: no X-Forwarded-Host, no host= (and none passes).
+        let h = forwarded(client("[::1]:5000", false), &[("x-forwarded-host", "evil")], None);
+        assert!(h.get("x-forwarded-host").is_none());
+        assert_eq!(one(&h, "forwarded"), ["for=\"[::1]\";proto=http"]);
     }
 
     #[test]
-    fn prior_chains_on_several_lines_are_kept_in_order() {
-        let mut h = map(&[
+    fn a_trusted_forwarders_chains_are_extended_and_its_view_kept() {
+        let prior = [
             ("x-forwarded-for", "10.0.0.1"),
             ("x-forwarded-for", "10.0.0.2, 10.0.0.3"),
             ("forwarded", "for=10.0.0.1"),
             ("forwarded", "for=10.0.0.2;proto=https"),
-        ]);
-        add_forwarded(&mut h, client("127.0.0.1:5000"), Some(&HeaderValue::from_static("")));
-        assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
-        assert_eq!(h.get("x-forwarded-for").unwrap(), "10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1");
-        // An empty Host (a target without authority) names no host.
-        assert_eq!(
-            h.get("forwarded").unwrap(),
-            "for=10.0.0.1, for=10.0.0.2;proto=https, for=127.0.0.1;proto=http"
-        );
-    }
-
-    #[test]
-    fn a_connections_cached_values_are_what_add_forwarded_writes() {
-        let c = client("127.0.0.1:5000");
-        let fwd = Forwarding::new(c);
-        type Case<'a> = (&'a [(&'a str, &'a str)], Option<&'a str>);
-        let cases: [Case; 5] = [
-            (&[], None),
-            (&[], Some("app.example")),
-            (&[], Some("app.example")),
-            (&[], Some("other:8080")),
-            (&[("x-forwarded-for", "10.0.0.1"), ("forwarded", "for=10.0.0.1")], Some("other:8080")),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "app.example"),
+            ("x-forwarded-port", "443"),
+            ("x-real-ip", "10.0.0.1"),
+            ("x-original-url", "/admin"),
+            ("x-rewrite-url", "/admin"),
         ];
-        for (prior, host) in cases {
-            let host = host.map(HeaderValue::from_static);
-            let (mut cached, mut fresh) = (map(prior), map(prior));
-            let chained = Seen::scan(&cached).chained;
-            fwd.apply(&mut cached, host.as_ref(), chained);
-            add_forwarded(&mut fresh, c, host.as_ref());
-            assert_eq!(cached, fresh, "{prior:?} {host:?}");
-        }
+        let h = forwarded(client("127.0.0.1:5000", true), &prior, Some("app.internal"));
+        assert_eq!(one(&h, "x-forwarded-for"), ["10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1"]);
+        assert_eq!(
+            one(&h, "forwarded"),
+            ["for=10.0.0.1, for=10.0.0.2;proto=https, for=127.0.0.1;proto=http;host=\"app.internal\""]
+        );
+        assert_eq!(one(&h, "x-forwarded-proto"), ["https"]);
+        assert_eq!(one(&h, "x-forwarded-host"), ["app.example"]);
+        assert_eq!(one(&h, "x-forwarded-port"), ["443"]);
+        assert_eq!(one(&h, "x-real-ip"), ["10.0.0.1"]);
+        assert!(h.get("x-original-url").is_none() && h.get("x-rewrite-url").is_none(), "never passed");
+        // A trusted forwarder that sent nothing: the proxy's own view.
+        let h = forwarded(client("127.0.0.1:5000", true), &[], Some("app"));
+        assert_eq!(one(&h, "x-forwarded-for"), ["127.0.0.1"]);
+        assert_eq!(one(&h, "x-forwarded-proto"), ["http"]);
+        assert_eq!(one(&h, "x-forwarded-port"), ["8080"]);
     }
 
     #[test]
-    fn the_proto_is_the_listeners_whatever_the_client_says() {
-        let mut h = map(&[("x-forwarded-proto", "https"), ("x-forwarded-proto", "ftp")]);
-        add_forwarded(&mut h, client("127.0.0.1:5000"), None);
-        let protos: Vec<_> = h.get_all("x-forwarded-proto").iter().collect();
-        assert_eq!(protos, ["http"]);
+    fn a_connections_cached_values_are_what_a_fresh_connection_writes() {
+        for trusted in [false, true] {
+            let c = client("127.0.0.1:5000", trusted);
+            let fwd = Forwarding::new(c);
+            type Case<'a> = (&'a [(&'a str, &'a str)], Option<&'a str>);
+            let cases: [Case; 5] = [
+                (&[], None),
+                (&[], Some("app.example")),
+                (&[], Some("app.example")),
+                (&[], Some("other:8080")),
+                (&[("x-forwarded-for", "10.0.0.1"), ("forwarded", "for=10.0.0.1")], Some("other:8080")),
+            ];
+            for (prior, host) in cases {
+                let mut cached = map(prior);
+                let seen = Seen::scan(&cached);
+                fwd.apply(&mut cached, host.map(HeaderValue::from_static).as_ref(), &seen);
+                assert_eq!(cached, forwarded(c, prior, host), "{prior:?} {host:?} trusted: {trusted}");
+            }
+        }
     }
 
     #[test]
     fn tls_requests_say_https_whatever_the_protocol() {
         for proto in [Proto::H1Tls, Proto::H2Tls] {
-            let mut h = HeaderMap::new();
-            add_forwarded(&mut h, Client { addr: "127.0.0.1:5000".parse().unwrap(), proto }, None);
-            assert_eq!(h.get("x-forwarded-proto").unwrap(), "https");
-            assert_eq!(h.get("forwarded").unwrap(), "for=127.0.0.1;proto=https");
+            let c = Client { proto, ..client("127.0.0.1:5000", false) };
+            let h = forwarded(c, &[("x-forwarded-proto", "http")], None);
+            assert_eq!(one(&h, "x-forwarded-proto"), ["https"]);
+            assert_eq!(one(&h, "forwarded"), ["for=127.0.0.1;proto=https"]);
         }
     }
 
@@ -475,13 +627,20 @@ mod tests {
         ]);
         let seen = Seen::scan(&h);
         assert_eq!((seen.hosts, seen.authorizations, seen.codings), (2, 1, 2));
-        assert!(seen.client_id && seen.upgrade() && !seen.chained);
+        assert!(seen.client_id && seen.upgrade() && !seen.chained());
         for chain in ["x-forwarded-for", "forwarded"] {
-            assert!(Seen::scan(&map(&[(chain, "for=1.2.3.4")])).chained, "{chain}");
+            assert!(Seen::scan(&map(&[(chain, "for=1.2.3.4")])).chained(), "{chain}");
         }
-        let none =
-            Seen::scan(&map(&[("accept", "*/*"), ("x-forwarded-proto", "https"), ("user-agent", "u")]));
+        let none = Seen::scan(&map(&[("accept", "*/*"), ("user-agent", "u"), ("x-forwarded", "x")]));
         assert_eq!(none, Seen::default());
+        // Every forwarding name, and only those, found (in any case).
+        for (i, name) in FORWARDING_NAMES.iter().enumerate() {
+            let seen = Seen::scan(&map(&[(&name.to_uppercase(), "x"), ("accept", "*/*")]));
+            assert_eq!(seen.forwarding, 1 << i, "{name}");
+        }
+        assert_eq!(FORWARDING.iter().map(HeaderName::as_str).collect::<Vec<_>>(), FORWARDING_NAMES);
+        assert_eq!(OVERRIDES, 1 << 5 | 1 << 6);
+        assert_eq!((FORWARDING_NAMES[5], FORWARDING_NAMES[6]), ("x-original-url", "x-rewrite-url"));
     }
 
     #[test]

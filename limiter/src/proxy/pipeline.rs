@@ -65,7 +65,9 @@ pub(super) fn handle(
         // The head's own checks, first: a refused head costs no breaker
         // ticket and no slot.
         let seen = Seen::scan(req.headers());
-        if let Err(bad) = head::check(req.headers(), &seen) {
+        if let Err(bad) = head::check(req.headers(), &seen)
+            .and_then(|()| head::target(req.method(), req.uri(), req.version(), req.headers(), &seen))
+        {
             proxy.counters.bad_heads[bad.index()].fetch_add(1, Ordering::Relaxed);
             tracing::debug!(peer = %client.addr, kind = bad.kind(), "request head refused before admission");
             return Ok(respond::own(&proxy, bad.status(), bad.text(), true));

@@ -130,6 +130,10 @@ pub async fn serve(
         let _ = stop_rx.changed().await;
     };
     tokio::pin!(stop);
+    // Each listener's port, for `X-Forwarded-Port`: read once, not per
+    // connection.
+    let port_of = |l: Option<&TcpListener>| l.and_then(|l| l.local_addr().ok()).map_or(0, |a| a.port());
+    let (plain_port, tls_port) = (port_of(Some(&plain)), port_of(tls.as_ref()));
     loop {
         let (accepted, secure) = tokio::select! {
             accepted = plain.accept() => (accepted, false),
@@ -140,8 +144,9 @@ pub async fn serve(
             Ok((stream, addr)) => {
                 let counted = Open::track(&open);
                 let (proxy, pool, shutdown) = (proxy.clone(), pool.clone(), shutdown.clone());
+                let port = if secure { tls_port } else { plain_port };
                 tokio::spawn(async move {
-                    connection(stream, addr, secure, proxy, pool, shutdown).await;
+                    connection(stream, (addr, port), secure, proxy, pool, shutdown).await;
                     drop(counted);
                 });
             }
@@ -292,7 +297,7 @@ fn stream_peek(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
 
 async fn connection(
     stream: TcpStream,
-    addr: SocketAddr,
+    (addr, port): (SocketAddr, u16),
     secure: bool,
     proxy: Arc<Proxy>,
     pool: Arc<Pool>,
@@ -303,7 +308,9 @@ async fn connection(
     c.connections_open.fetch_add(1, Ordering::Relaxed);
     c.connections_total.fetch_add(1, Ordering::Relaxed);
     let tuning = proxy.tuning();
-    let conn = |proto| Conn { client: Client { addr, proto }, proxy: proxy.clone(), pool, shutdown };
+    let trusted = tuning.trusted_forwarders.iter().any(|p| p.contains(addr.ip().to_canonical()));
+    let conn =
+        |proto| Conn { client: Client { addr, proto, port, trusted }, proxy: proxy.clone(), pool, shutdown };
     // Cleartext HTTP/1 inline; TLS and HTTP/2, whose futures are several
     // times larger, boxed: this future is moved into its task on every
     // accept, and sized by its largest branch.

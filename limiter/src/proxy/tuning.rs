@@ -35,6 +35,8 @@ pub struct Tuning {
     /// Prior-knowledge h2c on `http.listen`.
     pub h2c: bool,
     pub h2_max_concurrent_streams: u32,
+    /// Clients whose forwarding headers are kept (`http.trustedForwarders`).
+    pub trusted_forwarders: Vec<crate::config::Prefix>,
 }
 
 impl Tuning {
@@ -61,6 +63,7 @@ impl Tuning {
             tls_handshake_timeout: ms(http.tls_handshake_timeout_ms),
             h2c: http.h2c,
             h2_max_concurrent_streams: http.h2_max_concurrent_streams,
+            trusted_forwarders: http.trusted_forwarders.clone(),
         }
     }
 
