@@ -182,9 +182,23 @@ pub const MAX_PORTS: u32 = 65_536;
 /// `PortLimit::flags` bit: count would-be refusals, refuse nothing.
 pub const LIMIT_FLAG_DRY_RUN: u32 = 1;
 
+/// A counter's name and what it counts, as the daemon's readers show
+/// them: a row of [`reason::ALL`] or [`path::ALL`], the tables from which
+/// the metrics' labels and help, the `/status` and `dump --json` refusal
+/// rows and `dump`'s lines all come.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Named {
+    /// The label value, the JSON key, the word `dump` prints.
+    pub name: &'static str,
+    /// What it means, in a few words.
+    pub doc: &'static str,
+}
+
 /// Refusal reasons: index into [`Refusals`] arrays (the limits' reasons),
 /// then the coupled shedding's, counted in [`ShedCounts`].
 pub mod reason {
+    use super::Named;
+
     /// The port has `max_established` connections.
     pub const PORT: usize = 0;
     /// The client's group has `per_source_max` connections to the port.
@@ -198,8 +212,14 @@ pub mod reason {
     pub const SHED: usize = 3;
     /// Number of reasons readers show.
     pub const REPORTED: usize = 4;
-    /// Names, as metrics and dumps show them.
-    pub const NAMES: [&str; REPORTED] = ["port_full", "source_full", "source_table_full", "shed"];
+    /// Every reported reason, at its index: the one place its name is
+    /// written.
+    pub const ALL: [Named; REPORTED] = [
+        Named { name: "port_full", doc: "the port was at its limit" },
+        Named { name: "source_full", doc: "the client's group was at its per-source cap" },
+        Named { name: "source_table_full", doc: "the source table had no slot for a new client group" },
+        Named { name: "shed", doc: "the HTTP pools were saturated (coupled shedding)" },
+    ];
 }
 
 /// `ShedPort::flags` bit: count would-be shedding, refuse nothing.
@@ -251,14 +271,17 @@ impl ShedCounts {
 
 /// Where a refusal happened: index into [`Refusals::refused`].
 pub mod path {
+    use super::Named;
+
     /// The `sk_lookup` program (the kernel answered the SYN with a RST).
     pub const SK_LOOKUP: usize = 0;
     /// The XDP program (a RST built at the driver).
     pub const XDP: usize = 1;
     /// Number of paths.
     pub const COUNT: usize = 2;
-    /// Names, as metrics and dumps show them.
-    pub const NAMES: [&str; COUNT] = ["sk_lookup", "xdp"];
+    /// Every path, at its index: the one place its name is written.
+    pub const ALL: [Named; COUNT] =
+        [Named { name: "sk_lookup", doc: "in the stack" }, Named { name: "xdp", doc: "at the driver" }];
 }
 
 /// A local TCP port in host byte order, as a map key.

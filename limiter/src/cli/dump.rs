@@ -5,6 +5,8 @@
 
 use std::{fmt::Write as _, path::Path, process::ExitCode};
 
+use limiter_common::{path, reason};
+
 use super::{Access, DaemonView, fail, out};
 use crate::{
     admin::api::HttpStatus,
@@ -132,15 +134,11 @@ pub fn table(snap: Option<&Snapshot>, daemon: &DaemonView) -> String {
         let by = if r.dry_run { &r.would_refuse_by } else { &r.refused_by };
         let _ = writeln!(
             out,
-            "  port {}: {}port_full {}, source_full {}, source_table_full {}, shed {}; at the driver (xdp) {}, in the stack (sk_lookup) {}; trusted admitted past a cap or shedding {}",
+            "  port {}: {}{}; {}; trusted admitted past a cap or shedding {}",
             r.port,
             if r.dry_run { "would refuse: " } else { "refused: " },
-            by.port_full,
-            by.source_full,
-            by.source_table_full,
-            by.shed,
-            r.refused_by.xdp,
-            r.refused_by.sk_lookup,
+            by_reason(&by.by_reason),
+            by_path(&r.refused_by.by_path),
             r.trusted_admitted
         );
     }
@@ -159,7 +157,10 @@ pub fn table(snap: Option<&Snapshot>, daemon: &DaemonView) -> String {
             let _ = writeln!(
                 out,
                 "  port {}: shedding flag {state}; shed so far {}, would shed {}, probes {}",
-                r.port, r.refused_by.shed, r.would_refuse_by.shed, r.shed_probes
+                r.port,
+                r.refused_by.by_reason[reason::SHED],
+                r.would_refuse_by.by_reason[reason::SHED],
+                r.shed_probes
             );
         }
     }
@@ -179,6 +180,23 @@ pub fn table(snap: Option<&Snapshot>, daemon: &DaemonView) -> String {
     out.push('\n');
     out.push_str(&daemon_lines(Some(snap), daemon));
     out
+}
+
+/// `port_full 7, source_full 1, …`: a row's counts by reason, named by
+/// the table.
+fn by_reason(counts: &[u64; reason::REPORTED]) -> String {
+    reason::ALL.iter().zip(counts).map(|(r, n)| format!("{} {n}", r.name)).collect::<Vec<_>>().join(", ")
+}
+
+/// `in the stack (sk_lookup) 11, at the driver (xdp) 3`: a row's counts by
+/// path, named by the table.
+fn by_path(counts: &[u64; path::COUNT]) -> String {
+    path::ALL
+        .iter()
+        .zip(counts)
+        .map(|(p, n)| format!("{} ({}) {n}", p.doc, p.name))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn daemon_lines(snap: Option<&Snapshot>, daemon: &DaemonView) -> String {
@@ -268,4 +286,24 @@ pub fn shed_summary(s: &crate::admin::api::ShedStatus) -> String {
         ),
     };
     format!("{state}; started {} times, stopped {}", s.started, s.stopped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_line_names_every_reason_and_path_of_the_tables() {
+        let snap = crate::kernel::every_refusal();
+        let text = table(Some(&snap), &DaemonView::NotRunning { admin: ([127, 0, 0, 1], 9).into() });
+        let row = &snap.ports[0];
+        let line = text.lines().find(|l| l.starts_with("  port 8080: would refuse: ")).unwrap();
+        for (r, n) in reason::ALL.iter().zip(row.would_refuse_by.by_reason) {
+            let word = format!("{} {n}", r.name);
+            assert!(line.contains(&format!("{word},")) || line.contains(&format!("{word};")), "{line}");
+        }
+        for (p, n) in path::ALL.iter().zip(row.refused_by.by_path) {
+            assert!(line.contains(&format!("{} ({}) {n}", p.doc, p.name)), "{line}");
+        }
+    }
 }

@@ -9,6 +9,8 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
+use limiter_common::path;
+
 use super::{Access, DaemonView, dump};
 use crate::kernel::{KernelError, Snapshot};
 
@@ -69,7 +71,7 @@ pub fn render(cur: &Sample, prev: Option<&Sample>) -> Vec<String> {
             let before = |port: u16| {
                 prev.and_then(|p| p.gate.as_ref().ok())
                     .and_then(|s| s.ports.iter().find(|r| r.port == port))
-                    .map(|r| (r.refused, r.refused_by.xdp))
+                    .map(|r| (r.refused, r.refused_by.by_path[path::XDP]))
             };
             for r in &snap.ports {
                 let b = before(r.port);
@@ -86,7 +88,7 @@ pub fn render(cur: &Sample, prev: Option<&Sample>) -> Vec<String> {
                     r.high_watermark,
                     r.refused,
                     rate(r.refused, b.map(|b| b.0), secs),
-                    rate(r.refused_by.xdp, b.map(|b| b.1), secs),
+                    rate(r.refused_by.by_path[path::XDP], b.map(|b| b.1), secs),
                     r.sources,
                 )));
             }

@@ -67,4 +67,6 @@ pub use error::{Incompatible, InterfaceError, KernelError, XdpAttachError, XdpMo
 pub use load::{Origin, Started, Target, XdpAttachment};
 pub use maps::{Gate, LimitChange};
 pub use pins::{LINK_COUNT, LINK_REFUSE, LINK_XDP_PREFIX, OWN_PINS, Unloaded, unload};
+#[cfg(test)]
+pub(crate) use view::every_refusal;
 pub use view::{LinkRow, PortRow, RefusalRow, Snapshot, SourceRow, TOP_SOURCES};

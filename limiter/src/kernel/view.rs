@@ -17,17 +17,66 @@ use super::{
 /// How many groups a snapshot lists.
 pub const TOP_SOURCES: usize = 20;
 
-/// Refusals of one port, by reason and by path.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Refusals of one port, by reason and by path. In JSON (`/status`,
+/// `dump --json`) one object keyed by the names of
+/// `limiter_common::reason::ALL` then `path::ALL`:
+/// `{"port_full": 7, …, "shed": 0, "sk_lookup": 11, "xdp": 3}`, as when
+/// the row had a field per name; serialised by hand so that the tables
+/// stay the one place those names are written.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RefusalRow {
-    pub port_full: u64,
-    pub source_full: u64,
-    pub source_table_full: u64,
-    /// Shed at the SYN while the HTTP pools were saturated.
-    #[serde(default)]
-    pub shed: u64,
-    pub sk_lookup: u64,
-    pub xdp: u64,
+    /// By reason, indexed by `limiter_common::reason` (`shed` included).
+    pub by_reason: [u64; reason::REPORTED],
+    /// By path, indexed by `limiter_common::path`.
+    pub by_path: [u64; path::COUNT],
+}
+
+impl Serialize for RefusalRow {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let mut map = s.serialize_map(Some(reason::REPORTED + path::COUNT))?;
+        for (r, n) in reason::ALL.iter().zip(&self.by_reason) {
+            map.serialize_entry(r.name, n)?;
+        }
+        for (p, n) in path::ALL.iter().zip(&self.by_path) {
+            map.serialize_entry(p.name, n)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for RefusalRow {
+    /// A name the row lacks counts 0 (an older daemon's rows had no
+    /// `shed`); one the tables lack is skipped.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Row;
+        impl<'de> serde::de::Visitor<'de> for Row {
+            type Value = RefusalRow;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("refusal counts by reason and by path")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<RefusalRow, A::Error> {
+                let mut row = RefusalRow::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    let slot = match reason::ALL.iter().position(|r| r.name == key) {
+                        Some(q) => &mut row.by_reason[q],
+                        None => match path::ALL.iter().position(|p| p.name == key) {
+                            Some(p) => &mut row.by_path[p],
+                            None => {
+                                map.next_value::<serde::de::IgnoredAny>()?;
+                                continue;
+                            }
+                        },
+                    };
+                    *slot = map.next_value()?;
+                }
+                Ok(row)
+            }
+        }
+        d.deserialize_map(Row)
+    }
 }
 
 /// The state of one local port, as `dump` and `/metrics` show it.
@@ -225,25 +274,18 @@ fn row(port: u16, limit: Option<&PortLimit>, s: &PortStats, r: Option<&Refusals>
         high_watermark: s.high_watermark,
         admitted: s.admitted,
         refused: r.refused.iter().sum(),
+        // The limits' reasons; `shed` is the shedding's (`add_shedding`).
         refused_by: RefusalRow {
-            port_full: r.by_reason(reason::PORT),
-            source_full: r.by_reason(reason::SOURCE),
-            source_table_full: r.by_reason(reason::TABLE),
-            shed: 0,
-            sk_lookup: r.by_path(path::SK_LOOKUP),
-            xdp: r.by_path(path::XDP),
+            by_reason: std::array::from_fn(|q| if q < reason::COUNT { r.by_reason(q) } else { 0 }),
+            by_path: std::array::from_fn(|p| r.by_path(p)),
         },
         refused_matrix: std::array::from_fn(|p| {
             std::array::from_fn(|q| if q < reason::COUNT { r.refused[p * reason::COUNT + q] } else { 0 })
         }),
         would_refuse: r.would_refuse.iter().sum(),
         would_refuse_by: RefusalRow {
-            port_full: r.would_refuse[reason::PORT],
-            source_full: r.would_refuse[reason::SOURCE],
-            source_table_full: r.would_refuse[reason::TABLE],
-            shed: 0,
-            sk_lookup: 0,
-            xdp: 0,
+            by_reason: std::array::from_fn(|q| if q < reason::COUNT { r.would_refuse[q] } else { 0 }),
+            by_path: [0; path::COUNT],
         },
         trusted_admitted: r.trusted_admitted,
         sources: 0,
@@ -265,16 +307,52 @@ fn add_shedding(row: &mut PortRow, flag: &ShedPort, counts: Option<&ShedCounts>,
     let Some(c) = counts else { return };
     let shed: u64 = c.refused.iter().sum();
     row.refused += shed;
-    row.refused_by.shed = shed;
-    row.refused_by.sk_lookup += c.refused[path::SK_LOOKUP];
-    row.refused_by.xdp += c.refused[path::XDP];
+    row.refused_by.by_reason[reason::SHED] = shed;
     for (p, n) in c.refused.iter().enumerate() {
+        row.refused_by.by_path[p] += *n;
         row.refused_matrix[p][reason::SHED] = *n;
     }
     row.would_refuse += c.would_refuse;
-    row.would_refuse_by.shed = c.would_refuse;
+    row.would_refuse_by.by_reason[reason::SHED] = c.would_refuse;
     row.trusted_admitted += c.trusted_admitted;
     row.shed_probes = c.probes;
+}
+
+/// A gate of one dry-run port that has refused, and would refuse, for
+/// every reason on every path, with dry-run shedding: what the readers'
+/// tests render (each count distinct).
+#[cfg(test)]
+pub(crate) fn every_refusal() -> Snapshot {
+    let mut r = Refusals::default();
+    for (k, n) in r.refused.iter_mut().enumerate() {
+        *n = 1 + k as u64;
+    }
+    for (k, n) in r.would_refuse.iter_mut().enumerate() {
+        *n = 10 + k as u64;
+    }
+    let limit = PortLimit { max_established: 10, flags: LIMIT_FLAG_DRY_RUN, per_source_max: 2, _pad: 0 };
+    let mut port = row(8080, Some(&limit), &PortStats::default(), Some(&r));
+    let counts = ShedCounts { refused: [20, 21], would_refuse: 22, probes: 1, trusted_admitted: 0 };
+    let flag = ShedPort { until_boot_ns: 2_000_000, flags: SHED_FLAG_DRY_RUN, probe_one_in: 16 };
+    add_shedding(&mut port, &flag, Some(&counts), 1_000_000);
+    Snapshot {
+        pin_path: PathBuf::from("/sys/fs/bpf/limiter"),
+        layout_version: limiter_common::LAYOUT_VERSION,
+        netns_cookie: 1,
+        untracked_sockets: 0,
+        untracked_sources: 0,
+        walked: 0,
+        source_prefix_v4: 32,
+        source_prefix_v6: 128,
+        source_slots: 16,
+        source_slots_used: 0,
+        source_read_calls: 0,
+        trusted: Vec::new(),
+        trusted_reserve: 0,
+        links: Vec::new(),
+        ports: vec![port],
+        top_sources: Vec::new(),
+    }
 }
 
 #[cfg(test)]

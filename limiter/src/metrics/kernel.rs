@@ -1,5 +1,7 @@
 //! The kernel gate's families, from a snapshot of its maps.
 
+use limiter_common::{Named, path, reason};
+
 use super::Page;
 use crate::kernel::{PortRow, Snapshot};
 
@@ -61,23 +63,17 @@ pub fn write(page: &mut Page, snap: &Snapshot) {
             page.sample(name, &[("port", port)], field(r));
         }
     }
-    page.family(
-        "limiter_kernel_refused_total",
-        "counter",
-        "Connection attempts refused with a RST, by reason (port_full, source_full, \
-         source_table_full; shed: the HTTP pools were saturated) and path (xdp: at the driver; \
-         sk_lookup: in the stack).",
-    );
+    page.family("limiter_kernel_refused_total", "counter", &refused_help());
     for (port, r) in &ports {
-        for (p, path) in limiter_common::path::NAMES.iter().enumerate() {
-            for (q, reason) in limiter_common::reason::NAMES.iter().enumerate() {
+        for (p, path) in path::ALL.iter().enumerate() {
+            for (q, reason) in reason::ALL.iter().enumerate() {
                 let n = r.refused_matrix[p][q];
                 // Zero series only for the classic reason, so a scrape of
                 // an idle port still shows the family.
-                if n > 0 || q == limiter_common::reason::PORT {
+                if n > 0 || q == reason::PORT {
                     page.sample(
                         "limiter_kernel_refused_total",
-                        &[("port", port), ("reason", reason), ("path", path)],
+                        &[("port", port), ("reason", reason.name), ("path", path.name)],
                         n,
                     );
                 }
@@ -90,21 +86,22 @@ pub fn write(page: &mut Page, snap: &Snapshot) {
         "Attempts a dry-run port (or dry-run shedding) would have refused, by reason.",
     );
     for (port, r) in &ports {
-        if r.dry_run {
-            for (reason, n) in [
-                ("port_full", r.would_refuse_by.port_full),
-                ("source_full", r.would_refuse_by.source_full),
-                ("source_table_full", r.would_refuse_by.source_table_full),
-            ] {
-                page.sample("limiter_kernel_would_refuse_total", &[("port", port), ("reason", reason)], n);
+        let by = &r.would_refuse_by.by_reason;
+        // The limits' reasons on a dry-run port, shedding's where it
+        // would shed (or has).
+        for (q, reason) in reason::ALL.iter().enumerate() {
+            let shown = if q < reason::COUNT {
+                r.dry_run
+            } else {
+                by[q] > 0 || r.shedding.as_ref().is_some_and(|s| s.dry_run)
+            };
+            if shown {
+                page.sample(
+                    "limiter_kernel_would_refuse_total",
+                    &[("port", port), ("reason", reason.name)],
+                    by[q],
+                );
             }
-        }
-        if r.would_refuse_by.shed > 0 || r.shedding.as_ref().is_some_and(|s| s.dry_run) {
-            page.sample(
-                "limiter_kernel_would_refuse_total",
-                &[("port", port), ("reason", "shed")],
-                r.would_refuse_by.shed,
-            );
         }
     }
     page.family(
@@ -179,4 +176,48 @@ pub fn write(page: &mut Page, snap: &Snapshot) {
         "Source-table slots counting a client group now.",
     )
     .sample("limiter_kernel_source_slots_used", &[], snap.source_slots_used);
+}
+
+/// `limiter_kernel_refused_total`'s help: its labels' values and what
+/// each means, from the tables.
+fn refused_help() -> String {
+    let list = |table: &[Named]| {
+        table.iter().map(|n| format!("{}: {}", n.name, n.doc)).collect::<Vec<_>>().join("; ")
+    };
+    format!(
+        "Connection attempts refused with a RST, by reason ({}) and path ({}).",
+        list(&reason::ALL),
+        list(&path::ALL)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// The values `label` takes in `family`'s samples.
+    fn values(page: &str, family: &str, label: &str) -> BTreeSet<String> {
+        let key = format!("{label}=\"");
+        page.lines()
+            .filter(|l| l.starts_with(&format!("{family}{{")))
+            .filter_map(|l| Some(l.split(&key).nth(1)?.split('"').next()?.to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn the_refusal_families_label_and_explain_every_name_of_the_tables() {
+        let mut page = Page::default();
+        write(&mut page, &crate::kernel::every_refusal());
+        let page = page.finish();
+        let names = |table: &[Named]| table.iter().map(|n| n.name.to_owned()).collect::<BTreeSet<_>>();
+        assert_eq!(values(&page, "limiter_kernel_refused_total", "reason"), names(&reason::ALL));
+        assert_eq!(values(&page, "limiter_kernel_refused_total", "path"), names(&path::ALL));
+        assert_eq!(values(&page, "limiter_kernel_would_refuse_total", "reason"), names(&reason::ALL));
+        let help = page.lines().find(|l| l.starts_with("# HELP limiter_kernel_refused_total ")).unwrap();
+        for n in reason::ALL.iter().chain(&path::ALL) {
+            assert!(help.contains(&format!("{}: {}", n.name, n.doc)), "{help}");
+        }
+    }
 }

@@ -33,11 +33,8 @@ fn refusals_are_summed_by_reason_and_by_path() {
     assert_eq!((row.limit, row.per_source_max, row.dry_run), (Some(400), Some(20), false));
     assert_eq!((row.established, row.high_watermark, row.admitted), (399, 401, 1000));
     assert_eq!(row.refused, 14);
-    assert_eq!(
-        row.refused_by,
-        RefusalRow { port_full: 7, source_full: 1, source_table_full: 6, shed: 0, sk_lookup: 11, xdp: 3 }
-    );
-    // [path][reason], in the order of limiter_common's NAMES (what /metrics labels).
+    assert_eq!(row.refused_by, RefusalRow { by_reason: [7, 1, 6, 0], by_path: [11, 3] });
+    // [path][reason], in the order of limiter_common's tables (what /metrics labels).
     assert_eq!(row.refused_matrix, [[5, 0, 6, 0], [2, 1, 0, 0]]);
     assert_eq!((row.would_refuse, row.trusted_admitted), (0, 3));
 }
@@ -53,10 +50,7 @@ fn a_dry_run_port_shows_what_it_would_have_refused() {
     // No cap on the port as a whole: no limit to show.
     assert_eq!((row.limit, row.per_source_max), (None, Some(2)));
     assert_eq!((row.refused, row.would_refuse), (0, 5));
-    assert_eq!(
-        row.would_refuse_by,
-        RefusalRow { port_full: 4, source_full: 1, source_table_full: 0, shed: 0, sk_lookup: 0, xdp: 0 }
-    );
+    assert_eq!(row.would_refuse_by, RefusalRow { by_reason: [4, 1, 0, 0], by_path: [0, 0] });
 }
 
 #[test]
@@ -70,8 +64,8 @@ fn shedding_adds_its_reason_to_the_limits_and_shows_its_flag() {
     let flag = ShedPort { until_boot_ns: now + 750_000_000, flags: 0, probe_one_in: 16 };
     add_shedding(&mut row, &flag, Some(&counts), now);
     assert_eq!(row.refused, 42);
-    assert_eq!((row.refused_by.shed, row.refused_by.port_full), (40, 2));
-    assert_eq!((row.refused_by.sk_lookup, row.refused_by.xdp), (12, 30));
+    assert_eq!((row.refused_by.by_reason[reason::SHED], row.refused_by.by_reason[reason::PORT]), (40, 2));
+    assert_eq!(row.refused_by.by_path, [12, 30]);
     assert_eq!(row.refused_matrix, [[2, 0, 0, 10], [0, 0, 0, 30]]);
     assert_eq!((row.trusted_admitted, row.shed_probes), (5, 3));
     assert_eq!(row.shedding, Some(ShedRow { expires_in_ms: 750, dry_run: false, probe_one_in: 16 }));
@@ -104,4 +98,24 @@ fn the_top_sources_are_the_busiest_groups_first() {
     // Equal counts: by port, then by group name.
     assert_eq!((top[1].group.as_str(), top[1].established), ("10.0.0.14/32", 4));
     assert!(top.windows(2).all(|w| w[0].established >= w[1].established));
+}
+
+/// The refusal rows' JSON (`/status`, `dump --json`, read by scripts and
+/// the integration tests) is keyed by the tables' names, in their order,
+/// as it was when the row had a field per name; it reads back, and a row
+/// without `shed` (an older daemon's) reads as 0.
+#[test]
+fn refusal_rows_are_keyed_by_the_tables_names() {
+    let row = RefusalRow { by_reason: [7, 1, 6, 2], by_path: [11, 5] };
+    let json = serde_json::to_string(&row).unwrap();
+    assert_eq!(
+        json,
+        r#"{"port_full":7,"source_full":1,"source_table_full":6,"shed":2,"sk_lookup":11,"xdp":5}"#
+    );
+    assert_eq!(serde_json::from_str::<RefusalRow>(&json).unwrap(), row);
+    let old = r#"{"port_full":7,"source_full":1,"source_table_full":6,"sk_lookup":11,"xdp":5,"later":[1]}"#;
+    assert_eq!(
+        serde_json::from_str::<RefusalRow>(old).unwrap(),
+        RefusalRow { by_reason: [7, 1, 6, 0], ..row }
+    );
 }
