@@ -114,8 +114,8 @@ struct Inner {
     /// a per-session limit is set.
     sessions: HashMap<u64, u32>,
     admitted: [u64; 2],
-    refused: [u64; 4],
-    would_refuse: [u64; 4],
+    refused: [u64; Refusal::ALL.len()],
+    would_refuse: [u64; Refusal::ALL.len()],
 }
 
 impl Inner {
@@ -128,8 +128,8 @@ impl Inner {
             web: 0,
             sessions: HashMap::new(),
             admitted: [0; 2],
-            refused: [0; 4],
-            would_refuse: [0; 4],
+            refused: [0; Refusal::ALL.len()],
+            would_refuse: [0; Refusal::ALL.len()],
         }
     }
 }
@@ -165,8 +165,8 @@ pub struct Snapshot {
     #[serde(default)]
     pub peer_in_use: Option<[u32; 3]>,
     /// Refusals by reason, in [`Refusal::ALL`] order.
-    pub refused: [u64; 4],
-    pub would_refuse: [u64; 4],
+    pub refused: [u64; Refusal::ALL.len()],
+    pub would_refuse: [u64; Refusal::ALL.len()],
 }
 
 /// Held from admission until the response is finished or the client is

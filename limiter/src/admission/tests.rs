@@ -226,3 +226,10 @@ fn the_check_at_the_head_takes_nothing_and_counts_its_refusal_once() {
     assert_eq!(d.check(Ask::default()), Ok(()), "dry-run: the admission after the body counts");
     assert_eq!(d.snapshot().would_refuse, [0; 4]);
 }
+
+#[test]
+fn refusals_are_listed_once_each_at_their_counters_index() {
+    let names: Vec<&str> = Refusal::ALL.iter().map(|r| r.as_str()).collect();
+    assert_eq!(names, ["normal", "debug", "web", "session"]);
+    assert!(Refusal::ALL.iter().enumerate().all(|(i, r)| r.index() == i));
+}

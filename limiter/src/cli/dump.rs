@@ -11,6 +11,7 @@ use super::{Access, DaemonView, fail, out};
 use crate::{
     admin::api::HttpStatus,
     kernel::{Gate, KernelError, Snapshot},
+    proxy::Reason,
 };
 
 /// `limiter dump [--json]`.
@@ -239,8 +240,11 @@ fn pools(http: &HttpStatus) -> String {
         if p.dry_run { ", DRY RUN" } else { "" },
     );
     out.push_str(&format!(
-        "http buffers: {} bytes held, {} bodies arriving without a permit, {} refused buffer_full\n",
-        http.buffered_bytes, http.bodies_receiving, http.refused_buffer_full
+        "http buffers: {} bytes held, {} bodies arriving without a permit, {} refused {}\n",
+        http.buffered_bytes,
+        http.bodies_receiving,
+        http.refused_buffer_full,
+        Reason::BufferFull.as_str()
     ));
     out.push_str(&format!("http upstream: {}\n", http.upstream));
     if let Some(s) = &http.shedding {

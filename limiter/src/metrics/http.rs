@@ -256,3 +256,28 @@ pub fn write_shedding(page: &mut Page, s: &crate::admin::api::ShedStatus) {
     .sample("limiter_http_shed_transitions_total", &[("to", "shedding")], s.started)
     .sample("limiter_http_shed_transitions_total", &[("to", "open")], s.stopped);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The values of `label` in `family`'s samples, in page order.
+    fn values(page: &str, family: &str, label: &str) -> Vec<String> {
+        let key = format!("{label}=\"");
+        page.lines()
+            .filter(|l| l.starts_with(&format!("{family}{{")))
+            .filter_map(|l| Some(l.split(&key).nth(1)?.split('"').next()?.to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn refusals_are_labelled_by_every_reason_once() {
+        let mut page = Page::default();
+        write(&mut page, &admission::Snapshot::default(), &Counters::default(), 0);
+        let page = page.finish();
+        let reasons: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(values(&page, "limiter_http_refused_total", "reason"), reasons);
+        let limits: Vec<&str> = Refusal::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(values(&page, "limiter_http_would_refuse_total", "reason"), limits);
+    }
+}

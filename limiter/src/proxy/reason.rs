@@ -1,6 +1,6 @@
-//! Why the proxy answers a request 503 itself: the reasons, as the
+//! Why the proxy answers a request 503 itself: each reason's name (the
 //! `limiter_http_refused_total` labels, `X-Limiter-Refused`, the access
-//! log and the refusal log name them.
+//! log and the refusal log) and its 503's text, in one place.
 
 use crate::admission::Refusal;
 
@@ -17,21 +17,44 @@ pub enum Reason {
 }
 
 impl Reason {
-    /// Every reason, in the order metrics list them.
-    pub const ALL: [Reason; 6] = [
-        Reason::Admission(Refusal::ALL[0]),
-        Reason::Admission(Refusal::ALL[1]),
-        Reason::Admission(Refusal::ALL[2]),
-        Reason::Admission(Refusal::ALL[3]),
-        Reason::Breaker,
-        Reason::BufferFull,
-    ];
+    /// Every reason, in the order metrics list them: admission's (built
+    /// from [`Refusal::ALL`], so a new limit is listed here too), then the
+    /// proxy's own.
+    pub const ALL: [Reason; Refusal::ALL.len() + 2] = {
+        let mut all = [Reason::Breaker; Refusal::ALL.len() + 2];
+        let mut i = 0;
+        while i < Refusal::ALL.len() {
+            all[i] = Reason::Admission(Refusal::ALL[i]);
+            i += 1;
+        }
+        all[i] = Reason::Breaker;
+        all[i + 1] = Reason::BufferFull;
+        all
+    };
 
+    /// Its name: the `reason` label, `X-Limiter-Refused`, the access log's
+    /// and the refusal log's `reason` (admission names its own).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Admission(r) => r.as_str(),
             Self::Breaker => "breaker",
             Self::BufferFull => "buffer_full",
+        }
+    }
+
+    /// The body of its 503.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Admission(Refusal::Normal) => {
+                "503 Service Unavailable: the server is at its request limit\n"
+            }
+            Self::Admission(Refusal::Debug) => "503 Service Unavailable: no diagnostic slot is free\n",
+            Self::Admission(Refusal::Web) => "503 Service Unavailable: the web-client limit is reached\n",
+            Self::Admission(Refusal::Session) => {
+                "503 Service Unavailable: this session has too many requests in flight\n"
+            }
+            Self::Breaker => "503 Service Unavailable: the upstream is failing; retry later\n",
+            Self::BufferFull => "503 Service Unavailable: no memory is free to buffer the request body\n",
         }
     }
 }
@@ -44,5 +67,7 @@ mod tests {
     fn reasons_are_the_pools_then_the_breaker_then_the_buffers_each_once() {
         let names: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
         assert_eq!(names, ["normal", "debug", "web", "session", "breaker", "buffer_full"]);
+        let texts: std::collections::BTreeSet<&str> = Reason::ALL.iter().map(|r| r.text()).collect();
+        assert_eq!(texts.len(), Reason::ALL.len(), "each reason says its own 503");
     }
 }

@@ -11,7 +11,6 @@ use hyper::{
 };
 
 use super::{Proxy, body::ProxyBody, reason::Reason};
-use crate::admission::Refusal;
 
 static X_LIMITER_REFUSED: header::HeaderName = header::HeaderName::from_static("x-limiter-refused");
 
@@ -48,18 +47,8 @@ pub(super) fn refuse_breaker(
 /// The admission 503 (counted by whoever refused: the pools, or
 /// [`refuse_breaker`]).
 pub(super) fn refuse(proxy: &Arc<Proxy>, reason: Reason, started: Instant) -> Response<ProxyBody> {
-    let text: &'static str = match reason {
-        Reason::Admission(Refusal::Normal) => "503 Service Unavailable: the server is at its request limit\n",
-        Reason::Admission(Refusal::Debug) => "503 Service Unavailable: no diagnostic slot is free\n",
-        Reason::Admission(Refusal::Web) => "503 Service Unavailable: the web-client limit is reached\n",
-        Reason::Admission(Refusal::Session) => {
-            "503 Service Unavailable: this session has too many requests in flight\n"
-        }
-        Reason::Breaker => "503 Service Unavailable: the upstream is failing; retry later\n",
-        Reason::BufferFull => "503 Service Unavailable: no memory is free to buffer the request body\n",
-    };
     proxy.counters.refusal_log.note(reason.as_str());
-    let mut response = own(proxy, StatusCode::SERVICE_UNAVAILABLE, text, true);
+    let mut response = own(proxy, StatusCode::SERVICE_UNAVAILABLE, reason.text(), true);
     let h = response.headers_mut();
     h.insert(header::RETRY_AFTER, HeaderValue::from(proxy.tuning().retry_after_secs));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
