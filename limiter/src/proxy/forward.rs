@@ -1,14 +1,15 @@
 //! Forwarding an admitted request, phase by phase (as a proxy's exchange
-//! is usually cut up): the request filter makes the head fit for the
-//! upstream (origin form, hop-by-hop headers removed, `Host` and the
-//! forwarding headers added); the upstream request adds the body as it was
-//! received and goes to the worker's pool within the upstream timeout; the
-//! response filter records the result on the breaker's ticket, tunnels an
-//! upgrade, and removes the response's hop-by-hop headers; the response
-//! body filter reads a small body ahead (the permit goes back) or streams
-//! a larger one carrying the permit. When the upstream or the client's
-//! body fails before the client has anything, the proxy answers
-//! 502/504/408/400 itself ([`fail_to_proxy`]).
+//! is usually cut up), each phase a function:
+//! - `request_filter`: the head made fit for the upstream (origin form,
+//!   hop-by-hop headers removed, `Host` and the forwarding headers added);
+//! - `upstream_request`: the body added as it was received; the request
+//!   then goes to the worker's pool within the upstream timeout;
+//! - `response_filter`: the result recorded on the breaker's ticket, an
+//!   accepted upgrade tunnelled, the response's hop-by-hop headers removed;
+//! - `response_body_filter`: a small body read ahead (the permit goes
+//!   back), a larger one streamed carrying the permit;
+//! - `fail_to_proxy`: when the upstream or the client's body fails before
+//!   the client has anything, the proxy's own 502/504/408/400.
 
 use std::{
     ops::ControlFlow,
