@@ -4,8 +4,9 @@
 //! of an array map in one call (`BPF_MAP_LOOKUP_BATCH`, so a scrape of the
 //! source table is a few calls, not one per slot), and create, pin and
 //! map into memory an array shared by processes (`BPF_MAP_CREATE` with
-//! `BPF_F_MMAPABLE`, `BPF_OBJ_PIN`, `mmap`). The only `unsafe` in the
-//! daemon, kept to these calls.
+//! `BPF_F_MMAPABLE`, `BPF_OBJ_PIN`, `mmap`). The kernel's only `unsafe`,
+//! kept to these calls (the README's "Where `unsafe` lives" lists the
+//! daemon's others).
 
 use std::{
     ffi::CString,
