@@ -441,6 +441,52 @@ fn the_access_log_lines_add_up_to_the_requests_sent_and_a_reload_reopens_it() {
 }
 
 #[test]
+fn heads_hyper_refuses_are_logged_with_their_status_and_reason() {
+    let up = Upstream::start();
+    let dir = scratch("refused-heads");
+    let log = dir.join("access.log");
+    let d = InProcess::start(
+        up.addr,
+        &format!(
+            "http.accessLog = {}\nhttp.headerReadTimeoutMs = 300\nhttp.maxHeaderBytes = 8192\n",
+            log.display()
+        ),
+    );
+    // Malformed, too large, and a head that never ends.
+    let malformed = limiter_tests::client::send(d.proxy, b"GET / HTTP/1.1\r\nHost a\r\n\r\n").unwrap();
+    assert_eq!(malformed.status, 400);
+    let big = format!("GET / HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n", "b".repeat(20_000));
+    assert_eq!(limiter_tests::client::send(d.proxy, big.as_bytes()).unwrap().status, 431);
+    let mut slow = limiter_tests::client::connect(d.proxy);
+    slow.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n").unwrap();
+    assert!(limiter_tests::client::closed_by_server(&mut slow), "cut at the header timeout");
+    // An idle keep-alive connection that closes is no refusal.
+    let mut idle = limiter_tests::client::connect(d.proxy);
+    idle.write_all(b"GET /ok HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    assert_eq!(limiter_tests::client::read_reply(&mut idle).unwrap().status, 200);
+    std::thread::sleep(Duration::from_millis(600)); // past the header timeout, idle
+    drop(idle);
+    assert_eq!(d.get("/last", &[]).status, 200);
+    let lines = log_lines(&log, 4);
+    let seen: Vec<(u64, Option<&str>, &str)> = lines
+        .iter()
+        .map(|l| (l["status"].as_u64().unwrap(), l["reason"].as_str(), l["path"].as_str().unwrap()))
+        .collect();
+    // The two refusals, then the two requests; a head that timed out is
+    // not logged (hyper reports an idle keep-alive connection alike).
+    assert_eq!(
+        seen,
+        [
+            (400, Some("malformed"), "-"),
+            (431, Some("too_large"), "-"),
+            (200, None, "/ok"),
+            (200, None, "/last")
+        ]
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
 fn a_blocked_access_log_neither_stalls_requests_nor_loses_the_count_of_dropped_lines() {
     let up = Upstream::start();
     let dir = scratch("fifo");

@@ -329,15 +329,43 @@ async fn connection(
         serve_h1(stream, conn(Proto::H1)).await
     };
     if let Err(e) = result {
-        if e.is_timeout() {
+        // A head hyper refused never became a request: the access log
+        // still gets a line for it, with what hyper answered and why.
+        let refused = if e.is_timeout() {
+            // Not logged: hyper says the same of a keep-alive connection
+            // that idled past the timeout between requests, and nothing is
+            // sent either way.
             c.header_timeouts.fetch_add(1, Ordering::Relaxed);
+            None
         } else if e.is_parse_too_large() {
             c.heads_too_large.fetch_add(1, Ordering::Relaxed);
             c.status(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+            Some((StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "too_large"))
         } else if e.is_parse() {
             // Framing conflicts are counted as they are found, in ClientIo.
             c.malformed.fetch_add(1, Ordering::Relaxed);
             c.status(StatusCode::BAD_REQUEST);
+            Some((StatusCode::BAD_REQUEST, "malformed"))
+        } else {
+            None
+        };
+        if let Some((status, reason)) = refused
+            && proxy.access_log.enabled()
+        {
+            proxy.access_log.log(crate::access_log::Entry {
+                ts: std::time::SystemTime::now(),
+                client: addr,
+                proto: if secure { Proto::H1Tls } else { Proto::H1 }.as_str(),
+                method: hyper::Method::from_bytes(b"-").expect("a token"),
+                path: "-".to_owned(),
+                status: status.as_u16(),
+                reason: Some(reason),
+                bytes_in: 0,
+                bytes_out: 0,
+                ms: 0.0,
+                upstream_ms: None,
+                session: None,
+            });
         }
         tracing::debug!(peer = %addr, "client connection ended: {e}");
     }
