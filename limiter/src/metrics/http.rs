@@ -261,14 +261,7 @@ pub fn write_shedding(page: &mut Page, s: &crate::admin::api::ShedStatus) {
 mod tests {
     use super::*;
 
-    /// The values of `label` in `family`'s samples, in page order.
-    fn values(page: &str, family: &str, label: &str) -> Vec<String> {
-        let key = format!("{label}=\"");
-        page.lines()
-            .filter(|l| l.starts_with(&format!("{family}{{")))
-            .filter_map(|l| Some(l.split(&key).nth(1)?.split('"').next()?.to_owned()))
-            .collect()
-    }
+    use super::super::page::label_values as values;
 
     #[test]
     fn refusals_are_labelled_by_every_reason_once() {

@@ -199,11 +199,7 @@ mod tests {
 
     /// The values `label` takes in `family`'s samples.
     fn values(page: &str, family: &str, label: &str) -> BTreeSet<String> {
-        let key = format!("{label}=\"");
-        page.lines()
-            .filter(|l| l.starts_with(&format!("{family}{{")))
-            .filter_map(|l| Some(l.split(&key).nth(1)?.split('"').next()?.to_owned()))
-            .collect()
+        super::super::page::label_values(page, family, label).into_iter().collect()
     }
 
     #[test]

@@ -64,6 +64,17 @@ fn escape(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
+/// The values `label` takes in `family`'s samples of a rendered page, in
+/// page order (for the tests that hold labels to their tables).
+#[cfg(test)]
+pub(super) fn label_values(page: &str, family: &str, label: &str) -> Vec<String> {
+    let key = format!("{label}=\"");
+    page.lines()
+        .filter(|l| l.starts_with(&format!("{family}{{")))
+        .filter_map(|l| Some(l.split(&key).nth(1)?.split('"').next()?.to_owned()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
