@@ -40,6 +40,8 @@
 //!   errors) and why it refuses;
 //! - [`streams`], [`stream_guard`], [`h2_meter`]: an HTTP/2 connection's
 //!   open streams, its starved streams, its floods of frames;
+//! - [`pressure`]: whether the pools refused a request within the last
+//!   second (slow readers then lose their permits sooner);
 //! - [`body`], [`io`], [`framing`], [`headers`]: bodies, the client
 //!   socket, the HTTP/1 framing watch, hop-by-hop and forwarding headers;
 //! - [`proto`]: the four ways in (`h1`, `h1+tls`, `h2+tls`, `h2c`);
@@ -60,6 +62,7 @@ pub mod headers;
 pub mod io;
 pub mod path;
 pub mod pipeline;
+pub mod pressure;
 pub mod proto;
 pub mod reason;
 pub mod refusal_log;

@@ -11,6 +11,7 @@ use hyper::{
 };
 
 use super::{Proxy, body::ProxyBody, reason::Reason};
+use crate::admission::Refusal;
 
 static X_LIMITER_REFUSED: header::HeaderName = header::HeaderName::from_static("x-limiter-refused");
 
@@ -48,6 +49,10 @@ pub(super) fn refuse_breaker(
 /// [`refuse_breaker`]).
 pub(super) fn refuse(proxy: &Arc<Proxy>, reason: Reason, started: Instant) -> Response<ProxyBody> {
     proxy.counters.refusal_log.note(reason.as_str());
+    if let Reason::Admission(Refusal::Normal | Refusal::Debug) = reason {
+        // A pool is full: slow readers holding its permits are cut sooner.
+        proxy.pressure.refused();
+    }
     let mut response = own(proxy, StatusCode::SERVICE_UNAVAILABLE, reason.text(), true);
     let h = response.headers_mut();
     h.insert(header::RETRY_AFTER, HeaderValue::from(proxy.tuning().retry_after_secs));

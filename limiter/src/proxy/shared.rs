@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, RwLock};
 
-use super::{Counters, Tuning, budget::Budget, upstream::Pool};
+use super::{Counters, Tuning, budget::Budget, pressure::Pressure, upstream::Pool};
 use crate::{
     access_log::AccessLogger,
     admission::{Admission, Limits, ledger::Ledger},
@@ -18,6 +18,9 @@ pub struct Proxy {
     pub counters: Arc<Counters>,
     /// The memory of buffered bodies (`http.bufferMemoryBytes`).
     pub budget: Arc<Budget>,
+    /// When the pools last refused a request: slow readers then lose
+    /// their permits sooner.
+    pub pressure: Arc<Pressure>,
     /// Replaced whole on reload; each connection and request takes the
     /// current one (a reference count, not a copy).
     tuning: RwLock<Arc<Tuning>>,
@@ -39,6 +42,7 @@ impl Proxy {
             )),
             counters: Arc::new(Counters::default()),
             budget: Arc::new(Budget::default()),
+            pressure: Arc::new(Pressure::default()),
             tuning: RwLock::new(Arc::new(Tuning::from_config(config))),
             upstream,
             access_log: AccessLogger::start(&config.http.access_log),
