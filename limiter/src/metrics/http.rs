@@ -208,7 +208,7 @@ pub fn write(page: &mut Page, a: &admission::Snapshot, c: &Counters, buffered_by
     page.family(
         "limiter_http_slow_readers_total",
         "counter",
-        "Client connections cut for reading a response slower than http.minDataRate.",
+        "Client connections (HTTP/2: streams) cut for taking a response too slowly: under http.minDataRate, or a chunk left 1 s while a pool refuses.",
     )
     .sample("limiter_http_slow_readers_total", &[], c.slow_readers.load(Ordering::Relaxed));
     page.family("limiter_http_connections_open", "gauge", "Client connections open.").sample(

@@ -1,7 +1,8 @@
-//! Body wrappers: the response body carries the request's permit (given
-//! back when the body ends or hyper drops it because the client went away)
-//! and a stall timeout; a request body streamed upstream gets the same
-//! stall timeout. Bodies are streamed frame by frame, never buffered whole.
+//! Body wrappers: the response body every exchange sends (a response
+//! streamed holding its permit carries it in [`super::stream_guard`]'s
+//! body, given back when the upstream's body ends, when hyper drops it
+//! because the client went away, or when the client is cut), and a stall
+//! timeout for the upstream's and the client's bodies. Bodies are streamed frame by frame, never buffered whole.
 
 use std::{
     pin::Pin,
@@ -17,8 +18,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, combinators::UnsyncBoxBody};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::time::{Instant, Sleep, sleep};
-
-use crate::admission::Permit;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -188,7 +187,6 @@ pub struct Meta {
 /// The body of every response the proxy sends.
 pub struct ProxyBody {
     inner: UnsyncBoxBody<Bytes, BoxError>,
-    permit: Option<Permit>,
     on_end: Option<OnEnd>,
     pub meta: Meta,
     /// Bytes handed to hyper, counted while `on_done` waits for them.
@@ -210,7 +208,7 @@ impl ProxyBody {
     }
 
     pub fn boxed(inner: UnsyncBoxBody<Bytes, BoxError>) -> Self {
-        Self { inner, permit: None, on_end: None, meta: Meta::default(), sent: 0, on_done: None, kept: None }
+        Self { inner, on_end: None, meta: Meta::default(), sent: 0, on_done: None, kept: None }
     }
 
     /// Keeps `thing` alive until this body is dropped.
@@ -225,19 +223,12 @@ impl ProxyBody {
         self
     }
 
-    /// Holds `permit` until this body ends or is dropped.
-    pub fn with_permit(mut self, permit: Permit) -> Self {
-        self.permit = Some(permit);
-        self
-    }
-
     pub fn on_end(mut self, f: OnEnd) -> Self {
         self.on_end = Some(f);
         self
     }
 
     fn finish(&mut self) {
-        self.permit = None;
         if let Some(f) = self.on_end.take() {
             f();
         }

@@ -36,7 +36,8 @@ pub struct Counters {
     pub refused_buffer_full: AtomicU64,
     /// Requests receiving their body before admission now (no permit).
     pub bodies_receiving: AtomicU64,
-    /// Client connections cut for reading slower than `http.minDataRate`.
+    /// Client connections (HTTP/2: streams) cut for taking a response too
+    /// slowly: under `http.minDataRate`, or under pressure ([`super::pressure`]).
     pub slow_readers: AtomicU64,
     /// Request bodies too slow (408), by [`BodyTimeout`] rule.
     pub body_timeouts: [AtomicU64; BodyTimeout::ALL.len()],

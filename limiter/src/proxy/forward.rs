@@ -276,7 +276,17 @@ fn response_body_filter(
                 Some(conn) => {
                     ProxyBody::boxed(stream_guard::guard(body, Some(permit), &conn.watchlist).boxed_unsync())
                 }
-                None => ProxyBody::boxed(body).with_permit(permit),
+                // On HTTP/1 the socket's rate is ClientIo's; under
+                // pressure the response must also keep taking its chunks.
+                None => ProxyBody::boxed(
+                    stream_guard::guard_h1(
+                        body,
+                        permit,
+                        to.proxy.pressure.clone(),
+                        to.proxy.counters.clone(),
+                    )
+                    .boxed_unsync(),
+                ),
             })
         }
         Err(e) => Err(Failure::ResponseBody(e)),

@@ -39,7 +39,8 @@
 //! - [`respond`], [`reason`]: the responses the proxy writes itself (503s,
 //!   errors) and why it refuses;
 //! - [`streams`], [`stream_guard`], [`h2_meter`]: an HTTP/2 connection's
-//!   open streams, its starved streams, its floods of frames;
+//!   open streams, its starved streams (and HTTP/1's responses cut under
+//!   pressure), its floods of frames;
 //! - [`pressure`]: whether the pools refused a request within the last
 //!   second (slow readers then lose their permits sooner);
 //! - [`body`], [`io`], [`framing`], [`headers`]: bodies, the client

@@ -513,7 +513,7 @@ where
         }
         // A starved stream holds a chunk inside hyper that only the
         // connection's end frees.
-        () = streams.watchlist.starved(&tuning, &proxy.counters) => true,
+        () = streams.watchlist.starved(&tuning, &proxy.counters, &proxy.pressure) => true,
     };
     conn.as_mut().graceful_shutdown();
     let bound = if closing { idle } else { tuning.drain_timeout };
