@@ -518,8 +518,23 @@ where
     conn.as_mut().graceful_shutdown();
     let bound = if closing { idle } else { tuning.drain_timeout };
     // Streams in flight finish; one a client holds open (a window kept at
-    // 0) does not hold the connection past the bound.
-    tokio::time::timeout(bound, conn).await.unwrap_or(Ok(()))
+    // 0) does not hold the connection past the bound, nor its permit past
+    // its deadline: the watchdog goes on meanwhile.
+    let winding_down = async {
+        tokio::select! {
+            result = conn.as_mut() => result,
+            never = cut_starved(&streams, &tuning, &proxy) => match never {},
+        }
+    };
+    tokio::time::timeout(bound, winding_down).await.unwrap_or(Ok(()))
+}
+
+/// Cuts the connection's streams as they starve, for as long as it is
+/// polled.
+async fn cut_starved(streams: &Streams, tuning: &Tuning, proxy: &Proxy) -> std::convert::Infallible {
+    loop {
+        streams.watchlist.starved(tuning, &proxy.counters, &proxy.pressure).await;
+    }
 }
 
 fn client_io<S>(stream: S, watch: Watch, tuning: &Tuning, proxy: &Proxy) -> ClientIo<S> {
