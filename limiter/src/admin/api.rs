@@ -54,6 +54,16 @@ pub struct HttpStatus {
     pub refused_breaker: u64,
     /// Requests refused because the buffer budget was spent.
     pub refused_buffer_full: u64,
+    /// Requests refused because every upstream connection the cap allows
+    /// stayed busy.
+    #[serde(default)]
+    pub refused_upstream_full: u64,
+    /// Upstream connections open or connecting, and their cap
+    /// (`http.maxUpstreamConnections`).
+    #[serde(default)]
+    pub upstream_connections: u64,
+    #[serde(default)]
+    pub upstream_connection_limit: u64,
     /// Bytes of bodies buffered now (`http.bufferMemoryBytes` bounds it).
     pub buffered_bytes: u64,
     /// Requests receiving their body before admission now.
@@ -103,7 +113,10 @@ impl HttpStatus {
 
     /// Every 503 refusal so far, whatever the reason.
     pub fn refused_total(&self) -> u64 {
-        self.pools.refused.iter().sum::<u64>() + self.refused_breaker + self.refused_buffer_full
+        self.pools.refused.iter().sum::<u64>()
+            + self.refused_breaker
+            + self.refused_buffer_full
+            + self.refused_upstream_full
     }
 }
 

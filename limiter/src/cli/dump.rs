@@ -246,7 +246,10 @@ fn pools(http: &HttpStatus) -> String {
         http.refused_buffer_full,
         Reason::BufferFull.as_str()
     ));
-    out.push_str(&format!("http upstream: {}\n", http.upstream));
+    out.push_str(&format!(
+        "http upstream: {} ({}/{} connections, {} refused upstream_full)\n",
+        http.upstream, http.upstream_connections, http.upstream_connection_limit, http.refused_upstream_full
+    ));
     if let Some(s) = &http.shedding {
         out.push_str(&format!("shedding at the SYN: {}\n", shed_summary(s)));
     }

@@ -343,6 +343,13 @@ pub static KEYS: &[Key] = &[
         set: plain!(|c, v| c.http.connect_timeout_ms = ms(v, 1)?),
     },
     Key {
+        name: "http.maxUpstreamConnections",
+        default: DefaultValue::Value("0"),
+        reload: Reload::Restart,
+        doc: "upstream connections open or connecting, on every worker together (0: http.maxThreads); a request that finds them all busy for http.connectTimeoutMs gets 503 upstream_full",
+        set: plain!(|c, v| c.http.max_upstream_connections = int_at_least(v, 0)?),
+    },
+    Key {
         name: "http.upstreamTimeoutMs",
         default: DefaultValue::Value("30000"),
         reload: Reload::Live,

@@ -249,6 +249,9 @@ pub struct HttpConfig {
     /// the idle time of pooled upstream connections.
     pub idle_timeout_ms: u64,
     pub connect_timeout_ms: u64,
+    /// Upstream connections open or connecting, every worker's together
+    /// (`http.maxUpstreamConnections`; 0: `http.maxThreads`).
+    pub max_upstream_connections: u32,
     /// From the request sent upstream to the upstream's response head.
     pub upstream_timeout_ms: u64,
     /// Request heads larger than this get 431.
@@ -313,6 +316,15 @@ impl HttpConfig {
     /// Requests that are not `/debug/` may use this many slots.
     pub fn normal_limit(&self) -> u32 {
         self.max_threads - SYSTEM_THREADS - DEBUG_SLOTS
+    }
+
+    /// The cap on upstream connections in force: `http.maxUpstreamConnections`,
+    /// or one per upstream thread (`http.maxThreads`) when it is 0.
+    pub fn upstream_connection_limit(&self) -> usize {
+        match self.max_upstream_connections {
+            0 => self.max_threads as usize,
+            n => n as usize,
+        }
     }
 }
 

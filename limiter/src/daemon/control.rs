@@ -105,6 +105,7 @@ impl Control for Daemon {
                 proxy.budget.used(),
             );
             metrics::http::write_front_door(&mut page, &proxy.counters, &proxy.access_log.stats);
+            metrics::http::write_upstreams(&mut page, &proxy.upstreams);
             metrics::breaker::write(&mut page, &proxy.breaker.snapshot());
             if let Some(s) = &self.shedding {
                 metrics::http::write_shedding(&mut page, &s.view());
@@ -127,6 +128,9 @@ impl Control for Daemon {
             pools: p.admission.snapshot(),
             refused_breaker: p.counters.refused_breaker.load(Ordering::Relaxed),
             refused_buffer_full: p.counters.refused_buffer_full.load(Ordering::Relaxed),
+            refused_upstream_full: p.counters.refused_upstream_full.load(Ordering::Relaxed),
+            upstream_connections: p.upstreams.open() as u64,
+            upstream_connection_limit: p.upstreams.limit() as u64,
             buffered_bytes: p.budget.used(),
             bodies_receiving: p.counters.bodies_receiving.load(Ordering::Relaxed),
             breaker: p.breaker.snapshot(),

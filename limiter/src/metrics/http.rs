@@ -12,6 +12,7 @@ use crate::{
         h2_meter::Flood,
         head::Bad,
         proto::Proto,
+        upstream::Upstreams,
     },
 };
 
@@ -90,6 +91,39 @@ pub fn write_front_door(page: &mut Page, c: &Counters, log: &access_log::Stats) 
         .sample("limiter_access_log_write_errors_total", &[], load(&log.write_errors));
 }
 
+/// The upstream connections: open and connecting against their cap,
+/// connects by result, requests finished for clients that went away.
+pub fn write_upstreams(page: &mut Page, u: &Upstreams) {
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let connecting = u.connecting();
+    page.family(
+        "limiter_http_upstream_connections",
+        "gauge",
+        "Upstream connections, every worker's, by state (connecting, established).",
+    )
+    .sample("limiter_http_upstream_connections", &[("state", "connecting")], connecting)
+    .sample(
+        "limiter_http_upstream_connections",
+        &[("state", "established")],
+        u.open().saturating_sub(connecting),
+    );
+    page.family(
+        "limiter_http_upstream_connection_limit",
+        "gauge",
+        "The cap on upstream connections open or connecting (http.maxUpstreamConnections, or http.maxThreads).",
+    )
+    .sample("limiter_http_upstream_connection_limit", &[], u.limit());
+    page.family("limiter_http_upstream_connects_total", "counter", "Connects to the upstream, by result.")
+        .sample("limiter_http_upstream_connects_total", &[("result", "ok")], load(&u.connects_ok))
+        .sample("limiter_http_upstream_connects_total", &[("result", "error")], load(&u.connects_failed));
+    page.family(
+        "limiter_http_upstream_orphans_total",
+        "counter",
+        "Requests whose client went away after they were handed to an upstream connection, finished in the background to keep the connection.",
+    )
+    .sample("limiter_http_upstream_orphans_total", &[], load(&u.orphans_finished));
+}
+
 /// Writes the proxy's families: admission's pools and refusals (with the
 /// breaker's refusals, counted by the proxy), responses, upstream errors,
 /// bad requests, connections, latencies.
@@ -133,6 +167,7 @@ pub fn write(page: &mut Page, a: &admission::Snapshot, c: &Counters, buffered_by
             Reason::Admission(r) => a.refused[r as usize],
             Reason::Breaker => c.refused_breaker.load(Ordering::Relaxed),
             Reason::BufferFull => c.refused_buffer_full.load(Ordering::Relaxed),
+            Reason::UpstreamFull => c.refused_upstream_full.load(Ordering::Relaxed),
         };
         page.sample("limiter_http_refused_total", &[("reason", reason.as_str())], n);
     }

@@ -34,6 +34,9 @@ pub struct Counters {
     pub client_body_errors: AtomicU64,
     /// Requests refused because `http.bufferMemoryBytes` was spent.
     pub refused_buffer_full: AtomicU64,
+    /// Requests refused because every upstream connection
+    /// `http.maxUpstreamConnections` allows stayed busy.
+    pub refused_upstream_full: AtomicU64,
     /// Requests receiving their body before admission now (no permit).
     pub bodies_receiving: AtomicU64,
     /// Client connections (HTTP/2: streams) cut for taking a response too

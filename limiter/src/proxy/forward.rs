@@ -36,6 +36,7 @@ use super::{
     body::{BoxError, Progress, ProxyBody, Stall, Stalled},
     counters::BodyTimeout,
     headers::{Forwarding, Seen, strip_hop_by_hop},
+    reason::Reason,
     respond,
     shield::{self, MinRate, Prefixed, ReadAhead, Receipt, TooSlow},
     stream_guard,
@@ -55,6 +56,8 @@ pub(super) struct Admitted {
     pub permit: Permit,
     /// `None` for a diagnostic request (it took no breaker probe).
     pub ticket: Option<Ticket>,
+    /// When its head arrived (a 503 of the upstream cap is timed from it).
+    pub started: Instant,
 }
 
 /// What every admitted request of a connection goes with: the proxy, the
@@ -62,7 +65,7 @@ pub(super) struct Admitted {
 /// HTTP/2) its streams, and the values in force for this request.
 pub(super) struct Route<'a> {
     pub proxy: &'a Proxy,
-    pub pool: &'a Pool,
+    pub pool: &'a Arc<Pool>,
     pub fwd: &'a Forwarding,
     pub h2: Option<Arc<Streams>>,
     pub tuning: Arc<Tuning>,
@@ -92,7 +95,11 @@ pub(super) fn forward(mut req: Admitted, to: Route<'_>) -> impl Future<Output = 
         let (upstream_req, progress) = upstream_request(req.parts, req.receipt, &to.tuning);
 
         let sent = Instant::now();
-        let timeouts = Timeouts { connect: to.tuning.connect_timeout, idle: to.tuning.idle_timeout };
+        let timeouts = Timeouts {
+            connect: to.tuning.connect_timeout,
+            idle: to.tuning.idle_timeout,
+            upstream: to.tuning.upstream_timeout,
+        };
         let answer = answer_within(
             to.pool.send(upstream_req, timeouts),
             progress.as_deref(),
@@ -100,6 +107,9 @@ pub(super) fn forward(mut req: Admitted, to: Route<'_>) -> impl Future<Output = 
         );
         let response = match answer.await {
             Ok(Ok(response)) => response,
+            Ok(Err(UpstreamError::Full)) => {
+                return fail_to_proxy(Failure::Full(req.started), req.ticket, to.proxy);
+            }
             Ok(Err(e)) => return fail_to_proxy(Failure::Upstream(e), req.ticket, to.proxy),
             Err(()) => return fail_to_proxy(Failure::Timeout, req.ticket, to.proxy),
         };
@@ -304,6 +314,9 @@ enum Failure {
     Upstream(UpstreamError),
     /// The response body broke off while read ahead.
     ResponseBody(BoxError),
+    /// Every upstream connection `http.maxUpstreamConnections` allows
+    /// stayed busy (the request's head arrived at this instant).
+    Full(Instant),
 }
 
 /// The failure phase: the proxy's own answer, counted, with the ticket
@@ -311,6 +324,14 @@ enum Failure {
 /// dropped unrecorded for one of the client's.
 fn fail_to_proxy(failure: Failure, ticket: Option<Ticket>, proxy: &Proxy) -> Response<ProxyBody> {
     match failure {
+        Failure::Full(started) => {
+            // limiter's own cap, not the upstream's failure: the ticket is
+            // dropped unrecorded, and the client gets an admission 503.
+            drop(ticket);
+            proxy.counters.refused_upstream_full.fetch_add(1, Ordering::Relaxed);
+            respond::refuse(proxy, Reason::UpstreamFull, started)
+        }
+        Failure::Upstream(UpstreamError::Full) => fail_to_proxy(Failure::Full(Instant::now()), ticket, proxy),
         Failure::Timeout => {
             if let Some(t) = ticket {
                 t.record(false)
@@ -358,14 +379,10 @@ fn fail_to_proxy(failure: Failure, ticket: Option<Ticket>, proxy: &Proxy) -> Res
             if let Some(t) = ticket {
                 t.record(false)
             }
-            let (counter, text) = match e {
-                UpstreamError::Connect(_) => (
-                    &proxy.counters.upstream_connect_errors,
-                    "502 Bad Gateway: cannot connect to the upstream\n",
-                ),
-                UpstreamError::Send(_) => {
-                    (&proxy.counters.upstream_resets, "502 Bad Gateway: the upstream closed the connection\n")
-                }
+            let (counter, text) = if matches!(e, UpstreamError::Connect(_)) {
+                (&proxy.counters.upstream_connect_errors, "502 Bad Gateway: cannot connect to the upstream\n")
+            } else {
+                (&proxy.counters.upstream_resets, "502 Bad Gateway: the upstream closed the connection\n")
             };
             counter.fetch_add(1, Ordering::Relaxed);
             tracing::debug!("upstream request failed: {e:?}");

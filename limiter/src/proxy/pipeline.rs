@@ -54,6 +54,13 @@ pub(super) fn handle(
 ) -> impl Future<Output = Result<Response<ProxyBody>, Infallible>> {
     async move {
         let started = Instant::now();
+        if h2.is_some() {
+            // A stream reset in the same read as its HEADERS (rapid reset)
+            // is already cancelled when hyper first polls this: yielding
+            // once lets hyper see the RST_STREAM and drop the stream before
+            // it takes a permit or reaches the upstream.
+            tokio::task::yield_now().await;
+        }
         if req.method() == Method::CONNECT {
             return Ok(respond::own(
                 &proxy,
@@ -144,7 +151,7 @@ pub(super) fn handle(
         };
         match proxy.admission.admit(ask) {
             Ok(permit) => {
-                let req = Admitted { parts, seen, receipt, upgrade, permit, ticket };
+                let req = Admitted { parts, seen, receipt, upgrade, permit, ticket, started };
                 Ok(forward(req, Route { proxy: &proxy, pool: &pool, fwd: &fwd, h2, tuning }).await)
             }
             // The ticket is dropped unrecorded: a refusal is not a result.

@@ -14,14 +14,17 @@ pub enum Reason {
     Breaker,
     /// `http.bufferMemoryBytes` is spent: the body cannot be buffered.
     BufferFull,
+    /// Every upstream connection `http.maxUpstreamConnections` allows
+    /// stayed busy for `http.connectTimeoutMs`.
+    UpstreamFull,
 }
 
 impl Reason {
     /// Every reason, in the order metrics list them: admission's (built
     /// from [`Refusal::ALL`], so a new limit is listed here too), then the
     /// proxy's own.
-    pub const ALL: [Reason; Refusal::ALL.len() + 2] = {
-        let mut all = [Reason::Breaker; Refusal::ALL.len() + 2];
+    pub const ALL: [Reason; Refusal::ALL.len() + 3] = {
+        let mut all = [Reason::Breaker; Refusal::ALL.len() + 3];
         let mut i = 0;
         while i < Refusal::ALL.len() {
             all[i] = Reason::Admission(Refusal::ALL[i]);
@@ -29,6 +32,7 @@ impl Reason {
         }
         all[i] = Reason::Breaker;
         all[i + 1] = Reason::BufferFull;
+        all[i + 2] = Reason::UpstreamFull;
         all
     };
 
@@ -39,6 +43,7 @@ impl Reason {
             Self::Admission(r) => r.as_str(),
             Self::Breaker => "breaker",
             Self::BufferFull => "buffer_full",
+            Self::UpstreamFull => "upstream_full",
         }
     }
 
@@ -55,6 +60,7 @@ impl Reason {
             }
             Self::Breaker => "503 Service Unavailable: the upstream is failing; retry later\n",
             Self::BufferFull => "503 Service Unavailable: no memory is free to buffer the request body\n",
+            Self::UpstreamFull => "503 Service Unavailable: every upstream connection is busy\n",
         }
     }
 }
@@ -64,9 +70,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reasons_are_the_pools_then_the_breaker_then_the_buffers_each_once() {
+    fn reasons_are_the_pools_then_the_breaker_then_the_buffers_then_the_upstream_cap_each_once() {
         let names: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
-        assert_eq!(names, ["normal", "debug", "web", "session", "breaker", "buffer_full"]);
+        assert_eq!(names, ["normal", "debug", "web", "session", "breaker", "buffer_full", "upstream_full"]);
         let texts: std::collections::BTreeSet<&str> = Reason::ALL.iter().map(|r| r.text()).collect();
         assert_eq!(texts.len(), Reason::ALL.len(), "each reason says its own 503");
     }

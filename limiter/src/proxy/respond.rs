@@ -47,7 +47,7 @@ pub(super) fn refuse_breaker(
 
 /// The admission 503 (counted by whoever refused: the pools, or
 /// [`refuse_breaker`]).
-pub(super) fn refuse(proxy: &Arc<Proxy>, reason: Reason, started: Instant) -> Response<ProxyBody> {
+pub(super) fn refuse(proxy: &Proxy, reason: Reason, started: Instant) -> Response<ProxyBody> {
     proxy.counters.refusal_log.note(reason.as_str());
     if let Reason::Admission(Refusal::Normal | Refusal::Debug) = reason {
         // A pool is full: slow readers holding its permits are cut sooner.

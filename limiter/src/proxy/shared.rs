@@ -2,7 +2,12 @@
 
 use std::sync::{Arc, RwLock};
 
-use super::{Counters, Tuning, budget::Budget, pressure::Pressure, upstream::Pool};
+use super::{
+    Counters, Tuning,
+    budget::Budget,
+    pressure::Pressure,
+    upstream::{Pool, Upstreams},
+};
 use crate::{
     access_log::AccessLogger,
     admission::{Admission, Limits, ledger::Ledger},
@@ -21,6 +26,9 @@ pub struct Proxy {
     /// When the pools last refused a request: slow readers then lose
     /// their permits sooner.
     pub pressure: Arc<Pressure>,
+    /// Every worker's upstream connections and their cap
+    /// (`http.maxUpstreamConnections`).
+    pub upstreams: Arc<Upstreams>,
     /// Replaced whole on reload; each connection and request takes the
     /// current one (a reference count, not a copy).
     tuning: RwLock<Arc<Tuning>>,
@@ -43,6 +51,7 @@ impl Proxy {
             counters: Arc::new(Counters::default()),
             budget: Arc::new(Budget::default()),
             pressure: Arc::new(Pressure::default()),
+            upstreams: Upstreams::new(config.http.upstream_connection_limit()),
             tuning: RwLock::new(Arc::new(Tuning::from_config(config))),
             upstream,
             access_log: AccessLogger::start(&config.http.access_log),
@@ -61,7 +70,7 @@ impl Proxy {
 
     /// A pool of upstream connections for the calling worker's runtime.
     pub(super) fn pool(&self) -> Arc<Pool> {
-        Arc::new(Pool::new(self.upstream.clone()))
+        Pool::new(self.upstream.clone(), self.upstreams.clone())
     }
 
     /// Applies a reloaded configuration's live keys (limits, timeouts,
@@ -69,6 +78,8 @@ impl Proxy {
     pub fn reload(&self, config: &Config) {
         self.admission.set_limits(Limits::from_config(&config.http));
         self.breaker.set_policy(breaker::Policy::from_config(&config.breaker));
+        // With `http.maxUpstreamConnections = 0` the cap follows `http.maxThreads`.
+        self.upstreams.set_limit(config.http.upstream_connection_limit());
         *self.tuning.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
             Arc::new(Tuning::from_config(config));
         self.access_log.reload(&config.http.access_log);
