@@ -236,6 +236,9 @@ struct Figures {
     /// Ordinary requests: every status (`503 <reason>` for limiter's own).
     statuses: Vec<String>,
     connect_errors: f64,
+    /// Connections the daemon counted as ended for resets (h2's GOAWAY,
+    /// the flood meter's cut).
+    reset_ends: f64,
     breaker: String,
     /// Log lines written during the attack, and those of h2's own.
     log_lines: usize,
@@ -295,6 +298,8 @@ fn run(reset: Reset) -> Figures {
     let breaker = d.admin_get("/breaker").unwrap_or_default();
     let connect_errors =
         try_metric(&page, "limiter_http_upstream_errors_total{kind=\"connect\"}").unwrap_or(-1.0);
+    let reset_ends = try_metric(&page, "limiter_http2_reset_goaways_total").unwrap_or(-1.0)
+        + try_metric(&page, "limiter_http2_floods_total{frame=\"rst_stream\"}").unwrap_or(0.0);
     let log = d.log();
     let lines: Vec<&str> = log.lines().skip(log_before).collect();
     let h2_lines = lines.iter().filter(|l| l.contains(" h2::")).count();
@@ -316,6 +321,7 @@ fn run(reset: Reset) -> Figures {
         served,
         statuses: statuses.clone(),
         connect_errors,
+        reset_ends,
         breaker,
         log_lines: lines.len(),
         h2_lines,
@@ -362,6 +368,13 @@ fn holds(f: &Figures) {
     );
     assert_eq!(f.connect_errors, 0.0, "no connect error reached the breaker");
     assert!(f.breaker.contains("\"state\":\"closed\""), "the breaker stayed closed: {}", f.breaker);
+    assert_eq!(f.h2_lines, 0, "h2's own lines are folded");
+    let secs = f.elapsed.as_secs_f64().ceil() as usize + 1;
+    assert!(
+        f.log_lines <= 11 * secs + 5,
+        "{} log lines in {secs} s: 10 refusal lines and 1 reset line a second at most",
+        f.log_lines
+    );
 }
 
 #[test]
@@ -369,6 +382,12 @@ fn holds(f: &Figures) {
 fn rapid_reset_across_reconnecting_connections_leaves_no_work_at_the_upstream() {
     let f = run(Reset::Rapid);
     assert!(f.goaways > 20, "h2 ended the attack's connections with GOAWAY: {}", f.goaways);
+    assert!(
+        f.reset_ends >= f.goaways as f64,
+        "every connection ended for resets is counted: {} of {}",
+        f.reset_ends,
+        f.goaways
+    );
     holds(&f);
 }
 

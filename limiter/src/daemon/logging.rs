@@ -4,6 +4,12 @@
 //! stderr is journald's (`JOURNAL_STREAM` is set), each human-readable
 //! line starts with its syslog priority (`<3>` error .. `<7>` debug), so
 //! `journalctl -p warning` finds the warnings.
+//!
+//! h2's own events (HTTP/2's codec, tracing target `h2`) are kept at
+//! `error` unless the filter names `h2` itself: h2 writes one WARN for each
+//! connection it ends for excessive stream resets (rapid reset: thousands a
+//! second), and limiter logs those connections itself, rate-limited
+//! ([`crate::proxy::refusal_log::ResetLog`]).
 
 use std::sync::OnceLock;
 
@@ -19,9 +25,22 @@ use tracing_subscriber::{
 
 static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 
+/// The filter's directives for `level` (`admin.logLevel` or `LIMITER_LOG`):
+/// as written, with h2's target held at `error` unless a directive names it.
+pub fn directives(level: &str) -> String {
+    let names_h2 = level.split(',').any(|d| {
+        let target = d.trim().split(['=', '[']).next().unwrap_or("");
+        target == "h2" || target.starts_with("h2::")
+    });
+    if names_h2 { level.to_owned() } else { format!("{level},h2=error") }
+}
+
 /// Installs the logger. `level` is `admin.logLevel` (already validated).
 pub fn init(json: bool, level: &str) {
-    let filter = EnvFilter::try_from_env("LIMITER_LOG").unwrap_or_else(|_| EnvFilter::new(level));
+    let filter = std::env::var("LIMITER_LOG")
+        .ok()
+        .and_then(|env| EnvFilter::try_new(directives(&env)).ok())
+        .unwrap_or_else(|| EnvFilter::new(directives(level)));
     let (filter, handle) = reload::Layer::new(filter);
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let registry = tracing_subscriber::registry().with(filter);
@@ -55,10 +74,11 @@ pub fn set_level(level: &str) -> Result<bool, reload::Error> {
     }
     let Some(handle) = FILTER.get() else { return Ok(false) };
     let current = handle.with_current(ToString::to_string)?;
-    if current == level {
+    let wanted = EnvFilter::new(directives(level));
+    if current == wanted.to_string() {
         return Ok(false);
     }
-    handle.reload(EnvFilter::new(level))?;
+    handle.reload(wanted)?;
     Ok(true)
 }
 
@@ -96,6 +116,19 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn h2s_own_events_are_held_at_error_unless_the_filter_names_h2() {
+        assert_eq!(directives("info"), "info,h2=error");
+        assert_eq!(directives("debug,limiter::proxy=trace"), "debug,limiter::proxy=trace,h2=error");
+        assert_eq!(directives("info,h2=debug"), "info,h2=debug");
+        assert_eq!(directives("info, h2::proto=trace"), "info, h2::proto=trace");
+        // A target that only starts with the letters is not h2's.
+        assert_eq!(directives("h2o=debug"), "h2o=debug,h2=error");
+        for level in ["info", "debug", "warn,limiter=debug", "info,h2=debug"] {
+            assert!(EnvFilter::try_new(directives(level)).is_ok(), "{level}");
+        }
+    }
 
     #[test]
     fn levels_map_to_syslog_priorities() {

@@ -350,6 +350,7 @@ pub async fn run(
     let _ = tokio::task::spawn_blocking(move || workers.into_iter().for_each(|w| drop(w.join()))).await;
     if let Some(proxy) = &proxy {
         proxy.counters.refusal_log.flush();
+        proxy.counters.reset_log.flush();
         let left = proxy.counters.connections_open.load(Ordering::Relaxed);
         tracing::info!(took_ms = started.elapsed().as_millis() as u64, connections_cut = left, "drained");
     }

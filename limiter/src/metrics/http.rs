@@ -71,6 +71,12 @@ pub fn write_front_door(page: &mut Page, c: &Counters, log: &access_log::Stats) 
         );
     }
     page.family(
+        "limiter_http2_reset_goaways_total",
+        "counter",
+        "HTTP/2 connections h2 ended with GOAWAY ENHANCE_YOUR_CALM for excessive stream resets.",
+    )
+    .sample("limiter_http2_reset_goaways_total", &[], load(&c.h2_reset_goaways));
+    page.family(
         "limiter_http2_idle_closed_total",
         "counter",
         "HTTP/2 connections closed (GOAWAY) after http.idleTimeoutMs without a stream.",

@@ -5,13 +5,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use hyper::StatusCode;
 
-use super::{h2_meter::Flood, head::Bad, proto::Proto, refusal_log::RefusalLog};
+use super::{
+    h2_meter::Flood,
+    head::Bad,
+    proto::Proto,
+    refusal_log::{RefusalLog, ResetLog},
+};
 use crate::histogram::Histogram;
 
 #[derive(Debug, Default)]
 pub struct Counters {
     /// Rate-limited log lines for 503 refusals.
     pub refusal_log: RefusalLog,
+    /// Rate-limited log lines for HTTP/2 connections ended for resets.
+    pub reset_log: ResetLog,
     /// Responses sent by status class, 1xx..5xx.
     pub responses: [AtomicU64; 5],
     /// Requests refused because the breaker is open (the pools count
@@ -58,6 +65,9 @@ pub struct Counters {
     pub h2_streams_refused: AtomicU64,
     /// HTTP/2 connections cut by the flood meter, by [`Flood`] kind.
     pub h2_floods: [AtomicU64; Flood::ALL.len()],
+    /// HTTP/2 connections h2 ended with GOAWAY `ENHANCE_YOUR_CALM` for
+    /// excessive stream resets.
+    pub h2_reset_goaways: AtomicU64,
     /// HTTP/2 connections closed after `http.idleTimeoutMs` without streams.
     pub h2_idle_closed: AtomicU64,
 }

@@ -23,7 +23,7 @@ use std::{
     pin::Pin,
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     task::{Context, Poll, ready},
     time::Duration,
@@ -35,15 +35,20 @@ use tokio::{
     time::{Instant, Sleep, sleep, sleep_until},
 };
 
-use super::{Counters, framing::Framing, h2_meter::Meter};
+use super::{
+    Counters,
+    framing::Framing,
+    h2_meter::{Flood, Meter},
+};
 
 /// What reads the client's bytes before hyper does.
 pub enum Watch {
     /// HTTP/1: the framing watch.
     Framing(Framing),
-    /// HTTP/2: the flood meter, and where it reports the frames that
-    /// show the client using the connection.
-    H2(Meter, Arc<AtomicU64>),
+    /// HTTP/2: the flood meter, where it reports the frames that show the
+    /// client using the connection, and where it says it cut the
+    /// connection for a flood of `RST_STREAM`.
+    H2(Meter, Arc<AtomicU64>, Arc<AtomicBool>),
 }
 
 impl Watch {
@@ -51,8 +56,8 @@ impl Watch {
         Self::Framing(Framing::default())
     }
 
-    pub fn h2(activity: Arc<AtomicU64>) -> Self {
-        Self::H2(Meter::default(), activity)
+    pub fn h2(activity: Arc<AtomicU64>, reset_flood: Arc<AtomicBool>) -> Self {
+        Self::H2(Meter::default(), activity, reset_flood)
     }
 }
 
@@ -208,7 +213,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for ClientIo<S> {
                     }
                     buf.set_filled(before + passed);
                 }
-                Watch::H2(meter, activity) => {
+                Watch::H2(meter, activity, reset_flood) => {
                     let before = meter.active_frames;
                     let fed = meter.feed(fresh);
                     if meter.active_frames != before {
@@ -216,6 +221,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for ClientIo<S> {
                     }
                     if let Err(flood) = fed {
                         this.counters.h2_floods[flood.index()].fetch_add(1, Ordering::Relaxed);
+                        if flood == Flood::RstStream {
+                            reset_flood.store(true, Ordering::Relaxed);
+                        }
                         return Poll::Ready(Err(io::Error::other(format!(
                             "HTTP/2 flood of {} frames: the connection is cut",
                             flood.as_str()

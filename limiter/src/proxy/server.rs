@@ -34,6 +34,7 @@ use super::{
     headers::Forwarding,
     io::{ClientIo, Watch},
     proto::Proto,
+    refusal_log::ResetEnd,
     streams::Streams,
     upstream::Pool,
 };
@@ -486,14 +487,53 @@ const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
 /// of its streams was starved ([`super::stream_guard`]); after such a
 /// GOAWAY it is cut if it still has not closed `http.idleTimeoutMs` later
 /// (what a starved stream left in hyper's send buffer goes with it).
+///
+/// A connection ended for its stream resets (h2's GOAWAY
+/// `ENHANCE_YOUR_CALM`, or the flood meter's cut for `RST_STREAM`) is
+/// counted and logged, rate-limited ([`super::refusal_log::ResetLog`]).
 async fn serve_h2<S>(stream: S, conn: Conn) -> Result<(), hyper::Error>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (proxy, client) = (conn.proxy.clone(), conn.client.addr.ip());
+    let streams = Arc::new(Streams::default());
+    let result = drive_h2(stream, conn, streams.clone()).await;
+    let ended = if streams.reset_flood.load(Ordering::Relaxed) {
+        Some(ResetEnd::Meter)
+    } else {
+        result.as_ref().err().filter(|e| is_reset_goaway(e)).map(|_| ResetEnd::GoAway)
+    };
+    if let Some(ended) = ended {
+        if ended == ResetEnd::GoAway {
+            proxy.counters.h2_reset_goaways.fetch_add(1, Ordering::Relaxed);
+        }
+        proxy.counters.reset_log.note(client, ended);
+    }
+    result
+}
+
+/// Whether h2 ended the connection with its GOAWAY `ENHANCE_YOUR_CALM`: too
+/// many streams the client reset before they were accepted, or too many
+/// the server had to reset.
+fn is_reset_goaway(e: &hyper::Error) -> bool {
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if let Some(h2) = c.downcast_ref::<h2::Error>() {
+            return h2.is_go_away() && h2.is_library() && h2.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM);
+        }
+        cause = c.source();
+    }
+    false
+}
+
+async fn drive_h2<S>(stream: S, conn: Conn, streams: Arc<Streams>) -> Result<(), hyper::Error>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let tuning = conn.start();
     let Conn { client, proxy, pool, shutdown } = conn;
-    let streams = Arc::new(Streams::default());
-    let io = client_io(stream, Watch::h2(streams.activity.clone()), &tuning, &proxy);
+    let watch = Watch::h2(streams.activity.clone(), streams.reset_flood.clone());
+    let io = client_io(stream, watch, &tuning, &proxy);
     let fwd = Arc::new(Forwarding::new(client));
     let service = {
         let (proxy, streams) = (proxy.clone(), streams.clone());

@@ -5,7 +5,7 @@
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicU32, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -25,6 +25,8 @@ pub struct Streams {
     /// Frames the client sent (PINGs aside), as the flood meter counts
     /// them: a client granting window to a download is not idle.
     pub activity: Arc<AtomicU64>,
+    /// The flood meter cut the connection for a flood of `RST_STREAM`.
+    pub reset_flood: Arc<AtomicBool>,
 }
 
 /// One open stream; dropped with its response body (or when its handler
