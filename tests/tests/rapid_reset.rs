@@ -153,8 +153,21 @@ enum Reset {
     After(Duration),
 }
 
-/// One attacker: connections, each sent streams it cancels, then a new
-/// one, until `until`. Returns `(connections, ended with GOAWAY)`.
+/// The address attackers connect from: loopback, but another client group
+/// than the ordinary clients' (127.0.0.1).
+const ATTACKER: &str = "127.0.0.2";
+
+/// A connection to `to` from `from` (port chosen by the kernel).
+fn connect_from(from: &str, to: SocketAddr) -> io::Result<TcpStream> {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    s.bind(&format!("{from}:0").parse::<SocketAddr>().unwrap().into())?;
+    s.connect_timeout(&to.into(), Duration::from_secs(2))?;
+    Ok(s.into())
+}
+
+/// One attacker: connections from [`ATTACKER`], each sent streams it
+/// cancels, then a new one, until `until`. Returns `(connections, ended
+/// with GOAWAY)`.
 fn attack(proxy: SocketAddr, until: Instant, reset: Reset) -> (u64, u64) {
     let (mut connections, mut goaways) = (0, 0);
     let block = h2raw::get_block("/reset", &[]);
@@ -166,7 +179,7 @@ fn attack(proxy: SocketAddr, until: Instant, reset: Reset) -> (u64, u64) {
         pairs.extend(rst(2 * i + 1));
     }
     while Instant::now() < until {
-        let Ok(mut s) = TcpStream::connect(proxy) else { continue };
+        let Ok(mut s) = connect_from(ATTACKER, proxy) else { continue };
         connections += 1;
         let _ = s.set_nodelay(true);
         let _ = s.write_all(&[h2raw::PREFACE, &h2raw::settings(&[])].concat());
@@ -236,6 +249,9 @@ struct Figures {
     /// Ordinary requests: every status (`503 <reason>` for limiter's own).
     statuses: Vec<String>,
     connect_errors: f64,
+    /// Requests that took an idle connection of the other worker's pool
+    /// at the cap.
+    borrowed: f64,
     /// Connections the daemon counted as ended for resets (h2's GOAWAY,
     /// the flood meter's cut).
     reset_ends: f64,
@@ -298,6 +314,7 @@ fn run(reset: Reset) -> Figures {
     let breaker = d.admin_get("/breaker").unwrap_or_default();
     let connect_errors =
         try_metric(&page, "limiter_http_upstream_errors_total{kind=\"connect\"}").unwrap_or(-1.0);
+    let borrowed = try_metric(&page, "limiter_http_upstream_borrowed_total").unwrap_or(0.0);
     let reset_ends = try_metric(&page, "limiter_http2_reset_goaways_total").unwrap_or(-1.0)
         + try_metric(&page, "limiter_http2_floods_total{frame=\"rst_stream\"}").unwrap_or(0.0);
     let log = d.log();
@@ -321,6 +338,7 @@ fn run(reset: Reset) -> Figures {
         served,
         statuses: statuses.clone(),
         connect_errors,
+        borrowed,
         reset_ends,
         breaker,
         log_lines: lines.len(),
@@ -330,7 +348,7 @@ fn run(reset: Reset) -> Figures {
         "{reset:?} for {:?}: {} attack connections ({} ended by GOAWAY); upstream: {} connections opened, \
          {} closed without a byte, {} idle open without a byte, {} in TIME-WAIT, {} requests served; \
          ordinary requests: {} sent, {} got 200, {} limiter's 503, others {:?}; connect errors {}; \
-         breaker {}; {} log lines ({} from h2)",
+         {} borrowed; breaker {}; {} log lines ({} from h2)",
         f.elapsed,
         f.connections,
         f.goaways,
@@ -344,6 +362,7 @@ fn run(reset: Reset) -> Figures {
         f.limiter_503(),
         f.others(),
         f.connect_errors,
+        f.borrowed,
         f.breaker,
         f.log_lines,
         f.h2_lines,
@@ -357,6 +376,9 @@ fn run(reset: Reset) -> Figures {
 fn holds(f: &Figures) {
     assert!(f.connections > 20, "the attack reconnected: {} connections", f.connections);
     assert!(f.opened <= CAP, "upstream connections opened: {}, cap {CAP}", f.opened);
+    // Seen 0 in most runs, 1 in some (a close not yet explained); main's
+    // code left hundreds.
+    assert!(f.time_wait <= 2, "upstream connections closed by limiter (TIME-WAIT): {}", f.time_wait);
     assert_eq!(f.empty, 0, "connections closed without carrying a byte");
     assert!(f.idle <= CAP, "open without a byte: {}, beyond the pool's cap {CAP}", f.idle);
     assert!(f.others().is_empty(), "ordinary requests got 200 or limiter's 503 only: {:?}", f.others());

@@ -128,6 +128,12 @@ pub fn write_upstreams(page: &mut Page, u: &Upstreams) {
         "Requests whose client went away after they were handed to an upstream connection, finished in the background to keep the connection.",
     )
     .sample("limiter_http_upstream_orphans_total", &[], load(&u.orphans_finished));
+    page.family(
+        "limiter_http_upstream_borrowed_total",
+        "counter",
+        "Requests that found the cap reached and took an idle connection of another worker's pool.",
+    )
+    .sample("limiter_http_upstream_borrowed_total", &[], load(&u.borrowed));
 }
 
 /// Writes the proxy's families: admission's pools and refusals (with the

@@ -23,7 +23,6 @@ use http_body_util::BodyExt as _;
 use hyper::body::Body as _;
 use hyper::{
     Request, Response, StatusCode,
-    body::Incoming,
     header::{self, HeaderValue},
     http::{request, response},
     upgrade::OnUpgrade,
@@ -41,7 +40,7 @@ use super::{
     shield::{self, MinRate, Prefixed, ReadAhead, Receipt, TooSlow},
     stream_guard,
     streams::Streams,
-    upstream::{self, Pool, Timeouts, UpstreamError},
+    upstream::{self, Pool, ResponseBody, Timeouts, UpstreamError},
 };
 use crate::{admission::Permit, breaker::ticket::Ticket};
 
@@ -219,12 +218,12 @@ fn upstream_request(
 /// with its 101), and the head loses its hop-by-hop headers (and closes
 /// the connection after a refused upgrade, `close_after`).
 fn response_filter(
-    mut response: Response<Incoming>,
+    mut response: Response<ResponseBody>,
     ticket: Option<Ticket>,
     client_upgrade: Option<OnUpgrade>,
     close_after: bool,
     to: &Route<'_>,
-) -> ControlFlow<Response<ProxyBody>, (response::Parts, Incoming)> {
+) -> ControlFlow<Response<ProxyBody>, (response::Parts, ResponseBody)> {
     if let Some(ticket) = ticket {
         ticket.record(!to.tuning.is_failure(response.status().as_u16()));
     }
@@ -259,7 +258,7 @@ fn response_filter(
 /// under the stream guard); a body that broke off while read ahead is a
 /// failure the client can still be told of.
 fn response_body_filter(
-    read: Result<ReadAhead<Incoming>, BoxError>,
+    read: Result<ReadAhead<ResponseBody>, BoxError>,
     permit: Permit,
     to: &Route<'_>,
 ) -> Result<ProxyBody, Failure> {
@@ -268,7 +267,7 @@ fn response_body_filter(
             // The upstream has delivered its last byte: its thread is free,
             // however slowly the client reads.
             drop(permit);
-            let body = Prefixed::<Stall<Incoming>>::whole(frames).boxed_unsync();
+            let body = Prefixed::<Stall<ResponseBody>>::whole(frames).boxed_unsync();
             Ok(match &to.h2 {
                 // On HTTP/2 a starved stream must not keep its bytes for ever.
                 Some(conn) if !body.is_end_stream() => {

@@ -21,14 +21,17 @@
 //! - a request already handed to a connection is finished in the
 //!   background when its client goes away (its response read and dropped,
 //!   up to [`ORPHAN_BODY_BYTES`]), so the connection goes back to the pool
-//!   instead of being closed with a request half-done;
+//!   instead of being closed with a request half-done; a response body
+//!   dropped before its end ([`ResponseBody`]) is read to its end in the
+//!   background, within the same bound, for the same reason;
 //! - [`Upstreams`] caps every connection open or connecting, on every
 //!   worker, at `http.maxUpstreamConnections` (`http.maxThreads` when 0: one
-//!   per upstream thread). A request that finds the cap reached waits for a
-//!   connection to come free (one of its pool's, or a slot freed anywhere:
-//!   an idle connection of another worker is closed to make room) for at
-//!   most `http.connectTimeoutMs`, then is refused with 503 `upstream_full`:
-//!   limiter's own cap, never a breaker failure.
+//!   per upstream thread). A request that finds the cap reached takes an
+//!   idle connection of another worker's pool if one is ready (its driver
+//!   stays on its own thread), else waits for a connection to come free (its
+//!   pool's, or a slot freed anywhere) for at most `http.connectTimeoutMs`,
+//!   then is refused with 503 `upstream_full`: limiter's own cap, never a
+//!   breaker failure.
 //!
 //! A connection upgraded to a tunnel (WebSocket) leaves the count when the
 //! upgrade completes: it is not an HTTP connection any more.
@@ -41,13 +44,15 @@ use std::{
         Arc, Mutex, MutexGuard, Weak,
         atomic::{AtomicU64, AtomicUsize, Ordering},
     },
+    task::{Context, Poll},
     time::{Duration, Instant},
 };
 
+use bytes::Bytes;
 use http_body_util::BodyExt as _;
 use hyper::{
     Request, Response,
-    body::Incoming,
+    body::{Body as _, Frame, Incoming, SizeHint},
     client::conn::{
         TrySendError,
         http1::{self, SendRequest},
@@ -118,6 +123,9 @@ pub struct Upstreams {
     /// Requests whose client went away after they were handed to a
     /// connection, finished in the background.
     pub orphans_finished: AtomicU64,
+    /// Idle connections of one worker's pool taken by another worker's
+    /// request at the cap.
+    pub borrowed: AtomicU64,
 }
 
 impl Upstreams {
@@ -156,27 +164,23 @@ impl Upstreams {
             .map(|_| Slot(self.clone()))
     }
 
-    /// Closes one idle, ready connection of any worker's pool, so that its
-    /// slot comes free.
-    fn evict_one(&self) {
+    /// An idle, ready connection of another worker's pool, for a request
+    /// of `mine` at the cap: the connection is used from this worker (its
+    /// driver stays on its own thread) rather than closed and replaced.
+    fn borrow(&self, mine: &Pool, idle_timeout: Duration) -> Option<(SendRequest<Body>, bool)> {
         let pools: Vec<Arc<Pool>> = {
             let mut pools = self.pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             pools.retain(|p| p.strong_count() > 0);
             pools.iter().filter_map(Weak::upgrade).collect()
         };
-        for pool in pools {
-            let taken = {
-                let mut state = pool.lock();
-                let ready = state.idle.iter().position(Idle::ready);
-                ready.map(|i| state.idle.swap_remove(i))
-            };
-            if let Some(idle) = taken {
-                // Dropping its handle ends the connection (on its own
-                // worker's thread); the slot frees when its driver ends.
-                drop(idle);
-                return;
-            }
+        let found = pools
+            .iter()
+            .filter(|p| !std::ptr::eq(p.as_ref(), mine))
+            .find_map(|p| p.lock().checkout(idle_timeout));
+        if found.is_some() {
+            self.borrowed.fetch_add(1, Ordering::Relaxed);
         }
+        found
     }
 }
 
@@ -256,7 +260,7 @@ impl Pool {
         self: &Arc<Self>,
         mut req: Request<Body>,
         timeouts: Timeouts,
-    ) -> impl Future<Output = Result<Response<Incoming>, UpstreamError>> {
+    ) -> impl Future<Output = Result<Response<ResponseBody>, UpstreamError>> {
         async move {
             loop {
                 let (mut sender, fresh) = self.get(timeouts).await?;
@@ -264,7 +268,14 @@ impl Pool {
                 let mut in_flight =
                     InFlight { pool: self.clone(), sent: Some(sent), sender: Some(sender), timeouts };
                 match in_flight.response().await {
-                    Ok(response) => return Ok(response),
+                    Ok(response) => {
+                        let idle = timeouts.idle;
+                        return Ok(response.map(|inner| ResponseBody {
+                            inner: Some(inner),
+                            done: false,
+                            idle,
+                        }));
+                    }
                     Err(mut e) => match e.take_message() {
                         Some(unsent) if !fresh => req = unsent,
                         _ => return Err(UpstreamError::Send(e.into_error())),
@@ -291,7 +302,7 @@ impl Pool {
             tokio::pin!(returned, freed);
             returned.as_mut().enable();
             freed.as_mut().enable();
-            let mut make_room = false;
+            let mut borrow = false;
             {
                 let mut state = self.lock();
                 if let Some(found) = state.checkout(t.idle) {
@@ -310,13 +321,13 @@ impl Pool {
                         }
                         None => {
                             capped = true;
-                            make_room = true;
+                            borrow = true;
                         }
                     }
                 }
             }
-            if make_room {
-                self.shared.evict_one();
+            if borrow && let Some(found) = self.shared.borrow(self, t.idle) {
+                return Ok(found);
             }
             tokio::select! {
                 () = &mut returned => {}
@@ -478,4 +489,63 @@ async fn connect(addr: &str, timeout: Duration, slot: Slot) -> Result<SendReques
         }
     });
     Ok(sender)
+}
+
+/// The upstream's response body. Dropped before its end (the client went
+/// away, its stream was reset), the rest is read in the background, up to
+/// [`ORPHAN_BODY_BYTES`] within `http.idleTimeoutMs` a frame, so that its
+/// connection can be pooled again instead of closed.
+#[derive(Debug)]
+pub struct ResponseBody {
+    inner: Option<Incoming>,
+    /// Read to its end (or failed): nothing left to drain.
+    done: bool,
+    idle: Duration,
+}
+
+impl hyper::body::Body for ResponseBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let Some(inner) = this.inner.as_mut() else { return Poll::Ready(None) };
+        let poll = Pin::new(inner).poll_frame(cx);
+        if matches!(poll, Poll::Ready(None | Some(Err(_)))) {
+            this.done = true;
+        }
+        poll
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(Incoming::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.as_ref().map_or_else(|| SizeHint::with_exact(0), Incoming::size_hint)
+    }
+}
+
+impl Drop for ResponseBody {
+    fn drop(&mut self) {
+        let Some(mut body) = self.inner.take() else { return };
+        if self.done || body.is_end_stream() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let idle = self.idle;
+        runtime.spawn(async move {
+            let mut read = 0usize;
+            while let Ok(Some(Ok(frame))) = tokio::time::timeout(idle, body.frame()).await {
+                read += frame.data_ref().map_or(0, |d| d.len());
+                if read > ORPHAN_BODY_BYTES {
+                    // Too much to read for nothing: the connection closes.
+                    return;
+                }
+            }
+        });
+    }
 }
