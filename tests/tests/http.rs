@@ -401,6 +401,10 @@ fn slow_headers_are_cut_off_and_take_no_permit() {
     let _ = slow.read_to_end(&mut rest);
     let waited = started.elapsed();
     assert!(waited < Duration::from_secs(3), "the slow client was held {waited:?}");
+    // Counted as its connection's task ends, just after the close.
+    limiter_tests::process::wait_for("the header timeout counted", Duration::from_secs(2), || {
+        s.metric("limiter_http_bad_requests_total{kind=\"header_timeout\"}") >= 1.0
+    });
     assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"header_timeout\"}"), 1.0);
     assert_eq!(s.upstream.hits(), 1);
 }
