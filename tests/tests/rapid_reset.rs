@@ -277,7 +277,8 @@ impl Figures {
 
 /// Two attackers and two ordinary clients for [`ATTACK`] against a daemon
 /// with `http.maxUpstreamConnections = CAP` in front of an upstream that
-/// accepts one connection every 10 ms.
+/// accepts one connection every 10 ms (`http.h2.resetRefusalMs` is off:
+/// the refusal of the attackers' group has a test of its own).
 fn run(reset: Reset) -> Figures {
     let up = SlowUpstream::start(Duration::from_millis(10), 256);
     let dir = std::env::temp_dir().join(format!("limiter-rapid-reset-{}-{reset:?}", std::process::id()));
@@ -460,4 +461,50 @@ fn a_request_that_finds_every_upstream_connection_busy_gets_limiters_503_not_a_b
         2.0,
         "every request after the first two went on their pooled connections"
     );
+}
+
+#[test]
+fn a_group_whose_connections_keep_ending_for_resets_is_refused_at_accept() {
+    let up = Upstream::start();
+    let d = InProcess::start(up.addr, "http.h2c = true\nhttp.h2.resetRefusalMs = 30000\n");
+    let block = h2raw::get_block("/x", &[]);
+    let mut pairs = Vec::new();
+    for i in 0..100u32 {
+        let id = 2 * i + 1;
+        pairs.extend(h2raw::frame(h2raw::HEADERS, h2raw::END_HEADERS | h2raw::END_STREAM, id, &block));
+        pairs.extend(h2raw::frame(h2raw::RST_STREAM, 0, id, &8u32.to_be_bytes()));
+    }
+    let (mut goaways, mut cut) = (0, 0);
+    for _ in 0..40 {
+        let Ok(mut s) = connect_from(ATTACKER, d.proxy) else {
+            cut += 1;
+            continue;
+        };
+        let _ = s.write_all(&[h2raw::PREFACE, &h2raw::settings(&[])].concat());
+        let _ = s.write_all(&pairs);
+        match h2raw::ending(&mut s, Duration::from_secs(2)) {
+            h2raw::End::GoAway(_) => goaways += 1,
+            h2raw::End::Closed => cut += 1,
+            h2raw::End::Open => panic!("a connection sending 100 resets stayed open"),
+        }
+    }
+    let refused = d.metric("limiter_http_connections_refused_for_resets_total");
+    eprintln!(
+        "40 rapid-reset connections: {goaways} ended by GOAWAY, {cut} cut; {refused} refused at accept"
+    );
+    // The 10th connection's end is counted once the server is done with it,
+    // so the client may have reconnected once or twice before.
+    assert!((10..=12).contains(&goaways), "h2's GOAWAY for the first 10 connections or so: {goaways}");
+    assert_eq!(refused, f64::from(40 - goaways), "every later connection was refused at accept");
+    assert_eq!(d.metric("limiter_http2_reset_goaways_total"), f64::from(goaways));
+    assert_eq!(d.metric("limiter_http2_reset_groups_refused"), 1.0);
+    assert_eq!(d.metric("limiter_http2_reset_group_refusals_total"), 1.0);
+    // The group is refused on every protocol; other groups are served.
+    let from_group = connect_from(ATTACKER, d.proxy).and_then(|mut s| {
+        s.write_all(b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n")?;
+        client::read_reply(&mut s)
+    });
+    assert!(from_group.is_err(), "the refused group gets no answer: {from_group:?}");
+    assert_eq!(d.get("/x", &[]).status, 200, "another group is served");
+    assert_eq!(up.hits(), 1, "no stream of the attack reached the upstream");
 }

@@ -462,6 +462,13 @@ pub static KEYS: &[Key] = &[
         set: plain!(|c, v| c.http.h2_max_concurrent_streams = int_at_least(v, 1)?),
     },
     Key {
+        name: "http.h2.resetRefusalMs",
+        default: DefaultValue::Value("0"),
+        reload: Reload::Restart,
+        doc: "a client group with 10 HTTP/2 connections ended for stream resets within 10 s is refused at accept this long (0: never)",
+        set: plain!(|c, v| c.http.h2_reset_refusal_ms = ms(v, 0)?),
+    },
+    Key {
         name: "http.accessLog",
         default: DefaultValue::Value("off"),
         reload: Reload::Live,

@@ -166,7 +166,7 @@ pub struct PortOptions {
 }
 
 /// An address prefix such as `10.0.0.0/8` or `fd00::/8`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Prefix {
     pub addr: std::net::IpAddr,
     pub len: u8,
@@ -201,6 +201,28 @@ impl fmt::Display for Prefix {
 }
 
 impl KernelConfig {
+    /// The client group of `ip`, as the per-source caps group sources: the
+    /// address masked to `kernel.sourcePrefixV4` or `kernel.sourcePrefixV6`
+    /// (an IPv4-mapped IPv6 address counts as IPv4).
+    pub fn group_of(&self, ip: std::net::IpAddr) -> Prefix {
+        let ip = match ip {
+            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+            v4 => v4,
+        };
+        let len = if ip.is_ipv4() { self.source_prefix_v4 } else { self.source_prefix_v6 };
+        let len = u8::try_from(len).unwrap_or(128);
+        Prefix { addr: mask_addr(ip, len), len }
+    }
+
+    /// Whether `ip` is in a trusted prefix (`kernel.trusted`).
+    pub fn is_trusted(&self, ip: std::net::IpAddr) -> bool {
+        let ip = match ip {
+            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+            v4 => v4,
+        };
+        self.trusted.iter().any(|p| p.contains(ip))
+    }
+
     /// What the kernel's limits array should hold: every port with a cap.
     pub fn port_limits(&self) -> BTreeMap<u16, limiter_common::PortLimit> {
         let mut out = BTreeMap::new();
@@ -295,6 +317,9 @@ pub struct HttpConfig {
     pub h2c: bool,
     /// Streams one HTTP/2 connection may have open (`http.h2.maxConcurrentStreams`).
     pub h2_max_concurrent_streams: u32,
+    /// How long a client group whose HTTP/2 connections keep ending for
+    /// stream resets is refused at accept (`http.h2.resetRefusalMs`; 0: never).
+    pub h2_reset_refusal_ms: u64,
     /// Where the access log goes (`http.accessLog`).
     pub access_log: AccessLog,
     /// Clients whose forwarding headers are kept and extended

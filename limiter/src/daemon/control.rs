@@ -106,6 +106,7 @@ impl Control for Daemon {
             );
             metrics::http::write_front_door(&mut page, &proxy.counters, &proxy.access_log.stats);
             metrics::http::write_upstreams(&mut page, &proxy.upstreams);
+            metrics::http::write_reset_groups(&mut page, &proxy.reset_groups);
             metrics::breaker::write(&mut page, &proxy.breaker.snapshot());
             if let Some(s) = &self.shedding {
                 metrics::http::write_shedding(&mut page, &s.view());

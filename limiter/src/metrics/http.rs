@@ -12,6 +12,7 @@ use crate::{
         h2_meter::Flood,
         head::Bad,
         proto::Proto,
+        reset_groups::ResetGroups,
         upstream::Upstreams,
     },
 };
@@ -95,6 +96,32 @@ pub fn write_front_door(page: &mut Page, c: &Counters, log: &access_log::Stats) 
     .sample("limiter_access_log_dropped_total", &[], load(&log.dropped));
     page.family("limiter_access_log_write_errors_total", "counter", "Access log lines the file refused.")
         .sample("limiter_access_log_write_errors_total", &[], load(&log.write_errors));
+}
+
+/// The client groups refused at accept for their connections' resets.
+pub fn write_reset_groups(page: &mut Page, g: &ResetGroups) {
+    page.family(
+        "limiter_http2_reset_groups_refused",
+        "gauge",
+        "Client groups refused at accept now: their HTTP/2 connections kept ending for stream resets.",
+    )
+    .sample("limiter_http2_reset_groups_refused", &[], g.refused_now());
+    page.family(
+        "limiter_http2_reset_group_refusals_total",
+        "counter",
+        "Times a client group started being refused at accept for its connections' stream resets.",
+    )
+    .sample("limiter_http2_reset_group_refusals_total", &[], g.groups_refused.load(Ordering::Relaxed));
+    page.family(
+        "limiter_http_connections_refused_for_resets_total",
+        "counter",
+        "Client connections closed at accept (RST) because their group was refused for stream resets.",
+    )
+    .sample(
+        "limiter_http_connections_refused_for_resets_total",
+        &[],
+        g.refused_connections.load(Ordering::Relaxed),
+    );
 }
 
 /// The upstream connections: open and connecting against their cap,

@@ -35,7 +35,8 @@
 //! - [`shield`], [`budget`]: bodies received before admission and
 //!   responses read ahead, within the memory budget;
 //! - [`forward`]: the request to the upstream and its response back;
-//! - [`upstream`]: each worker's pool of keep-alive upstream connections;
+//! - [`upstream`]: each worker's pool of keep-alive upstream connections,
+//!   and the cap on all of them;
 //! - [`respond`], [`reason`]: the responses the proxy writes itself (503s,
 //!   errors) and why it refuses;
 //! - [`streams`], [`stream_guard`], [`h2_meter`]: an HTTP/2 connection's
@@ -48,7 +49,9 @@
 //! - [`proto`]: the four ways in (`h1`, `h1+tls`, `h2+tls`, `h2c`);
 //! - [`shared`], [`tuning`], [`counters`], [`refusal_log`]: what the
 //!   workers share, the values a reload changes, the proxy's counters,
-//!   the rate-limited refusal log;
+//!   the rate-limited refusal logs;
+//! - [`reset_groups`]: client groups refused at accept while their HTTP/2
+//!   connections keep ending for stream resets;
 //! - [`sample`]: the built-in demo upstream (`http.upstream = sample`).
 
 pub mod body;
@@ -67,6 +70,7 @@ pub mod pressure;
 pub mod proto;
 pub mod reason;
 pub mod refusal_log;
+pub mod reset_groups;
 pub mod respond;
 pub mod sample;
 pub mod server;

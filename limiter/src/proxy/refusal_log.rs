@@ -9,7 +9,9 @@
 //! - [`ResetLog`]: HTTP/2 connections ended for excessive stream resets
 //!   (h2's GOAWAY `ENHANCE_YOUR_CALM`, or the flood meter's cut for
 //!   `RST_STREAM`), at most [`RESET_LINES_PER_SECOND`] a second: h2's own
-//!   line per such connection is filtered out ([`crate::daemon::logging`]).
+//!   line per such connection is filtered out ([`crate::daemon::logging`]);
+//! - [`GroupLog`]: client groups refused at accept for those resets
+//!   ([`super::reset_groups`]), at most [`RESET_LINES_PER_SECOND`] a second.
 
 use std::{
     net::IpAddr,
@@ -150,6 +152,31 @@ impl ResetLog {
             tracing::warn!(
                 unlogged_since_last_line = unlogged,
                 "HTTP/2 connections ended for excessive stream resets (not logged one by one)"
+            );
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct GroupLog(Lines);
+
+impl Default for GroupLog {
+    fn default() -> Self {
+        Self(Lines::new(RESET_LINES_PER_SECOND))
+    }
+}
+
+impl GroupLog {
+    /// Records one client group refused from now on; logs it if this
+    /// second still has room.
+    pub fn note(&self, group: crate::config::Prefix, connections: u32, refused_for_s: u64) {
+        if let Some(suppressed) = self.0.note() {
+            tracing::warn!(
+                %group,
+                connections,
+                refused_for_s,
+                unlogged_since_last_line = suppressed,
+                "client group refused at accept: its HTTP/2 connections keep ending for stream resets"
             );
         }
     }

@@ -142,6 +142,13 @@ pub async fn serve(
             () = &mut stop => break,
         };
         match accepted {
+            Ok((stream, addr)) if proxy.reset_groups.refuses(addr.ip()) => {
+                // Its group's HTTP/2 connections keep ending for resets: a
+                // RST now, before a handshake or a byte is read (and no
+                // TIME-WAIT left here).
+                let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+                drop(stream);
+            }
             Ok((stream, addr)) => {
                 let counted = Open::track(&open);
                 let (proxy, pool, shutdown) = (proxy.clone(), pool.clone(), shutdown.clone());
@@ -508,6 +515,7 @@ where
             proxy.counters.h2_reset_goaways.fetch_add(1, Ordering::Relaxed);
         }
         proxy.counters.reset_log.note(client, ended);
+        proxy.reset_groups.note(client);
     }
     result
 }

@@ -6,6 +6,7 @@ use super::{
     Counters, Tuning,
     budget::Budget,
     pressure::Pressure,
+    reset_groups::ResetGroups,
     upstream::{Pool, Upstreams},
 };
 use crate::{
@@ -29,6 +30,8 @@ pub struct Proxy {
     /// Every worker's upstream connections and their cap
     /// (`http.maxUpstreamConnections`).
     pub upstreams: Arc<Upstreams>,
+    /// Client groups refused at accept for their connections' resets.
+    pub reset_groups: ResetGroups,
     /// Replaced whole on reload; each connection and request takes the
     /// current one (a reference count, not a copy).
     tuning: RwLock<Arc<Tuning>>,
@@ -52,6 +55,10 @@ impl Proxy {
             budget: Arc::new(Budget::default()),
             pressure: Arc::new(Pressure::default()),
             upstreams: Upstreams::new(config.http.upstream_connection_limit()),
+            reset_groups: ResetGroups::new(
+                &config.kernel,
+                std::time::Duration::from_millis(config.http.h2_reset_refusal_ms),
+            ),
             tuning: RwLock::new(Arc::new(Tuning::from_config(config))),
             upstream,
             access_log: AccessLogger::start(&config.http.access_log),
@@ -80,6 +87,7 @@ impl Proxy {
         self.breaker.set_policy(breaker::Policy::from_config(&config.breaker));
         // With `http.maxUpstreamConnections = 0` the cap follows `http.maxThreads`.
         self.upstreams.set_limit(config.http.upstream_connection_limit());
+        self.reset_groups.reload(&config.kernel);
         *self.tuning.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
             Arc::new(Tuning::from_config(config));
         self.access_log.reload(&config.http.access_log);
