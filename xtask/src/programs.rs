@@ -1,128 +1,8 @@
-//! The one table of programs that the tests, the benchmarks and the soak
-//! start, and where each comes from. Set-up installs from it
-//! ([`debian_packages`], [`pypi`]); a unit test below reads the sources
-//! under `tests/` and fails when one of them starts a program that is not
-//! in it, so a tool installed by hand on one machine cannot hide a missing
-//! install step.
-
-/// Where a program comes from on a fresh Debian machine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Provider {
-    /// Part of Debian's base system (an Essential or required package,
-    /// named here for the record): set-up installs nothing for it.
-    Base(&'static str),
-    /// A Debian package that set-up installs.
-    Debian(&'static str),
-    /// A PyPI package that set-up installs, at this version, into the
-    /// virtualenv under `target/tools/venv`.
-    PyPi { package: &'static str, version: &'static str },
-}
-
-/// One program a test, benchmark or soak scenario starts.
-#[derive(Clone, Copy, Debug)]
-pub struct Program {
-    pub name: &'static str,
-    pub provider: Provider,
-}
-
-const fn base(name: &'static str, package: &'static str) -> Program {
-    Program { name, provider: Provider::Base(package) }
-}
-
-const fn debian(name: &'static str, package: &'static str) -> Program {
-    Program { name, provider: Provider::Debian(package) }
-}
-
-/// Every program started by the sources under `tests/` (the black-box
-/// tests, their harness, the benchmarks and the soak).
-pub const PROGRAMS: &[Program] = &[
-    // Network namespaces, veths, sockets' view.
-    debian("ip", "iproute2"),
-    debian("ss", "iproute2"),
-    debian("nsenter", "util-linux"),
-    debian("ethtool", "ethtool"),
-    debian("sysctl", "procps"),
-    // An independent view of what is attached.
-    debian("bpftool", "bpftool"),
-    // systemd units and socket activation (systemd is not PID 1 here).
-    debian("systemd-analyze", "systemd"),
-    debian("systemd-socket-activate", "systemd"),
-    // `limiter top` in a real terminal.
-    debian("tmux", "tmux"),
-    // The real TLS and HTTP/2 clients.
-    debian("curl", "curl"),
-    debian("openssl", "openssl"),
-    debian("h2load", "nghttp2-client"),
-    debian("nghttp", "nghttp2-client"),
-    // Python's `ssl`, for TLS cases no ordinary client makes.
-    debian("python3", "python3"),
-    // Lints a real scrape and runs the alerting rules' unit tests.
-    debian("promtool", "prometheus"),
-    // The peers and load generators the benchmarks and soak run.
-    debian("nginx", "nginx"),
-    debian("wrk", "wrk"),
-    debian("iptables", "iptables"),
-    // Counted rows: instructions and system calls per request.
-    debian("valgrind", "valgrind"),
-    // What BENCHMARKS.md tells a reader to run on the kept counted outputs.
-    debian("callgrind_annotate", "valgrind"),
-    debian("strace", "strace"),
-    // `cargo xtask test` and `bench http --before` build older revisions
-    // in a git worktree.
-    debian("git", "git"),
-    // The Kubernetes manifest's schema validator (started by its path in
-    // the virtualenv, so the scan does not see it).
-    Program {
-        name: "kubernetes-validate",
-        provider: Provider::PyPi { package: "kubernetes-validate", version: "1.37.0" },
-    },
-    base("sh", "dash"),
-    base("echo", "coreutils"),
-    base("sleep", "coreutils"),
-    base("date", "coreutils"),
-    base("tar", "tar"),
-];
-
-/// The Debian packages set-up installs for the tests, benchmarks and soak,
-/// in table order, each once; plus `python3-venv`, which the PyPI
-/// programs' virtualenv needs.
-pub fn debian_packages() -> Vec<&'static str> {
-    let mut packages: Vec<&'static str> = Vec::new();
-    let mut add = |p| {
-        if !packages.contains(&p) {
-            packages.push(p);
-        }
-    };
-    for program in PROGRAMS {
-        match program.provider {
-            Provider::Debian(p) => add(p),
-            Provider::PyPi { .. } => add("python3-venv"),
-            Provider::Base(_) => {}
-        }
-    }
-    packages
-}
-
-/// The programs of the table that `package` provides, for set-up's
-/// messages ("prometheus (promtool)").
-pub fn provided_by(package: &str) -> Vec<&'static str> {
-    PROGRAMS
-        .iter()
-        .filter(|p| matches!(p.provider, Provider::Debian(d) if d == package))
-        .map(|p| p.name)
-        .collect()
-}
-
-/// The PyPI packages set-up installs, with their versions.
-pub fn pypi() -> Vec<(&'static str, &'static str)> {
-    PROGRAMS
-        .iter()
-        .filter_map(|p| match p.provider {
-            Provider::PyPi { package, version } => Some((package, version)),
-            _ => None,
-        })
-        .collect()
-}
+//! The check that holds set-up's program table ([`crate::setup::PROGRAMS`])
+//! to the sources: a scan of the Rust files under `tests/` for the
+//! programs they start, and a unit test that fails when one of them is not
+//! in the table, so a tool installed by hand on one machine cannot hide a
+//! missing install step.
 
 /// Reads Rust sources for the programs they start. Found:
 ///
@@ -511,7 +391,8 @@ pub mod scan {
 mod tests {
     use std::{collections::BTreeMap, fs, path::Path};
 
-    use super::{PROGRAMS, scan::programs};
+    use super::scan::programs;
+    use crate::setup::PROGRAMS;
 
     /// Every `.rs` file under `dir`, recursively.
     fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
@@ -551,7 +432,7 @@ mod tests {
         let missing = unlisted(&table);
         assert!(
             missing.is_empty(),
-            "programs started under tests/ that xtask/src/programs.rs does not list (so set-up would not install them): {missing:?}"
+            "programs started under tests/ that xtask/src/setup.rs (PROGRAMS) does not list (so set-up would not install them): {missing:?}"
         );
     }
 

@@ -15,8 +15,6 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::programs;
-
 /// The bpf-linker release that builds against LLVM 22 (docs/TOOLCHAIN.md).
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Where Debian's `llvm-22-dev` puts LLVM; bpf-linker's build looks here.
@@ -26,11 +24,132 @@ pub const NIGHTLY: &str = "nightly";
 
 /// Debian packages bpf-linker links against.
 pub const BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev"];
+/// Where a program comes from on a fresh Debian machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Provider {
+    /// Part of Debian's base system (an Essential or required package,
+    /// named here for the record): set-up installs nothing for it.
+    Base(&'static str),
+    /// A Debian package that set-up installs.
+    Debian(&'static str),
+    /// A PyPI package that set-up installs, at this version, into the
+    /// virtualenv under `target/tools/venv`.
+    PyPi { package: &'static str, version: &'static str },
+}
+
+/// One program a test, benchmark or soak scenario starts.
+#[derive(Clone, Copy, Debug)]
+pub struct Program {
+    pub name: &'static str,
+    pub provider: Provider,
+}
+
+const fn base(name: &'static str, package: &'static str) -> Program {
+    Program { name, provider: Provider::Base(package) }
+}
+
+const fn debian(name: &'static str, package: &'static str) -> Program {
+    Program { name, provider: Provider::Debian(package) }
+}
+
+/// Every program started by the sources under `tests/` (the black-box
+/// tests, their harness, the benchmarks and the soak), and where it comes
+/// from: the one table set-up installs from ([`debian_packages`],
+/// [`pypi`]); `programs.rs` holds it to the sources.
+pub const PROGRAMS: &[Program] = &[
+    // Network namespaces, veths, sockets' view.
+    debian("ip", "iproute2"),
+    debian("ss", "iproute2"),
+    debian("nsenter", "util-linux"),
+    debian("ethtool", "ethtool"),
+    debian("sysctl", "procps"),
+    // An independent view of what is attached.
+    debian("bpftool", "bpftool"),
+    // systemd units and socket activation (systemd is not PID 1 here).
+    debian("systemd-analyze", "systemd"),
+    debian("systemd-socket-activate", "systemd"),
+    // `limiter top` in a real terminal.
+    debian("tmux", "tmux"),
+    // The real TLS and HTTP/2 clients.
+    debian("curl", "curl"),
+    debian("openssl", "openssl"),
+    debian("h2load", "nghttp2-client"),
+    debian("nghttp", "nghttp2-client"),
+    // Python's `ssl`, for TLS cases no ordinary client makes.
+    debian("python3", "python3"),
+    // Lints a real scrape and runs the alerting rules' unit tests.
+    debian("promtool", "prometheus"),
+    // The peers and load generators the benchmarks and soak run.
+    debian("nginx", "nginx"),
+    debian("wrk", "wrk"),
+    debian("iptables", "iptables"),
+    // Counted rows: instructions and system calls per request.
+    debian("valgrind", "valgrind"),
+    // What BENCHMARKS.md tells a reader to run on the kept counted outputs.
+    debian("callgrind_annotate", "valgrind"),
+    debian("strace", "strace"),
+    // `cargo xtask test` and `bench http --before` build older revisions
+    // in a git worktree.
+    debian("git", "git"),
+    // The Kubernetes manifest's schema validator (started by its path in
+    // the virtualenv, so the scan does not see it).
+    Program {
+        name: "kubernetes-validate",
+        provider: Provider::PyPi { package: "kubernetes-validate", version: "1.37.0" },
+    },
+    base("sh", "dash"),
+    base("echo", "coreutils"),
+    base("sleep", "coreutils"),
+    base("date", "coreutils"),
+    base("tar", "tar"),
+];
+
+/// The Debian packages set-up installs for the tests, benchmarks and soak,
+/// in table order, each once; plus `python3-venv`, which the PyPI
+/// programs' virtualenv needs.
+pub fn debian_packages() -> Vec<&'static str> {
+    let mut packages: Vec<&'static str> = Vec::new();
+    let mut add = |p| {
+        if !packages.contains(&p) {
+            packages.push(p);
+        }
+    };
+    for program in PROGRAMS {
+        match program.provider {
+            Provider::Debian(p) => add(p),
+            Provider::PyPi { .. } => add("python3-venv"),
+            Provider::Base(_) => {}
+        }
+    }
+    packages
+}
+
+/// The programs of the table that `package` provides, for set-up's
+/// messages ("prometheus (promtool)").
+pub fn provided_by(package: &str) -> Vec<&'static str> {
+    PROGRAMS
+        .iter()
+        .filter(|p| matches!(p.provider, Provider::Debian(d) if d == package))
+        .map(|p| p.name)
+        .collect()
+}
+
+/// The PyPI packages set-up installs, with their versions.
+pub fn pypi() -> Vec<(&'static str, &'static str)> {
+    PROGRAMS
+        .iter()
+        .filter_map(|p| match p.provider {
+            Provider::PyPi { package, version } => Some((package, version)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The Kubernetes schema validator the deployment test runs: the PyPI
-/// entry of [`programs::PROGRAMS`], installed into a virtualenv under
+/// entry of [`PROGRAMS`], installed into a virtualenv under
 /// `target/tools`.
 fn k8s_validator() -> (&'static str, &'static str) {
-    let pypi = programs::pypi();
+    let pypi = pypi();
     assert_eq!(pypi.len(), 1, "set-up installs one PyPI package, into one virtualenv: {pypi:?}");
     pypi[0]
 }
@@ -41,7 +160,7 @@ pub enum Purpose {
     /// Building and running the daemon.
     Build,
     /// The tests, the benchmarks and the soak: every program they start
-    /// ([`programs::PROGRAMS`]), one set for all three.
+    /// ([`PROGRAMS`]), one set for all three.
     Test,
 }
 
@@ -49,7 +168,7 @@ impl Purpose {
     fn packages(self) -> Vec<&'static str> {
         let mut packages = BUILD_PACKAGES.to_vec();
         if self == Self::Test {
-            for p in programs::debian_packages() {
+            for p in debian_packages() {
                 if !packages.contains(&p) {
                     packages.push(p);
                 }
@@ -151,7 +270,7 @@ impl Need {
             Self::Packages(p) => {
                 let named: Vec<String> = p
                     .iter()
-                    .map(|package| match programs::provided_by(package).as_slice() {
+                    .map(|package| match provided_by(package).as_slice() {
                         [] => package.clone(),
                         programs => format!("{package} ({})", programs.join(", ")),
                     })
