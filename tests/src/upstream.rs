@@ -41,6 +41,10 @@ struct Shared {
     /// `/slowhead` requests in progress now, and the most at once.
     slow_now: AtomicU64,
     slow_peak: AtomicU64,
+    /// Connections accepted in all, open now, and the most open at once.
+    accepted: AtomicU64,
+    open: AtomicU64,
+    open_peak: AtomicU64,
     release: Notify,
 }
 
@@ -72,12 +76,19 @@ impl Upstream {
         runtime.spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let s = s.clone();
+                s.accepted.fetch_add(1, Ordering::SeqCst);
+                let open = s.open.fetch_add(1, Ordering::SeqCst) + 1;
+                s.open_peak.fetch_max(open, Ordering::SeqCst);
                 tokio::spawn(async move {
-                    let service = service_fn(move |req| answer(req, s.clone()));
+                    let service = service_fn({
+                        let s = s.clone();
+                        move |req| answer(req, s.clone())
+                    });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
                         .with_upgrades()
                         .await;
+                    s.open.fetch_sub(1, Ordering::SeqCst);
                 });
             }
         });
@@ -87,6 +98,16 @@ impl Upstream {
     /// The most `/slowhead` requests the upstream had in progress at once.
     pub fn slow_peak(&self) -> u64 {
         self.shared.slow_peak.load(Ordering::SeqCst)
+    }
+
+    /// Connections the upstream accepted, in all.
+    pub fn accepted(&self) -> u64 {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+
+    /// The most connections the upstream had open at once.
+    pub fn open_peak(&self) -> u64 {
+        self.shared.open_peak.load(Ordering::SeqCst)
     }
 
     /// Requests that reached the upstream.

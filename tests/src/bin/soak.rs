@@ -593,8 +593,10 @@ fn h2load(args: &[&str], url: &str) -> (u64, u64, u64, String) {
 }
 
 /// 5. HTTP/2 overload: many streams per connection far above the pool,
-///    over TLS and h2c, with rapid-reset connections alongside; every
-///    stream is answered 200 or 503 and every pool is back to 0 after.
+///    over TLS and h2c, with rapid-reset connections and window-0 readers
+///    alongside, all reconnecting whenever the server ends them; every
+///    stream is answered 200 or 503, the upstream never holds more than
+///    `http.maxUpstreamConnections`, and every pool is back to 0 after.
 fn http2(short: bool) -> Row {
     let upstream = Upstream::start();
     let dir = std::env::temp_dir().join(format!("soak-h2-{}", std::process::id()));
@@ -615,7 +617,7 @@ fn http2(short: bool) -> Row {
     let mut row = Row::new(
         "HTTP/2 overload",
         format!(
-            "{n} streams over TLS and {n} over h2c (50 connections x 20 streams, upstream 5 ms, 9 normal slots), {resetters} rapid-reset connections of {resets} resets each"
+            "{n} streams over TLS and {n} over h2c (50 connections x 20 streams, upstream 5 ms, 9 normal slots), {resetters} reconnecting rapid-reset clients of {resets} resets a connection, 2 reconnecting window-0 readers of 15 streams"
         ),
     );
     let stop = Arc::new(AtomicBool::new(false));
@@ -654,6 +656,39 @@ fn http2(short: bool) -> Row {
             })
         })
         .collect();
+    // Window-0 readers: connections that grant no stream a byte of DATA
+    // and ask for responses too large to be read ahead, reconnecting
+    // whenever the server ends them.
+    let slow: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            thread::spawn(move || {
+                let mut opened = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    let mut s = limiter_tests::h2raw::connect(
+                        proxy,
+                        &[(limiter_tests::h2raw::INITIAL_WINDOW_SIZE, 0)],
+                    );
+                    opened += 1;
+                    let block = limiter_tests::h2raw::get_block("/big?bytes=4000000", &[]);
+                    let burst: Vec<u8> = (0..15)
+                        .flat_map(|i| {
+                            limiter_tests::h2raw::frame(
+                                limiter_tests::h2raw::HEADERS,
+                                limiter_tests::h2raw::END_HEADERS | limiter_tests::h2raw::END_STREAM,
+                                2 * i + 1,
+                                &block,
+                            )
+                        })
+                        .collect();
+                    let _ = s.write_all(&burst);
+                    // Held until the server ends the connection, or for 5 s.
+                    let _ = limiter_tests::h2raw::ending(&mut s, Duration::from_secs(5));
+                }
+                opened
+            })
+        })
+        .collect();
     let per = n.to_string();
     let args = ["-n", per.as_str(), "-c", "50", "-m", "20", "-H", "authorization: Bearer soak"];
     let started = Instant::now();
@@ -662,6 +697,7 @@ fn http2(short: bool) -> Row {
     let took = started.elapsed();
     stop.store(true, Ordering::Relaxed);
     let cut: u32 = attackers.into_iter().map(|a| a.join().unwrap()).sum();
+    let slow_connections: u32 = slow.into_iter().map(|a| a.join().unwrap()).sum();
     let page = daemon.metrics();
     for (name, (ok, failed, errored, codes)) in [("TLS (one session)", over_tls), ("h2c", over_h2c)] {
         row.check(
@@ -681,6 +717,18 @@ fn http2(short: bool) -> Row {
     );
     let refused = metric(&page, "limiter_http2_streams_refused_total");
     row.check(refused > 0.0, format!("{refused} streams refused with 503, their connections kept"));
+    let slow_cut = metric(&page, "limiter_http_slow_readers_total");
+    row.check(
+        slow_cut > 0.0,
+        format!("{slow_connections} window-0 connections of 15 large downloads each: {slow_cut} streams cut as slow readers"),
+    );
+    // http.maxUpstreamConnections defaults to http.maxThreads (20): the
+    // resets and the readers together never make the upstream hold more.
+    let (peak, accepted) = (upstream.open_peak(), upstream.accepted());
+    row.check(
+        peak <= 20,
+        format!("upstream connections: at most {peak} open at once (cap 20), {accepted} accepted in all"),
+    );
     row.check(pools_empty(&daemon), "every pool and session back to 0 after it".into());
     let rss = peak_rss_mib(daemon.pid().as_raw());
     row.check(rss < 256.0, format!("daemon peak RSS {rss:.1} MiB (target < 256)"));
