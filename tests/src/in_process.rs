@@ -51,7 +51,7 @@ impl InProcess {
         );
         std::fs::write(&file, format!("{base}{extra}")).unwrap();
         let config = Config::load(&file).unwrap();
-        let options = RunOptions { config_path: file.clone(), unload_on_exit: false };
+        let options = RunOptions { config_path: file.clone(), unload_on_exit: false, user_uid: None };
         let prepared = daemon::prepare(config, options).unwrap();
         let admin = prepared.admin_addr().unwrap();
         let proxy = prepared.http_addr().expect("a proxy: http.upstream is set");

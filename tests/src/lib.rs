@@ -39,6 +39,7 @@ pub mod scrape;
 pub mod shed_load;
 pub mod tls;
 pub mod upstream;
+pub mod user;
 
 use anyhow::{Context as _, Result, bail, ensure};
 use nix::{

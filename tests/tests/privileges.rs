@@ -1,10 +1,39 @@
 //! Least privilege: after start-up the daemon keeps CAP_BPF alone (nothing
 //! without the kernel gate), in every thread, and can run as another user;
-//! its pins are private to it. Run one at a time.
+//! its pins are private to it. As that user, under a bpffs root only root
+//! may walk (`mode=700`, as systemd and `limiter-bpffs.service` mount it),
+//! it still sees its gate attached. A pin directory that other users can
+//! write, or that lies under one, is refused. Run one at a time.
 
-use std::{io::ErrorKind, os::unix::fs::MetadataExt as _, path::Path};
+use std::{
+    io::ErrorKind,
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
-use limiter_tests::*;
+use limiter_tests::{user::TempUser, *};
+
+/// A bpffs instance of its own, mounted with `mode` on `dir`, unmounted
+/// (which drops its pins) on drop.
+struct Bpffs {
+    dir: PathBuf,
+}
+
+impl Bpffs {
+    fn mount(dir: &Path, mode: &str) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        run("mount", &["-t", "bpf", "-o", &format!("mode={mode}"), "bpf", dir.to_str().unwrap()]).unwrap();
+        Self { dir: dir.to_path_buf() }
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let _ = run("umount", &[self.dir.to_str().unwrap()]);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
 
 const CAP_BPF: u64 = 1 << 39;
 
@@ -102,4 +131,99 @@ fn without_the_gate_the_daemon_keeps_no_capability() {
     assert_eq!(client::get(proxy, "/hello", &[]).status, 200);
     drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, a second user, real sockets; run by `cargo xtask test`"]
+fn as_the_user_under_a_bpffs_root_only_root_may_walk_the_gate_is_reported_attached() {
+    require_kernel!();
+    let user = TempUser::create().unwrap();
+    let mut sb = Sandbox::new().unwrap();
+    let bpffs = Bpffs::mount(&sb.dir.join("bpf"), "700");
+    sb.pin_path = bpffs.dir.join("limiter");
+    let p = free_port();
+    let config = sb.config(&format!("{p}:2"), "http.upstream = sample\nhttp.shedAtSyn = true\n");
+    let daemon = Daemon::start(&config, &["--user", &user.name]).unwrap();
+    // The user cannot walk to its own pins by their path.
+    let root = std::fs::metadata(&bpffs.dir).unwrap();
+    assert_eq!((root.mode() & 0o777, root.uid()), (0o700, 0));
+    let walk = user.run("test", &["-r", sb.pin_path.join("link_sock_ops").to_str().unwrap()]);
+    assert!(!walk.status.success(), "the user could reach the pins by path: the test proves nothing");
+    // The detach check runs every 2 s: let it run twice.
+    std::thread::sleep(Duration::from_millis(4500));
+    daemon.admin_get("/healthz").expect("/healthz answers 200");
+    assert_eq!(daemon.metric("limiter_kernel_gate_attached"), 1.0, "{}", daemon.log());
+    let log = daemon.log();
+    for wrong in ["detached", "cannot look", "coupled shedding unavailable", "CAP_BPF"] {
+        let bad: Vec<&str> =
+            log.lines().filter(|l| l.contains(wrong) && !l.contains("privileges dropped")).collect();
+        assert!(bad.is_empty(), "{wrong:?} in the log: {bad:#?}");
+    }
+    // What dump shows, read by root through the path.
+    let links = links(&dump(&sb.pin_path));
+    assert!(links.contains_key("link_sock_ops") && links.contains_key("link_sk_lookup"), "{links:?}");
+    // `limiter unload --force` under it is still seen as a detach.
+    let out = limiter(&["unload", "--force", "--pin-path", sb.pin_path.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    wait_for_metric(&daemon, "limiter_kernel_gate_attached", 0.0);
+    // The detach check's next run (every 2 s) turns /healthz to 503.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while daemon.admin_get("/healthz").is_ok() {
+        assert!(std::time::Instant::now() < deadline, "/healthz still 200 with the gate gone");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(daemon.log().contains("the kernel gate was detached"), "{}", daemon.log());
+    drop(daemon);
+    drop(bpffs);
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, a second user, real sockets; run by `cargo xtask test`"]
+fn a_pin_directory_that_other_users_can_write_is_refused_naming_it_its_owner_and_mode() {
+    require_kernel!();
+    let user = TempUser::create().unwrap();
+    let mut sb = Sandbox::new().unwrap();
+    // bpffs mounted without mode= is 1777, as the DaemonSet's init
+    // container used to mount it.
+    let bpffs = Bpffs::mount(&sb.dir.join("bpf"), "1777");
+    sb.pin_path = bpffs.dir.join("limiter");
+    let config = sb.config(&format!("{}:2", free_port()), "");
+    let refused = |what: &str| {
+        let out = limiter(&["run", "--config", config.to_str().unwrap()]);
+        let text = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{what}: {text}");
+        assert!(!sb.pin_path.join("link_sock_ops").exists(), "{what}: nothing attached");
+        text
+    };
+    let text = refused("a 1777 bpffs root");
+    let want = format!("{} (owner uid 0, group 0, mode 1777) is writable by others", bpffs.dir.display());
+    assert!(text.contains(&want), "{text}");
+    // A pin directory another user made (so could empty) on a 0700 root.
+    drop(bpffs);
+    let bpffs = Bpffs::mount(&sb.dir.join("bpf"), "700");
+    std::fs::create_dir(&sb.pin_path).unwrap();
+    std::os::unix::fs::chown(&sb.pin_path, Some(user.uid), Some(user.gid)).unwrap();
+    let text = refused("a pin directory of another user");
+    let mode = std::fs::metadata(&sb.pin_path).unwrap().mode() & 0o7777;
+    let want = format!(
+        "{} (owner uid {}, group {}, mode {mode:04o}) is owned by another user",
+        sb.pin_path.display(),
+        user.uid,
+        user.gid
+    );
+    assert!(text.contains(&want), "{text}");
+    // The same directory is the daemon's own with --user naming that user.
+    let daemon = Daemon::start(&config, &["--user", &user.name]).unwrap();
+    assert_eq!(daemon.metric("limiter_kernel_gate_attached"), 1.0);
+    drop(daemon);
+    drop(bpffs);
+}
+
+/// Waits (5 s at most) until `sample` reads `want`.
+fn wait_for_metric(daemon: &Daemon, sample: &str, want: f64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while try_metric(&daemon.metrics(), sample) != Some(want) {
+        assert!(std::time::Instant::now() < deadline, "{sample} never read {want}:\n{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -97,6 +97,11 @@ pub const PROGRAMS: &[Program] = &[
         name: "kubernetes-validate",
         provider: Provider::PyPi { package: "kubernetes-validate", version: "1.37.0" },
     },
+    // A second, unprivileged user for the tests of who can do what.
+    base("useradd", "passwd"),
+    base("userdel", "passwd"),
+    base("id", "coreutils"),
+    debian("setpriv", "util-linux"),
     base("sh", "dash"),
     base("echo", "coreutils"),
     base("sleep", "coreutils"),

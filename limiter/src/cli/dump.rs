@@ -78,9 +78,12 @@ pub fn table(snap: Option<&Snapshot>, daemon: &DaemonView) -> String {
         snap.netns_cookie
     );
     for link in &snap.links {
-        match (link.link_id, link.program_id) {
-            (Some(l), Some(p)) => {
+        match (link.link_id, link.program_id, &link.unreadable) {
+            (Some(l), Some(p), _) => {
                 let _ = writeln!(out, "  {:<15} link {l}, program {p}", link.pin);
+            }
+            (_, _, Some(why)) => {
+                let _ = writeln!(out, "  {:<15} cannot be read ({why})", link.pin);
             }
             _ => {
                 let _ = writeln!(out, "  {:<15} NOT PINNED (not enforcing)", link.pin);

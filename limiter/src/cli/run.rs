@@ -35,7 +35,11 @@ pub fn main(args: Args) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail_config(e),
     };
-    let options = RunOptions { config_path: args.config, unload_on_exit: args.unload_on_exit };
+    let user_uid = match args.user.as_deref().map(privileges::uid_of).transpose() {
+        Ok(uid) => uid,
+        Err(e) => return fail(e),
+    };
+    let options = RunOptions { config_path: args.config, unload_on_exit: args.unload_on_exit, user_uid };
     let prepared = match daemon::prepare(config, options) {
         Ok(p) => p,
         // The unit and the configuration disagree: not worth a restart.

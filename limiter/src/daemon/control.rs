@@ -18,7 +18,7 @@ use crate::{
     },
     breaker::{self, Mode},
     config::{Config, Secret},
-    kernel::KernelError,
+    kernel::{Attachment, KernelError},
     metrics::{self, Page},
     proxy::Proxy,
     proxy::proto::Proto,
@@ -40,6 +40,9 @@ pub struct Daemon {
     /// The gate was detached under the running daemon (`limiter unload
     /// --force`): `/healthz` answers 503.
     pub(super) gate_lost: AtomicBool,
+    /// The daemon could not look whether the gate is attached (said once;
+    /// not a detach).
+    pub(super) gate_unknown: AtomicBool,
     /// The coupled shedding's controller (with a gate and a proxy).
     pub(super) shedding: Option<Arc<shedding::Status>>,
 }
@@ -59,11 +62,26 @@ impl Daemon {
     /// says so loudly (it stays so: only a restart attaches it again).
     pub fn check_gate(&self) {
         let Some(g) = &self.gate else { return };
-        if !g.read().attached() && !self.gate_lost.swap(true, Ordering::Relaxed) {
-            tracing::error!(
-                "the kernel gate was detached under the running daemon (limiter unload --force?): nothing \
-                 is refused at the SYN now; /healthz answers 503; restart the daemon to attach it again"
-            );
+        match g.read().attachment() {
+            Attachment::Attached => {}
+            Attachment::Detached => {
+                if !self.gate_lost.swap(true, Ordering::Relaxed) {
+                    tracing::error!(
+                        "the kernel gate was detached under the running daemon (limiter unload --force?): \
+                         nothing is refused at the SYN now; /healthz answers 503; restart the daemon to \
+                         attach it again"
+                    );
+                }
+            }
+            // Not a detach: the gate may well be enforcing. Said once.
+            Attachment::Unknown(why) => {
+                if !self.gate_unknown.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        why = %why,
+                        "cannot look whether the kernel gate is still attached; not reported as detached"
+                    );
+                }
+            }
         }
     }
 

@@ -19,9 +19,10 @@ pub struct HeldGate {
 }
 
 impl HeldGate {
-    /// Loads or adopts the gate `config` describes, logging what was done.
-    pub fn start(config: &KernelConfig) -> Result<Self, KernelError> {
-        let kernel::Started { gate, origin, target, changes, xdp, walked } = Gate::start(config)?;
+    /// Loads or adopts the gate `config` describes, logging what was done
+    /// (`owners`: see [`Gate::start`]).
+    pub fn start(config: &KernelConfig, owners: &[u32]) -> Result<Self, KernelError> {
+        let kernel::Started { gate, origin, target, changes, xdp, walked } = Gate::start(config, owners)?;
         let origin = match origin {
             Origin::Loaded { mounted_bpffs } => {
                 tracing::info!(

@@ -75,6 +75,8 @@ pub struct RunOptions {
     pub config_path: PathBuf,
     /// Remove the gate when the daemon stops (demos and tests).
     pub unload_on_exit: bool,
+    /// The uid of `--user`, which may own the pin directory.
+    pub user_uid: Option<u32>,
 }
 
 /// What [`prepare`] set up with the privileges the daemon starts with.
@@ -165,7 +167,8 @@ pub fn prepare(config: Config, options: RunOptions) -> Result<Prepared, DaemonEr
         None => None,
     };
     passed.finish()?;
-    let gate = if config.kernel.enabled { Some(HeldGate::start(&config.kernel)?) } else { None };
+    let owners: Vec<u32> = options.user_uid.into_iter().collect();
+    let gate = if config.kernel.enabled { Some(HeldGate::start(&config.kernel, &owners)?) } else { None };
     match (&gate, &http) {
         (None, _) => tracing::info!("kernel.enabled = false: HTTP proxy only, no kernel gate"),
         (Some(_), None) => tracing::info!(
@@ -239,7 +242,7 @@ pub async fn run(
     // the proxy (its pools say when); it runs whenever both do, so a
     // reload can switch http.shedAtSyn on.
     let shed = match (&gate, &proxy, &http_listeners) {
-        (Some(_), Some(_), Some(listeners)) => {
+        (Some(gate), Some(_), Some(listeners)) => {
             let mut ports: Vec<u16> = listeners
                 .plain
                 .iter()
@@ -248,7 +251,10 @@ pub async fn run(
                 .collect();
             ports.sort_unstable();
             ports.dedup();
-            match kernel::shed::ShedFlags::open(&pin_path) {
+            // Through the pin directory the gate holds open: the daemon may
+            // have dropped to a user that cannot walk to it by its path.
+            let reach = gate.read().reach().to_path_buf();
+            match kernel::shed::ShedFlags::open(&reach) {
                 Ok(flags) => Some((flags, shedding::Status::new(ports))),
                 Err(e) => {
                     tracing::error!(error = %e, "coupled shedding unavailable: cannot open the kernel's shedding flags");
@@ -268,6 +274,7 @@ pub async fn run(
         reloads_ok: AtomicU64::new(0),
         reloads_failed: AtomicU64::new(0),
         gate_lost: AtomicBool::new(false),
+        gate_unknown: AtomicBool::new(false),
         shedding: shed.as_ref().map(|(_, s)| s.clone()),
     });
     let shed_task = match (shed, &proxy) {

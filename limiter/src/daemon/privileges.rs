@@ -50,6 +50,17 @@ fn io_step(step: impl Into<String>) -> impl FnOnce(std::io::Error) -> PrivilegeE
     move |source| PrivilegeError::Io { step, source }
 }
 
+/// The uid of the user `name` (`--user`).
+pub fn uid_of(name: &str) -> Result<u32, PrivilegeError> {
+    Ok(user(name)?.uid.as_raw())
+}
+
+fn user(name: &str) -> Result<User, PrivilegeError> {
+    User::from_name(name)
+        .map_err(|source| PrivilegeError::LookUp { user: name.to_owned(), source })?
+        .ok_or_else(|| PrivilegeError::NoSuchUser(name.to_owned()))
+}
+
 /// The capabilities kept after start-up.
 pub fn kept(kernel: bool) -> CapsHashSet {
     let mut set = CapsHashSet::new();
@@ -63,14 +74,7 @@ pub fn kept(kernel: bool) -> CapsHashSet {
 /// the only thread of the process.
 pub fn drop_to(user: Option<&str>, pin_dir: Option<&Path>) -> Result<(), PrivilegeError> {
     let keep = kept(pin_dir.is_some());
-    let target = match user {
-        Some(name) => Some(
-            User::from_name(name)
-                .map_err(|source| PrivilegeError::LookUp { user: name.to_owned(), source })?
-                .ok_or_else(|| PrivilegeError::NoSuchUser(name.to_owned()))?,
-        ),
-        None => None,
-    };
+    let target = user.map(self::user).transpose()?;
     // While CAP_SETPCAP is still effective: nothing outside `keep` can be
     // regained, by this process or anything it runs.
     // (Without CAP_SETPCAP, e.g. started as an ordinary user for the proxy

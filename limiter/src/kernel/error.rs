@@ -53,6 +53,8 @@ pub enum KernelError {
          mount such as /sys/fs/bpf"
     )]
     PinDirNotBpffs(PathBuf),
+    #[error("kernel.pinPath {}: {untrusted}", pin_dir.display())]
+    UntrustedPinDir { pin_dir: PathBuf, untrusted: super::pin_trust::Untrusted },
     #[error(
         "could not mount bpffs on {dir} ({}): mount it yourself with `mount -t bpf bpf {dir}`",
         source.desc(), dir = dir.display()

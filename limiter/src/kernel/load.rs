@@ -90,9 +90,14 @@ impl Gate {
     /// Probes the environment, then adopts the gate pinned at
     /// `config.pin_path` or loads and attaches a new one, and applies the
     /// configured limits and trusted prefixes.
-    pub fn start(config: &KernelConfig) -> Result<Started, KernelError> {
+    ///
+    /// `owners`: the uids besides root's that may own the pin directory
+    /// and those above it (the daemon's own, the `--user`'s); see
+    /// `pin_trust`.
+    pub fn start(config: &KernelConfig, owners: &[u32]) -> Result<Started, KernelError> {
         let probed = probe(config)?;
         let mounted_bpffs = env::ensure_bpffs(&config.pin_path)?;
+        env::check_pin_trust(&config.pin_path, owners)?;
         match pins::pin_state(&config.pin_path) {
             PinState::Complete => return adopt(config, probed),
             PinState::Partial(stale) => pins::remove_stale(stale)?,
@@ -424,7 +429,7 @@ impl Links for Swap<'_> {
 
 /// The program behind the link pinned at `path` (0 if it cannot be read).
 fn linked_program(path: &Path) -> u32 {
-    pins::link_info(path).map_or(0, |i| i.program_id())
+    pins::link_info(path).ok().flatten().map_or(0, |i| i.program_id())
 }
 
 /// Runs the start-up walk (twice, see `limiter-ebpf/src/walk.rs`) inside

@@ -20,6 +20,7 @@ use limiter_common::{
 
 use super::{
     Incompatible, KernelError, env,
+    reach::PinReach,
     source_index::{Groups, ReadCost, SourceIndex},
 };
 use crate::config::{KernelConfig, Prefix};
@@ -27,6 +28,9 @@ use crate::config::{KernelConfig, Prefix};
 /// Open handles on a pinned gate's maps.
 pub struct Gate {
     pin_dir: PathBuf,
+    /// The pin directory held open: what the views read after the daemon
+    /// has dropped its privileges (`reach`).
+    reach: PinReach,
     limits: Array<MapData, PortLimit>,
     listed: HashMap<MapData, PortKey, PortLimit>,
     stats: Array<MapData, PortStats>,
@@ -132,8 +136,11 @@ impl Gate {
         if u64::from(sources.len()) != expected {
             return Err(incompatible(Incompatible::SourceTable { found: sources.len(), expected }));
         }
+        let reach = PinReach::open(pin_dir)
+            .map_err(|e| KernelError::io(format!("opening the pin directory {}", pin_dir.display()), e))?;
         Ok(Self {
             pin_dir: pin_dir.to_path_buf(),
+            reach,
             limits: Array::try_from(open(map_names::LIMITS)?).map_err(bad(map_names::LIMITS))?,
             listed: HashMap::try_from(open(map_names::LISTED)?).map_err(bad(map_names::LISTED))?,
             stats: Array::try_from(open(map_names::STATS)?).map_err(bad(map_names::STATS))?,
@@ -153,6 +160,12 @@ impl Gate {
     /// The directory the maps are pinned in.
     pub(super) fn pin_dir(&self) -> &Path {
         &self.pin_dir
+    }
+
+    /// The pin directory reached through the descriptor the gate holds:
+    /// the path to open pins by, with or without privileges.
+    pub fn reach(&self) -> &Path {
+        self.reach.path()
     }
 
     /// The gate's configuration as the kernel has it.
@@ -364,11 +377,13 @@ pub(super) fn open_pinned(pin_dir: &Path, name: &'static str) -> Result<Map, Ker
         MapError::SyscallError(ref s) if s.io_error.kind() == io::ErrorKind::NotFound => {
             incompatible(Incompatible::MissingMap(name))
         }
-        MapError::SyscallError(ref s)
-            if s.io_error.raw_os_error() == Some(libc::EPERM)
-                || s.io_error.raw_os_error() == Some(libc::EACCES) =>
-        {
+        // EPERM: bpf(2) itself was refused (no CAP_BPF where unprivileged
+        // BPF is off); EACCES: the path or the pin's mode was.
+        MapError::SyscallError(ref s) if s.io_error.raw_os_error() == Some(libc::EPERM) => {
             KernelError::Privileges { missing: "CAP_BPF".into() }
+        }
+        MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::EACCES) => {
+            KernelError::io(format!("opening pinned map {}", pin_dir.join(name).display()), s.io_error)
         }
         other => KernelError::Map { what: format!("opening pinned map {name}"), source: other },
     })?;

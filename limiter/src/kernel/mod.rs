@@ -6,6 +6,10 @@
 //! - `load`: [`Gate::start`], adopting a pinned gate or loading a new one,
 //!   one sequence for both;
 //! - `pins`: the pin directory (which pins are ours, rollback, [`unload`]);
+//! - `pin_trust`: who may own and write the pin directory and those
+//!   above it;
+//! - `reach`: the pin directory held open, so the daemon still reaches
+//!   it after dropping privileges;
 //! - `maps`: [`Gate`], the map handles and every read and write;
 //! - `source_index`: reading the source table by what changed;
 //! - `migrate`: pinned layouts older than this binary's, migrated in place;
@@ -55,7 +59,9 @@ mod link_kind;
 mod load;
 mod maps;
 mod migrate;
+mod pin_trust;
 mod pins;
+mod reach;
 pub mod shared_memory;
 pub mod shed;
 mod source_index;
@@ -69,4 +75,4 @@ pub use maps::{Gate, LimitChange};
 pub use pins::{LINK_COUNT, LINK_REFUSE, LINK_XDP_PREFIX, OWN_PINS, Unloaded, unload};
 #[cfg(test)]
 pub(crate) use view::every_refusal;
-pub use view::{LinkRow, PortRow, RefusalRow, Snapshot, SourceRow, TOP_SOURCES};
+pub use view::{Attachment, LinkRow, PortRow, RefusalRow, Snapshot, SourceRow, TOP_SOURCES};

@@ -11,7 +11,7 @@ use std::{
 
 use aya::{
     maps::Map,
-    programs::links::{FdLink, LinkInfo, PinnedLink},
+    programs::links::{FdLink, LinkError, LinkInfo, PinnedLink},
 };
 use limiter_common::map_names;
 use serde::Serialize;
@@ -133,10 +133,15 @@ pub(super) fn remove_stale(stale: Vec<PathBuf>) -> Result<(), KernelError> {
     Ok(())
 }
 
-/// What the link pinned at `path` says about itself (`None` if it cannot
-/// be read).
-pub(super) fn link_info(path: &Path) -> Option<LinkInfo> {
-    PinnedLink::from_pin(path).ok().map(FdLink::from).and_then(|l| l.info().ok())
+/// What the link pinned at `path` says about itself: `None` when there
+/// is no such pin; an error when the pin is there but could not be read
+/// (the link's state is then unknown, not detached).
+pub(super) fn link_info(path: &Path) -> Result<Option<LinkInfo>, String> {
+    match PinnedLink::from_pin(path) {
+        Ok(link) => FdLink::from(link).info().map(Some).map_err(|e| format!("reading the link's info: {e}")),
+        Err(LinkError::SyscallError(e)) if e.io_error.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("opening the pin: {e}")),
+    }
 }
 
 /// The pins a load made so far, removed on drop (links first, so nothing

@@ -130,6 +130,37 @@ pub struct LinkRow {
     pub pin: String,
     pub link_id: Option<u32>,
     pub program_id: Option<u32>,
+    /// Why the pin could not be looked at (it exists, but opening it
+    /// failed): the link's state is unknown, not detached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<String>,
+}
+
+/// Whether the counting and refusing links are attached, as far as the
+/// daemon can look.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Attachment {
+    Attached,
+    /// A fixed link's pin is gone: `limiter unload` ran under the daemon.
+    Detached,
+    /// A pin is there but could not be opened: nothing is known.
+    Unknown(String),
+}
+
+impl Attachment {
+    /// What the rows say of the fixed links.
+    pub fn of(links: &[LinkRow]) -> Self {
+        let fixed = links.iter().filter(|l| [LINK_COUNT, LINK_REFUSE].contains(&l.pin.as_str()));
+        let mut out = Self::Attached;
+        for link in fixed {
+            match (&link.unreadable, link.link_id) {
+                (Some(why), _) => out = Self::Unknown(format!("{}: {why}", link.pin)),
+                (None, None) => return Self::Detached,
+                (None, Some(_)) => {}
+            }
+        }
+        out
+    }
 }
 
 /// A client group with connections now.
@@ -215,24 +246,26 @@ impl Gate {
 
     /// Whether the counting and refusing links are still pinned and
     /// attached (a few syscalls: the link pins only).
-    pub fn attached(&self) -> bool {
-        let fixed = [LINK_COUNT, LINK_REFUSE];
-        self.links().iter().filter(|l| fixed.contains(&l.pin.as_str())).all(|l| l.link_id.is_some())
+    pub fn attachment(&self) -> Attachment {
+        Attachment::of(&self.links())
     }
 
-    /// The fixed links, then the XDP links.
+    /// The fixed links, then the XDP links, looked at through the pin
+    /// directory the gate holds open (so the answer is the same before
+    /// and after the daemon drops its privileges).
     fn links(&self) -> Vec<LinkRow> {
         let mut names: Vec<String> = [LINK_COUNT, LINK_REFUSE].iter().map(|s| (*s).to_owned()).collect();
-        names.extend(pins::xdp_interfaces(self.pin_dir()).iter().map(|i| pins::xdp_link(i)));
+        names.extend(pins::xdp_interfaces(self.reach()).iter().map(|i| pins::xdp_link(i)));
         names
             .into_iter()
-            .map(|pin| {
-                let info = pins::link_info(&self.pin_dir().join(&pin));
-                LinkRow {
+            .map(|pin| match pins::link_info(&self.reach().join(&pin)) {
+                Ok(info) => LinkRow {
                     pin,
                     link_id: info.as_ref().map(|i| i.id()),
                     program_id: info.as_ref().map(|i| i.program_id()),
-                }
+                    unreadable: None,
+                },
+                Err(why) => LinkRow { pin, link_id: None, program_id: None, unreadable: Some(why) },
             })
             .collect()
     }

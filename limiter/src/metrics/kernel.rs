@@ -3,7 +3,7 @@
 use limiter_common::{Named, path, reason};
 
 use super::Page;
-use crate::kernel::{PortRow, Snapshot};
+use crate::kernel::{Attachment, PortRow, Snapshot};
 
 /// Writes the kernel gate's families.
 pub fn write(page: &mut Page, snap: &Snapshot) {
@@ -124,14 +124,20 @@ pub fn write(page: &mut Page, snap: &Snapshot) {
             page.sample("limiter_kernel_shed_probes_total", &[("port", port)], r.shed_probes);
         }
     }
-    let fixed = ["link_sock_ops", "link_sk_lookup"];
-    let attached = snap.links.iter().filter(|l| fixed.contains(&l.pin.as_str())).all(|l| l.link_id.is_some());
     page.family(
         "limiter_kernel_gate_attached",
         "gauge",
-        "1 while the counting and refusing programs are pinned and attached; 0 after `limiter unload`.",
-    )
-    .sample("limiter_kernel_gate_attached", &[], u8::from(attached));
+        "1 while the counting and refusing programs are pinned and attached; 0 after `limiter unload`; no sample while a pin cannot be read.",
+    );
+    match Attachment::of(&snap.links) {
+        Attachment::Attached => {
+            page.sample("limiter_kernel_gate_attached", &[], 1u8);
+        }
+        Attachment::Detached => {
+            page.sample("limiter_kernel_gate_attached", &[], 0u8);
+        }
+        Attachment::Unknown(_) => {}
+    }
     page.family(
         "limiter_kernel_xdp_attached",
         "gauge",

@@ -1,0 +1,152 @@
+//! Whether the pin directory can be trusted: whoever can write it, or a
+//! directory above it, can remove the link pins (the gate is gone) or move
+//! the permit ledger aside (a handover no longer shares permits). So the
+//! pin directory and every directory above it must belong to root or to
+//! the daemon's own user (`--user`), and no one else may write them:
+//!
+//! - on bpffs (the pin directory up to the mount's root): no write bit for
+//!   others, and a group write bit only for root's group; a bpffs mounted
+//!   without `mode=` is `1777`, and is refused;
+//! - above the mount (`/sys/fs`, say): the same, except that a sticky
+//!   directory writable by all (`/tmp`) is accepted, since no one but its
+//!   owner can rename or remove the entry below it.
+
+use std::{
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+};
+
+/// One directory on the way from the pin directory to `/`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    pub dir: PathBuf,
+    pub uid: u32,
+    pub gid: u32,
+    pub mode: u32,
+    pub on_bpffs: bool,
+}
+
+/// A directory that fails the rule: which, whose, what mode, and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{} (owner uid {uid}, group {gid}, mode {mode:04o}) {why}: any local user who can write it can \
+     remove the gate's pins; the pin directory and every directory above it must belong to root or \
+     the --user, writable by no one else (mount bpffs with mode=700)",
+    dir.display()
+)]
+pub struct Untrusted {
+    pub dir: PathBuf,
+    pub uid: u32,
+    pub gid: u32,
+    pub mode: u32,
+    pub why: &'static str,
+}
+
+/// Judges the steps, the pin directory's first; `owners` are the uids
+/// besides root's that may own them (the daemon's own, the `--user`'s).
+pub fn judge(steps: &[Step], owners: &[u32]) -> Result<(), Untrusted> {
+    for s in steps {
+        let fail =
+            |why| Err(Untrusted { dir: s.dir.clone(), uid: s.uid, gid: s.gid, mode: s.mode & 0o7777, why });
+        if s.uid != 0 && !owners.contains(&s.uid) {
+            return fail("is owned by another user");
+        }
+        let sticky = s.mode & 0o1000 != 0;
+        if s.mode & 0o002 != 0 && (s.on_bpffs || !sticky) {
+            return fail("is writable by others");
+        }
+        if s.mode & 0o020 != 0 && s.gid != 0 && (s.on_bpffs || !sticky) {
+            return fail("is writable by its group");
+        }
+    }
+    Ok(())
+}
+
+/// The existing directories from `pin_dir` (or its nearest existing
+/// ancestor) up to `/`, as they are now.
+pub fn steps(pin_dir: &Path, is_bpffs: impl Fn(&Path) -> bool) -> std::io::Result<Vec<Step>> {
+    let mut out = Vec::new();
+    for dir in pin_dir.ancestors().filter(|d| !d.as_os_str().is_empty()) {
+        let meta = match std::fs::metadata(dir) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        out.push(Step {
+            dir: dir.to_path_buf(),
+            uid: meta.uid(),
+            gid: meta.gid(),
+            mode: meta.mode(),
+            on_bpffs: is_bpffs(dir),
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(dir: &str, uid: u32, gid: u32, mode: u32, on_bpffs: bool) -> Step {
+        Step { dir: dir.into(), uid, gid, mode: 0o040000 | mode, on_bpffs }
+    }
+
+    fn chain(bpffs_root_mode: u32) -> Vec<Step> {
+        vec![
+            step("/sys/fs/bpf/limiter", 0, 0, 0o700, true),
+            step("/sys/fs/bpf", 0, 0, bpffs_root_mode, true),
+            step("/sys/fs", 0, 0, 0o755, false),
+            step("/sys", 0, 0, 0o555, false),
+            step("/", 0, 0, 0o755, false),
+        ]
+    }
+
+    #[test]
+    fn a_bpffs_mounted_mode_700_is_trusted() {
+        assert_eq!(judge(&chain(0o700), &[]), Ok(()));
+    }
+
+    #[test]
+    fn a_bpffs_mounted_without_mode_is_refused_naming_it() {
+        let e = judge(&chain(0o1777), &[]).unwrap_err();
+        assert_eq!(
+            (e.dir.as_path(), e.mode, e.why),
+            (Path::new("/sys/fs/bpf"), 0o1777, "is writable by others")
+        );
+        let text = e.to_string();
+        assert!(
+            text.starts_with("/sys/fs/bpf (owner uid 0, group 0, mode 1777) is writable by others"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_pin_directory_may_be_the_users_but_no_one_elses() {
+        let mut steps = chain(0o700);
+        steps[0].uid = 999;
+        assert_eq!(judge(&steps, &[999]), Ok(()));
+        let e = judge(&steps, &[998]).unwrap_err();
+        assert_eq!(
+            (e.dir.as_path(), e.uid, e.why),
+            (Path::new("/sys/fs/bpf/limiter"), 999, "is owned by another user")
+        );
+    }
+
+    #[test]
+    fn group_write_is_refused_unless_the_group_is_roots() {
+        let mut steps = chain(0o700);
+        steps[0].mode = 0o040770;
+        assert_eq!(judge(&steps, &[]), Ok(()));
+        steps[0].gid = 100;
+        assert_eq!(judge(&steps, &[]).unwrap_err().why, "is writable by its group");
+    }
+
+    #[test]
+    fn a_sticky_directory_above_the_mount_is_accepted_but_not_on_bpffs() {
+        let mut steps = chain(0o700);
+        steps[2] = step("/tmp", 0, 0, 0o1777, false);
+        assert_eq!(judge(&steps, &[]), Ok(()));
+        steps[2].mode = 0o040777;
+        assert_eq!(judge(&steps, &[]).unwrap_err().why, "is writable by others");
+    }
+}
