@@ -15,8 +15,41 @@
 //! A record is live while its owner beats: every 500 ms it writes the
 //! boot-time clock (shared by every PID namespace, so pods can share the
 //! ledger). A record that has not beaten for 2 s belongs to a daemon that
-//! died: its counts are ignored, its slot reused, and a lock it held is
-//! taken over. A daemon that leaves clears its record.
+//! died, and so does one whose beat lies more than 500 ms (a beat) ahead
+//! of the reader's clock (a clock that is not ours, or a forged beat): its
+//! counts are ignored and its slot reused. A daemon that leaves clears its
+//! record.
+//!
+//! The lock is held for a few instructions. A waiter that sees the lock
+//! word name the same holder for over 2 s on its own clock takes it over,
+//! whoever it names, with a warning: a daemon killed or stopped while
+//! holding it, a live one that keeps it, or a value another writer left
+//! there, this daemon's own token included (a process lock orders this
+//! daemon's threads before the ledger's, so the word names this daemon
+//! while it waits only if someone else wrote it). A holder that was only
+//! stopped may then decide at the same time as the taker, neither seeing
+//! the other's decision; it does not release the taker's lock when it
+//! lets go.
+//!
+//! A daemon checks at each beat and each time it takes the lock that its
+//! record still holds its token. If another writer took the record (one
+//! that writes the memory, or a third daemon that found it silent while
+//! this one was stopped for 2 s), it logs an error, writes nothing more
+//! there and counts every live record as another daemon's; it claims a
+//! free or silent record again as soon as there is one and writes there
+//! what it holds. It keeps its own counts: it always publishes its totals,
+//! never a change added to what the record says.
+//!
+//! What a writer of the memory can do: while it keeps writing (a live
+//! record holding the limits, or a lock word it keeps changing), keep
+//! admission refused, as a live daemon holding everything would; by
+//! writing zeros in the other record, let each daemon admit up to the
+//! limits by itself, as without a ledger. What it cannot do: make one
+//! daemon admit more than the limits (a count is read as at most 2^30, so
+//! adding it to the daemon's own cannot wrap), or keep anything it left
+//! working against admission once it stops: a beat it wrote goes silent
+//! within 2.5 s, a lock word is taken over after 2 s, and a record it took
+//! from a daemon is claimed back 2 s after its last beat there.
 //!
 //! Sessions are published in a table of 4,096 slots per record; a session
 //! that finds no slot in 16 probes is counted only locally (the other
@@ -27,10 +60,12 @@
 //! session table as `(key, count)` pairs.
 
 use std::{
+    cell::RefCell,
+    collections::HashMap,
     path::{Path, PathBuf},
     sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -65,6 +100,17 @@ pub const BYTES: u32 = ((HEADER + OWNERS * OWNER_WORDS) * 8) as u32;
 const BEAT_EVERY: Duration = Duration::from_millis(500);
 /// A record older than this belongs to a daemon that is gone.
 const STALE_MS: u64 = 2000;
+/// A record whose beat lies further ahead of the reader's clock than this
+/// (one beat) is gone too.
+const AHEAD_MS: u64 = BEAT_EVERY.as_millis() as u64;
+/// A lock word that names the same holder for longer than this is taken
+/// over, whoever it names.
+const LOCK_MS: u64 = STALE_MS;
+/// The most a count of another record is read as: far above any limit, and
+/// a daemon's own count added to it cannot wrap a `u32`.
+const COUNT_MAX: u64 = 1 << 30;
+/// [`Ledger::record`] while this daemon has none.
+const NO_RECORD: usize = usize::MAX;
 
 /// Why a daemon could not join the ledger.
 #[derive(Debug, thiserror::Error)]
@@ -81,14 +127,30 @@ pub enum LedgerError {
 /// This daemon's record in the shared ledger.
 pub struct Ledger {
     mem: Mapping,
-    me: usize,
+    clock: Clock,
     token: u64,
+    /// This daemon's record, or [`NO_RECORD`] while another writer has the
+    /// one it had and none is free; changed under `mine`'s lock.
+    record: AtomicUsize,
+    /// What this daemon has published; its lock orders this daemon's
+    /// threads before the ledger's lock.
+    mine: Mutex<Mine>,
     unpublished: AtomicU64,
+}
+
+/// What this daemon has published: its record is written from this, never
+/// read back.
+#[derive(Debug, Default)]
+struct Mine {
+    /// Normal, reserved and web-client permits.
+    counts: [u64; 3],
+    /// Requests in flight by session key, for sessions that have a slot.
+    sessions: HashMap<u64, u64>,
 }
 
 impl std::fmt::Debug for Ledger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ledger").field("record", &self.me).finish_non_exhaustive()
+        f.debug_struct("Ledger").field("record", &self.record()).finish_non_exhaustive()
     }
 }
 
@@ -108,9 +170,28 @@ pub struct Change {
     pub web: i64,
 }
 
+/// Milliseconds of CLOCK_BOOTTIME.
 fn now_ms() -> u64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
         .map_or(0, |t| t.tv_sec() as u64 * 1000 + t.tv_nsec() as u64 / 1_000_000)
+}
+
+/// What records beat with and what a waiter times a held lock by: the
+/// boot-time clock, or in tests a clock moved by hand.
+#[derive(Clone, Debug, Default)]
+struct Clock {
+    #[cfg(test)]
+    fake: Option<Arc<AtomicU64>>,
+}
+
+impl Clock {
+    fn now_ms(&self) -> u64 {
+        #[cfg(test)]
+        if let Some(ms) = &self.fake {
+            return ms.load(Ordering::SeqCst);
+        }
+        now_ms()
+    }
 }
 
 impl Ledger {
@@ -118,6 +199,15 @@ impl Ledger {
     /// free record, or one whose owner stopped beating, waiting up to
     /// `wait` for one.
     pub fn join(mem: Mapping, pin_dir: &Path, wait: Duration) -> Result<Arc<Self>, LedgerError> {
+        Self::join_with(mem, pin_dir, wait, Clock::default())
+    }
+
+    fn join_with(
+        mem: Mapping,
+        pin_dir: &Path,
+        wait: Duration,
+        clock: Clock,
+    ) -> Result<Arc<Self>, LedgerError> {
         assert!(mem.words().len() >= BYTES as usize / 8, "the mapping holds the ledger");
         let token = fastrand::u64(1..);
         let start = Instant::now();
@@ -127,25 +217,17 @@ impl Ledger {
             if format != 0 && format != FORMAT_ID {
                 return Err(LedgerError::Format(pin_dir.to_path_buf()));
             }
-            let free = (0..OWNERS).find(|&o| {
-                let t = w[owner(o) + TOKEN].load(Ordering::Acquire);
-                t == 0 || stale(w[owner(o) + BEAT].load(Ordering::Acquire))
-            });
-            if let Some(o) = free {
-                let guard = lock_words(w, token);
+            if (0..OWNERS).any(|o| free(w, o, clock.now_ms())) {
+                let guard = lock_words(w, token, &clock);
                 // Checked again under the lock: the other may have just joined.
-                let t = w[owner(o) + TOKEN].load(Ordering::Relaxed);
-                if t == 0 || stale(w[owner(o) + BEAT].load(Ordering::Relaxed)) {
+                let now = clock.now_ms();
+                if let Some(o) = (0..OWNERS).find(|&o| free(w, o, now)) {
                     if w[FORMAT].load(Ordering::Relaxed) == 0 {
                         w[SEED].store(super::session::random_u64(), Ordering::Relaxed);
                         w[SEED + 1].store(super::session::random_u64(), Ordering::Relaxed);
                         w[FORMAT].store(FORMAT_ID, Ordering::Relaxed);
                     }
-                    for word in &w[owner(o)..owner(o) + OWNER_WORDS] {
-                        word.store(0, Ordering::Relaxed);
-                    }
-                    w[owner(o) + BEAT].store(now_ms(), Ordering::Relaxed);
-                    w[owner(o) + TOKEN].store(token, Ordering::Relaxed);
+                    claim(w, o, token, now);
                     drop(guard);
                     break o;
                 }
@@ -158,7 +240,14 @@ impl Ledger {
             std::thread::sleep(Duration::from_millis(100));
         };
         tracing::debug!(record = me, "joined the HTTP permit ledger");
-        Ok(Arc::new(Self { mem, me, token, unpublished: AtomicU64::new(0) }))
+        Ok(Arc::new(Self {
+            mem,
+            clock,
+            token,
+            record: AtomicUsize::new(me),
+            mine: Mutex::default(),
+            unpublished: AtomicU64::new(0),
+        }))
     }
 
     /// Beats every 500 ms while the ledger is in use (run it as a task from
@@ -180,10 +269,22 @@ impl Ledger {
         (w[SEED].load(Ordering::Relaxed), w[SEED + 1].load(Ordering::Relaxed))
     }
 
-    /// Tells the other daemon this one is alive.
+    /// Tells the other daemon this one is alive, in its record if the
+    /// record still holds its token; if not, takes the lock, which notices
+    /// the loss and claims a free record if there is one.
     pub fn beat(&self) {
         let w = self.mem.words();
-        w[owner(self.me) + BEAT].store(now_ms(), Ordering::Release);
+        match self.record() {
+            Some(me) if w[owner(me) + TOKEN].load(Ordering::Acquire) == self.token => {
+                w[owner(me) + BEAT].store(self.clock.now_ms(), Ordering::Release);
+            }
+            _ => drop(self.lock()),
+        }
+    }
+
+    /// This daemon's record, if it has one.
+    fn record(&self) -> Option<usize> {
+        Some(self.record.load(Ordering::Relaxed)).filter(|&r| r != NO_RECORD)
     }
 
     /// Sessions that found no slot in the shared table (counted locally only).
@@ -192,25 +293,65 @@ impl Ledger {
     }
 
     /// Takes the ledger's lock (a few instructions while the other daemon
-    /// does not hold it).
+    /// does not hold it, 2 s at most while a holder keeps it), checking
+    /// that this daemon's record is still its own.
     pub fn lock(&self) -> Locked<'_> {
+        let mut mine = self.mine.lock().unwrap_or_else(PoisonError::into_inner);
         let w = self.mem.words();
-        let peer = owner(1 - self.me);
-        let guard = lock_words(w, self.token);
-        let live = {
-            let t = w[peer + TOKEN].load(Ordering::Relaxed);
-            t != 0 && !stale(w[peer + BEAT].load(Ordering::Relaxed))
-        };
-        Locked { ledger: self, peer: live.then_some(peer), _guard: guard }
+        let guard = lock_words(w, self.token, &self.clock);
+        let now = self.clock.now_ms();
+        let mut me = self.record();
+        if let Some(r) = me
+            && w[owner(r) + TOKEN].load(Ordering::Relaxed) != self.token
+        {
+            tracing::error!(
+                record = r,
+                "another writer took this daemon's record in the HTTP permit ledger: the other daemon \
+                 does not see what this one holds until it has a record again"
+            );
+            me = None;
+            self.record.store(NO_RECORD, Ordering::Relaxed);
+        }
+        if me.is_none()
+            && let Some(o) = (0..OWNERS).find(|&o| free(w, o, now))
+        {
+            claim(w, o, self.token, now);
+            self.republish(w, o, &mut mine);
+            me = Some(o);
+            self.record.store(o, Ordering::Relaxed);
+            tracing::warn!(record = o, "claimed a record in the HTTP permit ledger again");
+        }
+        let counted = std::array::from_fn(|o| me != Some(o) && !free(w, o, now));
+        Locked { ledger: self, counted, _guard: guard, mine: RefCell::new(mine) }
+    }
+
+    /// Writes what this daemon holds into record `o`, just claimed.
+    fn republish(&self, w: &[AtomicU64], o: usize, mine: &mut Mine) {
+        let at = owner(o);
+        for (i, c) in [NORMAL, RESERVED, WEB].into_iter().zip(mine.counts) {
+            w[at + i].store(c, Ordering::Relaxed);
+        }
+        mine.sessions.retain(|&key, &mut n| {
+            let slot = probes(key).find(|&i| w[at + session(i) + 1].load(Ordering::Relaxed) == 0);
+            if let Some(i) = slot {
+                w[at + session(i)].store(key, Ordering::Relaxed);
+                w[at + session(i) + 1].store(n, Ordering::Relaxed);
+            } else {
+                self.unpublished.fetch_add(1, Ordering::Relaxed);
+            }
+            slot.is_some()
+        });
     }
 }
 
 impl Drop for Ledger {
     fn drop(&mut self) {
         let w = self.mem.words();
-        let guard = lock_words(w, self.token);
-        if w[owner(self.me) + TOKEN].load(Ordering::Relaxed) == self.token {
-            for word in &w[owner(self.me)..owner(self.me) + OWNER_WORDS] {
+        let guard = lock_words(w, self.token, &self.clock);
+        if let Some(me) = self.record()
+            && w[owner(me) + TOKEN].load(Ordering::Relaxed) == self.token
+        {
+            for word in &w[owner(me)..owner(me) + OWNER_WORDS] {
                 word.store(0, Ordering::Relaxed);
             }
         }
@@ -221,9 +362,11 @@ impl Drop for Ledger {
 /// The ledger while this daemon holds its lock.
 pub struct Locked<'a> {
     ledger: &'a Ledger,
-    /// The other record, if its daemon is alive.
-    peer: Option<usize>,
+    /// The records counted as other daemons': every live one but this
+    /// daemon's own (both while it has none).
+    counted: [bool; OWNERS],
     _guard: Guard<'a>,
+    mine: RefCell<MutexGuard<'a, Mine>>,
 }
 
 impl Locked<'_> {
@@ -231,49 +374,77 @@ impl Locked<'_> {
         self.ledger.mem.words()
     }
 
+    /// Word indexes of the records counted as other daemons'.
+    fn others_records(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..OWNERS).filter(|&o| self.counted[o]).map(owner)
+    }
+
     /// Whether another daemon serves the gate now.
     pub fn has_peer(&self) -> bool {
-        self.peer.is_some()
+        self.counted.contains(&true)
     }
 
     /// What the other daemon holds (nothing if there is none).
     pub fn others(&self) -> Others {
-        let Some(p) = self.peer else { return Others::default() };
         let w = self.words();
-        let get = |i: usize| w[p + i].load(Ordering::Relaxed) as u32;
-        Others { normal: get(NORMAL), reserved: get(RESERVED), web: get(WEB) }
+        let sum = |i: usize| {
+            let n: u64 = self.others_records().map(|p| w[p + i].load(Ordering::Relaxed).min(COUNT_MAX)).sum();
+            n.min(COUNT_MAX) as u32
+        };
+        Others { normal: sum(NORMAL), reserved: sum(RESERVED), web: sum(WEB) }
     }
 
     /// The other daemon's requests in flight for session `key`.
     pub fn other_session(&self, key: u64) -> u32 {
-        let Some(p) = self.peer else { return 0 };
         let w = self.words();
-        probes(key)
-            .map(|i| {
-                (w[p + session(i)].load(Ordering::Relaxed), w[p + session(i) + 1].load(Ordering::Relaxed))
+        let n: u64 = self
+            .others_records()
+            .filter_map(|p| {
+                probes(key)
+                    .map(|i| {
+                        (
+                            w[p + session(i)].load(Ordering::Relaxed),
+                            w[p + session(i) + 1].load(Ordering::Relaxed),
+                        )
+                    })
+                    .find(|&(k, n)| k == key && n > 0)
+                    .map(|(_, n)| n.min(COUNT_MAX))
             })
-            .find(|&(k, n)| k == key && n > 0)
-            .map_or(0, |(_, n)| n as u32)
+            .sum();
+        n.min(COUNT_MAX) as u32
     }
 
-    /// Publishes a change of this daemon's counts.
+    /// Publishes a change of this daemon's counts (its totals, in its
+    /// record if it has one).
     pub fn publish(&self, change: Change) {
-        let w = self.words();
-        let me = owner(self.ledger.me);
-        for (i, d) in [(NORMAL, change.normal), (RESERVED, change.reserved), (WEB, change.web)] {
-            if d != 0 {
-                let v = w[me + i].load(Ordering::Relaxed).wrapping_add_signed(d);
-                w[me + i].store(v, Ordering::Relaxed);
+        let mut mine = self.mine.borrow_mut();
+        for (c, d) in mine.counts.iter_mut().zip([change.normal, change.reserved, change.web]) {
+            *c = c.wrapping_add_signed(d);
+        }
+        if let Some(me) = self.ledger.record() {
+            let w = self.words();
+            for (i, c) in [NORMAL, RESERVED, WEB].into_iter().zip(mine.counts) {
+                w[owner(me) + i].store(c, Ordering::Relaxed);
             }
         }
     }
 
     /// Adds `delta` (±1) to this daemon's count of session `key`; `false`
-    /// if the session has no slot and could not get one (then it is not
-    /// published: the caller must not take it back either).
+    /// if the session has no slot and could not get one, or this daemon
+    /// has no record (then it is not published: the caller must not take
+    /// it back either).
     pub fn publish_session(&self, key: u64, delta: i64) -> bool {
+        let mut mine = self.mine.borrow_mut();
+        let n = match (mine.sessions.get(&key).copied(), delta > 0) {
+            (Some(n), _) => n.wrapping_add_signed(delta),
+            (None, true) => 1,
+            (None, false) => return false,
+        };
+        let Some(me) = self.ledger.record().map(owner) else {
+            // Taken back from the record this daemon had; nothing new.
+            return if delta > 0 { false } else { set(&mut mine.sessions, key, n) };
+        };
         let w = self.words();
-        let me = owner(self.ledger.me);
         let at = |i: usize| (&w[me + session(i)], &w[me + session(i) + 1]);
         let found = probes(key).find(|&i| {
             let (k, n) = at(i);
@@ -282,17 +453,28 @@ impl Locked<'_> {
         let slot = match found {
             Some(i) => Some(i),
             None if delta > 0 => probes(key).find(|&i| at(i).1.load(Ordering::Relaxed) == 0),
-            None => return false,
+            // Its slot was written over: nothing there to take back.
+            None => return set(&mut mine.sessions, key, n),
         };
         let Some(i) = slot else {
             self.ledger.unpublished.fetch_add(1, Ordering::Relaxed);
             return false;
         };
-        let (k, n) = at(i);
+        let (k, count) = at(i);
         k.store(key, Ordering::Relaxed);
-        n.store(n.load(Ordering::Relaxed).wrapping_add_signed(delta), Ordering::Relaxed);
-        true
+        count.store(n, Ordering::Relaxed);
+        set(&mut mine.sessions, key, n)
     }
+}
+
+/// Sets session `key`'s count to `n` (none at 0); `true`.
+fn set(sessions: &mut HashMap<u64, u64>, key: u64, n: u64) -> bool {
+    if n == 0 {
+        sessions.remove(&key);
+    } else {
+        sessions.insert(key, n);
+    }
+    true
 }
 
 /// Word index of record `o`.
@@ -311,31 +493,49 @@ fn probes(key: u64) -> impl Iterator<Item = usize> {
     (0..SESSION_PROBES).map(move |i| (start + i) % SESSION_SLOTS)
 }
 
-fn stale(beat: u64) -> bool {
-    now_ms().saturating_sub(beat) > STALE_MS
+/// Whether a record that beat at `beat` is gone at `now`: silent for 2 s,
+/// or beating more than a beat ahead of `now`.
+fn stale(beat: u64, now: u64) -> bool {
+    now.saturating_sub(beat) > STALE_MS || beat.saturating_sub(now) > AHEAD_MS
 }
 
-/// Held lock; released on drop.
+/// Whether record `o` may be claimed: no daemon's, or a gone one's.
+fn free(w: &[AtomicU64], o: usize, now: u64) -> bool {
+    w[owner(o) + TOKEN].load(Ordering::Relaxed) == 0 || stale(w[owner(o) + BEAT].load(Ordering::Relaxed), now)
+}
+
+/// Makes record `o` the empty record of `token` (under the lock).
+fn claim(w: &[AtomicU64], o: usize, token: u64, now: u64) {
+    for word in &w[owner(o)..owner(o) + OWNER_WORDS] {
+        word.store(0, Ordering::Relaxed);
+    }
+    w[owner(o) + BEAT].store(now, Ordering::Relaxed);
+    w[owner(o) + TOKEN].store(token, Ordering::Relaxed);
+}
+
+/// Held lock; released on drop unless another took it over meanwhile.
 struct Guard<'a> {
     lock: &'a AtomicU64,
+    token: u64,
 }
 
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
-        self.lock.store(0, Ordering::Release);
+        // A holder whose lock was taken over leaves it to the taker.
+        let _ = self.lock.compare_exchange(self.token, 0, Ordering::Release, Ordering::Relaxed);
     }
 }
 
-/// Takes the lock word for `token`: spinning, then yielding. A lock held
-/// by the same token for longer than a record takes to go stale, by no
-/// live record, is taken over (a daemon killed while holding it).
-fn lock_words(w: &[AtomicU64], token: u64) -> Guard<'_> {
+/// Takes the lock word for `token`: spinning, then yielding. A word that
+/// names the same holder for longer than [`LOCK_MS`] on `clock` is taken
+/// over, whoever it names.
+fn lock_words<'a>(w: &'a [AtomicU64], token: u64, clock: &Clock) -> Guard<'a> {
     let lock = &w[LOCK];
     let mut spins = 0u32;
-    let mut seen: Option<(u64, Instant)> = None;
+    let mut seen: Option<(u64, u64)> = None;
     loop {
         let held = match lock.compare_exchange_weak(0, token, Ordering::Acquire, Ordering::Relaxed) {
-            Ok(_) => return Guard { lock },
+            Ok(_) => return Guard { lock, token },
             Err(held) => held,
         };
         spins = spins.wrapping_add(1);
@@ -344,24 +544,35 @@ fn lock_words(w: &[AtomicU64], token: u64) -> Guard<'_> {
             continue;
         }
         std::thread::yield_now();
+        let now = clock.now_ms();
         match seen {
             Some((h, since)) if h == held => {
-                if since.elapsed() > Duration::from_millis(STALE_MS) {
-                    let alive = (0..OWNERS).any(|o| {
-                        w[owner(o) + TOKEN].load(Ordering::Relaxed) == held
-                            && !stale(w[owner(o) + BEAT].load(Ordering::Relaxed))
-                    });
-                    if !alive
-                        && lock.compare_exchange(held, token, Ordering::Acquire, Ordering::Relaxed).is_ok()
-                    {
-                        tracing::warn!("took over the HTTP permit ledger's lock from a daemon that stopped");
-                        return Guard { lock };
+                if now.saturating_sub(since) > LOCK_MS {
+                    if lock.compare_exchange(held, token, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                        tracing::warn!(
+                            holder = holder(w, held, token, now),
+                            "took over the HTTP permit ledger's lock, held for over 2 s"
+                        );
+                        return Guard { lock, token };
                     }
                     seen = None;
                 }
             }
-            _ => seen = Some((held, Instant::now())),
+            _ => seen = Some((held, now)),
         }
+    }
+}
+
+/// Who the lock word `held` names, for the log of a takeover by `token`.
+fn holder(w: &[AtomicU64], held: u64, token: u64, now: u64) -> &'static str {
+    if held == token {
+        return "this daemon's own token, which it did not hold (written by another)";
+    }
+    let record = (0..OWNERS).find(|&o| w[owner(o) + TOKEN].load(Ordering::Relaxed) == held);
+    match record {
+        Some(o) if !stale(w[owner(o) + BEAT].load(Ordering::Relaxed), now) => "a live daemon",
+        Some(_) => "a daemon that stopped beating",
+        None => "no daemon's token (one that died joining, or written by another)",
     }
 }
 
