@@ -35,6 +35,8 @@
 //!   configuration everything above reads (with the TLS pair it names);
 //! - [`tls`]: the TLS certificate pair and the rustls configuration;
 //! - [`utc`] (leaf): UTC dates for the access log and certificates;
+//! - [`dir_trust`] (leaf): who may own and write the directories limiter
+//!   keeps its pins and its admin socket in;
 //! - `alloc_count`: the counting allocator of the `count-allocations`
 //!   benchmark build;
 //! - [`allocator`] (leaf): the global allocator (mimalloc).
@@ -54,6 +56,7 @@ pub mod breaker;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod dir_trust;
 pub mod histogram;
 #[cfg(test)]
 mod import_graph;

@@ -46,8 +46,9 @@ impl InProcess {
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("limiter.ini");
         let base = format!(
-            "kernel.enabled = false\nadmin.listen = 127.0.0.1:0\nhttp.listen = 127.0.0.1:0\n\
-             http.workers = 1\nhttp.upstream = {upstream}\n"
+            "kernel.enabled = false\nadmin.listen = 127.0.0.1:0\nadmin.socket = {}\nhttp.listen = 127.0.0.1:0\n\
+             http.workers = 1\nhttp.upstream = {upstream}\n",
+            dir.join("admin.sock").display()
         );
         std::fs::write(&file, format!("{base}{extra}")).unwrap();
         let config = Config::load(&file).unwrap();
@@ -76,9 +77,9 @@ impl InProcess {
     /// through `POST /reload`; fails the test unless it was applied.
     pub fn reload(&self, extra: &str) {
         std::fs::write(&self.file, format!("{}{extra}", self.base)).unwrap();
-        let r = self.admin("POST", "/reload", &[]);
-        assert_eq!(r.status, 200, "reload: {}", r.text());
-        assert!(r.text().contains("\"applied\":true"), "{}", r.text());
+        let (status, text) = self.socket("POST", "/reload");
+        assert_eq!(status, 200, "reload: {text}");
+        assert!(text.contains("\"applied\":true"), "{text}");
     }
 
     /// The file the daemon reads, and the harness's own keys at its top.
@@ -91,7 +92,13 @@ impl InProcess {
         client::get(self.proxy, path, headers)
     }
 
-    /// A request to the admin listener.
+    /// A request to the admin socket: status and body.
+    pub fn socket(&self, method: &str, path: &str) -> (u16, String) {
+        crate::unix_request(&self.dir.join("admin.sock"), method, path)
+            .expect("an answer on the admin socket")
+    }
+
+    /// A request to the admin listener (TCP).
     pub fn admin(&self, method: &str, path: &str, headers: &[&str]) -> Reply {
         let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
         let raw = format!(
@@ -109,14 +116,14 @@ impl InProcess {
 
     /// Rewrites the file with `extra` and reloads; the reload's answer
     /// (applied or not).
-    pub fn try_reload(&self, extra: &str) -> Reply {
+    pub fn try_reload(&self, extra: &str) -> (u16, String) {
         std::fs::write(&self.file, format!("{}{extra}", self.base)).unwrap();
-        self.admin("POST", "/reload", &[])
+        self.socket("POST", "/reload")
     }
 
     /// The breaker's state, from `GET /breaker`.
     pub fn breaker_state(&self) -> String {
-        let v: serde_json::Value = serde_json::from_str(&self.admin("GET", "/breaker", &[]).text()).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&self.socket("GET", "/breaker").1).unwrap();
         v["state"].as_str().expect("a state").to_owned()
     }
 

@@ -160,10 +160,11 @@ impl Sandbox {
         let path = self.dir.join("limiter.ini");
         let [admin, listen] = free_ports();
         let text = format!(
-            "kernel.ports = {ports}\nkernel.pinPath = {}\nkernel.cgroup = {}\nkernel.netns = {}\nadmin.listen = 127.0.0.1:{admin}\nhttp.listen = 127.0.0.1:{listen}\n{extra}",
+            "kernel.ports = {ports}\nkernel.pinPath = {}\nkernel.cgroup = {}\nkernel.netns = {}\nadmin.listen = 127.0.0.1:{admin}\nadmin.socket = {}\nhttp.listen = 127.0.0.1:{listen}\n{extra}",
             self.pin_path.display(),
             self.cgroup.display(),
             self.netns_path.display(),
+            self.dir.join("admin.sock").display(),
         );
         fs::write(&path, text).expect("write config");
         path
@@ -349,6 +350,9 @@ pub struct Daemon {
     child: Child,
     pub config: PathBuf,
     pub admin: SocketAddr,
+    /// The admin socket (`admin.socket`), where every path but
+    /// `/metrics` and `/healthz` is asked.
+    pub socket: Option<PathBuf>,
     log: PathBuf,
     /// The namespace the daemon itself runs in, when not the test's.
     netns: Option<File>,
@@ -459,6 +463,7 @@ impl Daemon {
             // A file with sections (`[admin]` then `listen = ...`): as the daemon reads it.
             None => limiter::config::Config::load(config).map_err(|e| anyhow::anyhow!("{e}"))?.admin.listen.0,
         };
+        let socket = limiter::config::Config::load(config).ok().and_then(|c| c.admin.socket);
         let log = config.with_extension(format!("log.{}", SEQ.fetch_add(1, Ordering::Relaxed)));
         // Debug unless the caller chose (or removed) LIMITER_LOG.
         if cmd.get_envs().all(|(k, _)| k != "LIMITER_LOG") {
@@ -466,7 +471,7 @@ impl Daemon {
         }
         let child = cmd.stdout(Stdio::null()).stderr(File::create(&log)?).spawn()?;
         let watched = watchdog(Pid::from_raw(child.id() as i32), &log);
-        let mut daemon = Self { child, config: config.to_path_buf(), admin, log, netns, watched };
+        let mut daemon = Self { child, config: config.to_path_buf(), admin, socket, log, netns, watched };
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Some(status) = daemon.child.try_wait()? {
@@ -480,13 +485,30 @@ impl Daemon {
         bail!("daemon did not answer on {admin} within 10 s:\n{}", daemon.log())
     }
 
-    /// GET on the admin listener (from the daemon's namespace).
+    /// GET on the admin API: `/metrics` and `/healthz` on the TCP
+    /// listener (from the daemon's namespace), every other path on the
+    /// admin socket; the body of a 200.
     pub fn admin_get(&self, path: &str) -> Result<String> {
+        if !matches!(path, "/metrics" | "/healthz") {
+            return self.admin_socket("GET", path);
+        }
         let (admin, path) = (self.admin, path.to_owned());
         match &self.netns {
             Some(netns) => in_netns(netns, move || http_get(admin, &path)),
             None => http_get(admin, &path),
         }
+    }
+
+    /// POST on the admin socket; the body of a 200.
+    pub fn admin_post(&self, path: &str) -> Result<String> {
+        self.admin_socket("POST", path)
+    }
+
+    fn admin_socket(&self, method: &str, path: &str) -> Result<String> {
+        let socket = self.socket.as_ref().context("the daemon's configuration sets no admin.socket")?;
+        let (status, body) = unix_request(socket, method, path)?;
+        ensure!(status == 200, "{method} {path}: {status} {body}");
+        Ok(body)
     }
 
     pub fn pid(&self) -> Pid {
@@ -564,6 +586,19 @@ impl Drop for Daemon {
             let _ = self.child.wait();
         }
     }
+}
+
+/// One HTTP/1.0 request on the admin socket at `socket`: status and body.
+pub fn unix_request(socket: &Path, method: &str, path: &str) -> Result<(u16, String)> {
+    let mut s = std::os::unix::net::UnixStream::connect(socket)
+        .with_context(|| format!("connecting to {}", socket.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "{method} {path} HTTP/1.0\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n")?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let (head, body) = raw.split_once("\r\n\r\n").context("no header end")?;
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).context("no status")?;
+    Ok((status, body.to_owned()))
 }
 
 /// A one-shot HTTP/1.0 GET returning the body of a 200.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use limiter_tests::{Daemon, client, http_post, process::wait_for, upstream::Upstream};
+use limiter_tests::{Daemon, client, process::wait_for, upstream::Upstream};
 
 fn status(proxy: std::net::SocketAddr, path: &str) -> client::Reply {
     client::get(proxy, path, &[])
@@ -61,8 +61,7 @@ fn the_upstream_sees_nothing_while_open_exactly_the_probes_half_open_and_traffic
     // request once `/breaker` says a probe is due).
     let probe_due = || {
         let b: serde_json::Value =
-            serde_json::from_str(&limiter_tests::http_get(daemon.admin, "/breaker").unwrap())
-                .expect("/breaker is JSON");
+            serde_json::from_str(&daemon.admin_get("/breaker").unwrap()).expect("/breaker is JSON");
         b["next_probe_in_ms"] == 0
     };
 
@@ -102,7 +101,7 @@ fn the_upstream_sees_nothing_while_open_exactly_the_probes_half_open_and_traffic
     );
 
     // An operator forces it open, closed, and back to automatic.
-    let forced = http_post(daemon.admin, "/breaker/open").unwrap();
+    let forced = daemon.admin_post("/breaker/open").unwrap();
     assert!(forced.contains("\"mode\":\"forced_open\""), "{forced}");
     let before = upstream.hits();
     assert_eq!(status(proxy, "/flap").status, 503);
@@ -115,11 +114,11 @@ fn the_upstream_sees_nothing_while_open_exactly_the_probes_half_open_and_traffic
     let dump = String::from_utf8_lossy(&dump.stdout).into_owned();
     assert!(dump.contains("breaker: open (forced_open)"), "{dump}");
     upstream.set_failing(true);
-    http_post(daemon.admin, "/breaker/close").unwrap();
+    daemon.admin_post("/breaker/close").unwrap();
     for _ in 0..20 {
         assert_eq!(status(proxy, "/flap").status, 500, "forced closed never trips");
     }
-    let auto = http_post(daemon.admin, "/breaker/auto").unwrap();
+    let auto = daemon.admin_post("/breaker/auto").unwrap();
     assert!(auto.contains("\"mode\":\"auto\"") && auto.contains("\"state\":\"closed\""), "{auto}");
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -231,19 +231,19 @@ fn rotation_changes_the_certificate_new_handshakes_present_and_a_bad_pair_change
     let (new_cert, new_key) = self_signed(&dir, "second");
     std::fs::copy(&new_cert, &cert).unwrap();
     std::fs::copy(&new_key, &key).unwrap();
-    let r = d.try_reload(&tls_keys(&cert, &key));
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert!(r.text().contains("contents changed"), "the reload names the rotation: {}", r.text());
+    let (status, text) = d.try_reload(&tls_keys(&cert, &key));
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("contents changed"), "the reload names the rotation: {text}");
     assert!(served(tls, "h2").0.contains("CN = second"), "new handshakes present the new certificate");
     up.release();
     assert_eq!(statuses(&finish(held)), [200], "the established connection finished on its pair");
 
     // A key that does not match: refused, nothing changes.
     let (_, stray_key) = self_signed(&dir, "stray");
-    let r = d.try_reload(&tls_keys(&cert, &stray_key));
-    assert_eq!(r.status, 422, "{}", r.text());
-    assert!(r.text().contains("does not match the certificate"), "{}", r.text());
-    assert!(r.text().contains("http.tls.keyFile"), "names the key: {}", r.text());
+    let (status, text) = d.try_reload(&tls_keys(&cert, &stray_key));
+    assert_eq!(status, 422, "{text}");
+    assert!(text.contains("does not match the certificate"), "{text}");
+    assert!(text.contains("http.tls.keyFile"), "names the key: {text}");
     assert!(served(tls, "h2").0.contains("CN = second"), "the bad pair changed nothing");
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -334,7 +334,7 @@ fn ten_thousand_sessions_leave_no_entries_and_tokens_never_show() {
     );
     assert_eq!(s.metric("limiter_http_bad_requests_total{kind=\"authorization\"}"), 1.0);
     let metrics = s.daemon.metrics();
-    let status = limiter_tests::http_get(s.daemon.admin, "/status").unwrap();
+    let status = s.daemon.admin_get("/status").unwrap();
     let dump = limiter_tests::limiter(&["dump", "--json", "--config", s.daemon.config.to_str().unwrap()]);
     let dump = String::from_utf8_lossy(&dump.stdout).into_owned();
     assert!(dump.contains("\"running\": true"), "{dump}");

@@ -583,7 +583,7 @@ fn breaker_half_open_probes_and_successes_change_live() {
     let probe_round = |d: &InProcess| {
         trip(d);
         wait_for("the 100 ms sleep window over", Duration::from_secs(5), || {
-            let b: serde_json::Value = serde_json::from_str(&d.admin("GET", "/breaker", &[]).text()).unwrap();
+            let b: serde_json::Value = serde_json::from_str(&d.socket("GET", "/breaker").1).unwrap();
             b["next_probe_in_ms"] == 0
         });
         let a = spawn_get(d.proxy, "/slowhead?ms=700", &[]);
@@ -621,7 +621,7 @@ fn breaker_failure_statuses_change_live() {
 fn breaker_bypass_debug_changes_live() {
     let up = Upstream::start();
     let d = InProcess::start(up.addr, "");
-    assert_eq!(d.admin("POST", "/breaker/open", &[]).status, 200);
+    assert_eq!(d.socket("POST", "/breaker/open").0, 200);
     assert_eq!(d.get("/x", &[]).status, 503);
     assert_eq!(d.get("/debug/x", &[]).status, 200, "diagnostics pass an open breaker by default");
     d.reload("breaker.bypassDebug = false\n");

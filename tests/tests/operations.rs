@@ -154,7 +154,8 @@ fn reload_through_the_admin_listener_under_load_is_atomic_and_names_what_blocks_
         text.replace("http.maxThreads = 14", "http.maxThreads = 20\nadmin.logLevel = warn"),
     )
     .unwrap();
-    let (status, body) = admin(s.daemon.admin, "POST", "/reload", None);
+    let (status, body) =
+        limiter_tests::unix_request(s.daemon.socket.as_ref().unwrap(), "POST", "/reload").unwrap();
     assert_eq!(status, 200, "{body}");
     assert!(
         body.contains("http.maxThreads: 14 -> 20") && body.contains("admin.logLevel: (default) -> warn"),
@@ -165,7 +166,8 @@ fn reload_through_the_admin_listener_under_load_is_atomic_and_names_what_blocks_
 
     // A bad file: nothing changes, the answer names file, line and key.
     std::fs::write(&s.config, text.replace("http.maxThreads = 14", "http.maxThreads = -3")).unwrap();
-    let (status, body) = admin(s.daemon.admin, "POST", "/reload", None);
+    let (status, body) =
+        limiter_tests::unix_request(s.daemon.socket.as_ref().unwrap(), "POST", "/reload").unwrap();
     assert_eq!(status, 422, "{body}");
     assert!(body.contains("http.maxThreads = -3") && body.contains("\"applied\":false"), "{body}");
     assert!(limit(&s.daemon).ends_with(" 9"), "a bad reload changed the limit");
@@ -173,7 +175,8 @@ fn reload_through_the_admin_listener_under_load_is_atomic_and_names_what_blocks_
     // A restart-only key: nothing changes, the answer names the key.
     std::fs::write(&s.config, text.replace("http.maxThreads = 14", "http.maxThreads = 30\nhttp.workers = 7"))
         .unwrap();
-    let (status, body) = admin(s.daemon.admin, "POST", "/reload", None);
+    let (status, body) =
+        limiter_tests::unix_request(s.daemon.socket.as_ref().unwrap(), "POST", "/reload").unwrap();
     assert_eq!(status, 422, "{body}");
     assert!(body.contains("http.workers changed, which needs a restart"), "{body}");
     assert!(limit(&s.daemon).ends_with(" 9"));

@@ -12,16 +12,10 @@ use std::{
 use limiter_tests::{Sandbox, client, limiter_bin, process::wait_for, require_kernel, upstream::Upstream};
 use nix::{sys::signal::Signal, unistd::Pid};
 
-/// GET on the admin address from the sandbox (whichever daemon serves it).
-fn admin_get(sb: &Sandbox, admin: SocketAddr, path: &str) -> Option<String> {
-    let raw = format!("GET {path} HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n");
-    sb.in_netns(move || {
-        client::send(admin, raw.as_bytes()).ok().filter(|r| r.status == 200).map(|r| r.text())
-    })
-}
-
-fn daemon_pid(sb: &Sandbox, admin: SocketAddr) -> Option<i32> {
-    let status: serde_json::Value = serde_json::from_str(&admin_get(sb, admin, "/status")?).ok()?;
+/// The pid of the daemon serving the admin socket now.
+fn daemon_pid(sb: &Sandbox) -> Option<i32> {
+    let (code, body) = limiter_tests::unix_request(&sb.dir.join("admin.sock"), "GET", "/status").ok()?;
+    let status: serde_json::Value = serde_json::from_str(&body).ok().filter(|_| code == 200)?;
     status["pid"].as_i64().map(|p| p as i32)
 }
 
@@ -74,9 +68,9 @@ fn restarts_under_socket_activation_queue_connections_instead_of_refusing_them()
     let mut pids = Vec::new();
     for restart in 0..3 {
         wait_for("a daemon serving", Duration::from_secs(20), || {
-            daemon_pid(&sb, admin).is_some_and(|p| !pids.contains(&p))
+            daemon_pid(&sb).is_some_and(|p| !pids.contains(&p))
         });
-        let pid = daemon_pid(&sb, admin).unwrap();
+        let pid = daemon_pid(&sb).unwrap();
         pids.push(pid);
         let before = clients.ok();
         wait_for("requests through it", Duration::from_secs(10), || clients.ok() > before + 50);

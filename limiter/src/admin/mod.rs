@@ -1,14 +1,21 @@
-//! The admin listener (`admin.listen`, loopback by default): `GET /metrics`
-//! (Prometheus text), `GET /status` (JSON, what `limiter dump` adds when
-//! the daemon runs), `GET /healthz` (503 while draining), `POST /reload`,
-//! and the breaker override: `GET /breaker`, `POST /breaker/open`,
-//! `POST /breaker/close`, `POST /breaker/auto`.
+//! The admin API: `GET /metrics` (Prometheus text), `GET /status` (JSON,
+//! what `limiter dump` adds when the daemon runs), `GET /healthz` (503
+//! while draining), `POST /reload`, and the breaker override:
+//! `GET /breaker`, `POST /breaker/open`, `POST /breaker/close`,
+//! `POST /breaker/auto`. Who may use which path depends on where it is
+//! asked ([`Scope`]):
 //!
-//! With `admin.tokenFile`, every path but `/healthz` (which probes must
-//! reach and which tells nothing) requires `Authorization: Bearer TOKEN`.
-//! Every path answers only requests addressed to the listener itself
-//! ([`origin`]: its own `Host`, no other site's `Origin`), so a web page
-//! can neither drive it nor read it.
+//! - the admin socket ([`socket`], `admin.socket`): every path, no token;
+//!   the socket's owner and mode decide who can connect;
+//! - the TCP listener (`admin.listen`, loopback by default), which every
+//!   local user can reach: `GET /metrics` and `/healthz` only, unless
+//!   `admin.tokenFile` is set; then every path, each but `/healthz`
+//!   behind `Authorization: Bearer TOKEN`;
+//! - `admin.metricsListen`: `GET /metrics` and `/healthz` only.
+//!
+//! The TCP listeners answer only requests addressed to themselves
+//! ([`origin`]: their own `Host`, no other site's `Origin`), so a web page
+//! can neither drive them nor read them.
 //!
 //! The listener serves a small [`Control`] interface; the daemon implements
 //! it. [`api`] holds the typed bodies, shared with `dump` and `top`.
@@ -17,6 +24,7 @@ pub mod api;
 pub mod auth;
 pub mod origin;
 mod slots;
+pub mod socket;
 
 use std::{convert::Infallible, sync::Arc};
 
@@ -24,7 +32,11 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, header, service::service_fn};
 use hyper_util::rt::TokioIo;
-use tokio::{net::TcpListener, sync::watch};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::{TcpListener, UnixListener},
+    sync::watch,
+};
 
 use self::api::{ReloadOutcome, Status};
 use crate::{
@@ -63,7 +75,10 @@ type Body = Full<Bytes>;
 /// What a listener serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
-    /// `admin.listen`: everything, behind the token when there is one.
+    /// `admin.socket`: everything, no token (the socket's mode decides).
+    Socket,
+    /// `admin.listen`: `/metrics` and `/healthz`; everything behind the
+    /// token when there is one.
     Full,
     /// `admin.metricsListen`: `GET /metrics` and `/healthz` only, read-only,
     /// no token (for Prometheus and the kubelet).
@@ -80,12 +95,43 @@ pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5
 /// Request heads larger than this get 431 and the connection closes.
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
 
+/// A listener of the admin API: TCP or the admin socket.
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+/// A connection of either kind.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+impl Listener {
+    /// The next connection: the stream, who it is from (for the log), and
+    /// the local address a TCP one was made to.
+    async fn accept(&self) -> std::io::Result<(Box<dyn Stream>, String, Option<std::net::SocketAddr>)> {
+        match self {
+            Self::Tcp(l) => {
+                let (stream, peer) = l.accept().await?;
+                let local = stream.local_addr()?;
+                Ok((Box::new(stream), peer.to_string(), Some(local)))
+            }
+            Self::Unix(l) => {
+                let (stream, _) = l.accept().await?;
+                let peer = stream
+                    .peer_cred()
+                    .map_or_else(|_| "admin socket".to_owned(), |c| format!("uid {}", c.uid()));
+                Ok((Box::new(stream), peer, None))
+            }
+        }
+    }
+}
+
 /// Serves until `shutdown` turns true. Connections are short; each runs on
 /// its own task, within [`MAX_CONNECTIONS`], [`HEADER_TIMEOUT`] and
 /// [`MAX_HEAD_BYTES`]; kernel reads and reloads run off the runtime, so a
 /// slow scrape never delays `/healthz`.
 pub async fn serve(
-    listener: TcpListener,
+    listener: Listener,
     control: Arc<dyn Control>,
     scope: Scope,
     mut shutdown: watch::Receiver<bool>,
@@ -94,8 +140,7 @@ pub async fn serve(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, peer)) = accepted else { continue };
-                let Ok(local) = stream.local_addr() else { continue };
+                let Ok((stream, peer, local)) = accepted else { continue };
                 let slot = match slots.take() {
                     slots::Taken::Slot(slot, evicted) => {
                         if evicted.is_some() {
@@ -146,17 +191,34 @@ async fn handle(
     req: Request<Incoming>,
     control: Arc<dyn Control>,
     scope: Scope,
-    local: std::net::SocketAddr,
+    local: Option<std::net::SocketAddr>,
 ) -> Result<Response<Body>, Infallible> {
     // `admin.metricsListen` serves read-only pages to scrapers that may
     // name it by a DNS name: its Host is not checked, a page's Origin is.
-    let configured = control.configured_addr(scope);
-    let checked = match scope {
-        Scope::Full => origin::check(req.headers(), local, configured),
-        Scope::MetricsOnly => origin::check_origin(req.headers(), local, configured),
+    // No browser reaches the admin socket.
+    let checked = match (scope, local) {
+        (Scope::Full, Some(local)) => origin::check(req.headers(), local, control.configured_addr(scope)),
+        (Scope::MetricsOnly, Some(local)) => {
+            origin::check_origin(req.headers(), local, control.configured_addr(scope))
+        }
+        _ => Ok(()),
     };
     if let Err(foreign) = checked {
         return Ok(reply(StatusCode::FORBIDDEN, "text/plain", foreign.explain().into()));
+    }
+    // Every local user can reach admin.listen: without a token it tells
+    // what any scraper may know, and steers nothing.
+    if scope == Scope::Full
+        && control.token().is_none()
+        && !matches!(req.uri().path(), "/metrics" | "/healthz")
+    {
+        return Ok(reply(
+            StatusCode::FORBIDDEN,
+            "text/plain",
+            "admin.listen serves GET /metrics and /healthz only without admin.tokenFile: use the admin \
+             socket (admin.socket; limiter reload, dump and top do), or set admin.tokenFile\n"
+                .into(),
+        ));
     }
     if scope == Scope::MetricsOnly && !matches!(req.uri().path(), "/metrics" | "/healthz") {
         return Ok(reply(

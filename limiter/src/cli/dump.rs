@@ -16,7 +16,7 @@ use crate::{
 
 /// `limiter dump [--json]`.
 pub fn main(target: &Access, json: bool) -> ExitCode {
-    let daemon = DaemonView::fetch(target.admin, target.token.as_deref());
+    let daemon = DaemonView::fetch(&target.admin);
     // The daemon's reading of this gate, when it serves it.
     let theirs = match &daemon {
         DaemonView::Running(status) => {
@@ -305,7 +305,10 @@ mod tests {
     #[test]
     fn a_port_line_names_every_reason_and_path_of_the_tables() {
         let snap = crate::kernel::every_refusal();
-        let text = table(Some(&snap), &DaemonView::NotRunning { admin: ([127, 0, 0, 1], 9).into() });
+        let text = table(
+            Some(&snap),
+            &DaemonView::NotRunning { admin: "admin.socket /run/limiter/admin.sock".into() },
+        );
         let row = &snap.ports[0];
         let line = text.lines().find(|l| l.starts_with("  port 8080: would refuse: ")).unwrap();
         for (r, n) in reason::ALL.iter().zip(row.would_refuse_by.by_reason) {

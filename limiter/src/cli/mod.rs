@@ -4,7 +4,7 @@
 //! - [`run`]: `limiter run` (sets up the process, then [`crate::daemon`]);
 //! - [`check_config`]: validate a file and describe it, key by key;
 //! - [`dump`], [`top`]: the pinned maps and the daemon's `/status`
-//!   ([`status`] asks for it);
+//!   ([`status`] asks for it, on the admin socket or listener it verified);
 //! - [`reload`]: a reload that returns once the daemon applied or refused
 //!   it (systemd's `ExecReload`);
 //! - [`unload`]: remove the gate.
@@ -22,24 +22,22 @@ pub mod status;
 pub mod top;
 pub mod unload;
 
-pub use self::status::DaemonView;
+pub use self::status::{AdminApi, DaemonView};
 
 use std::{
     io::Write as _,
-    net::SocketAddr,
     path::{Path, PathBuf},
     process::ExitCode,
 };
 
 use crate::config::{Config, ConfigError};
 
-/// Where `dump`, `top` and `unload` look: the pin directory, the admin
-/// address and the admin token.
+/// Where `dump`, `top` and `unload` look: the pin directory and the
+/// admin API.
 #[derive(Clone, Debug)]
 pub struct Access {
     pub pin_path: PathBuf,
-    pub admin: SocketAddr,
-    pub token: Option<String>,
+    pub admin: AdminApi,
 }
 
 impl Access {
@@ -51,9 +49,8 @@ impl Access {
             None => Config::default(),
         };
         Ok(Self {
+            admin: AdminApi::from_config(&c),
             pin_path: pin_path.map_or(c.kernel.pin_path, Path::to_path_buf),
-            admin: c.admin.listen.0,
-            token: c.admin.token.map(|t| t.0),
         })
     }
 }

@@ -6,7 +6,10 @@
 
 use std::{path::Path, process::ExitCode, time::Duration};
 
-use super::{fail, fail_config, status::request};
+use super::{
+    fail, fail_config,
+    status::{AdminApi, Unreached},
+};
 use crate::{admin::api::ReloadOutcome, config::Config};
 
 /// How long a reload may take (a kernel map rewrite, a certificate read).
@@ -17,10 +20,14 @@ pub fn main(file: &Path) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail_config(format!("reload refused: {e}")),
     };
-    let token = config.admin.token.as_ref().map(|t| t.0.as_str());
-    let admin = config.admin.listen.0;
-    let Some((status, body)) = request(admin, "POST", "/reload", token, TIMEOUT) else {
-        return fail(format!("no daemon answered on admin.listen {admin}"));
+    let api = AdminApi::from_config(&config);
+    let admin = api.describe();
+    let (status, body) = match api.request("POST", "/reload", TIMEOUT) {
+        Ok(answer) => answer,
+        Err(Unreached::NotRunning | Unreached::NoAnswer) => {
+            return fail(format!("no daemon answered on {admin}"));
+        }
+        Err(Unreached::Refused(why)) => return fail(format!("not asking {admin} to reload: {why}")),
     };
     let outcome: Result<ReloadOutcome, _> = serde_json::from_str(&body);
     match (status, outcome) {
@@ -35,7 +42,7 @@ pub fn main(file: &Path) -> ExitCode {
         (422, Ok(o)) => {
             fail_config(format!("reload refused, nothing changed: {}", o.error.unwrap_or_default()))
         }
-        (401, _) => fail(format!("admin.listen {admin} refused the token (401)")),
-        (status, _) => fail(format!("admin.listen {admin} answered {status}: {}", body.trim())),
+        (401, _) => fail(format!("{admin} refused the token (401)")),
+        (status, _) => fail(format!("{admin} answered {status}: {}", body.trim())),
     }
 }

@@ -4,14 +4,13 @@
 
 use std::{
     io::{IsTerminal as _, Write as _},
-    net::SocketAddr,
     path::Path,
     time::{Duration, Instant, SystemTime},
 };
 
 use limiter_common::path;
 
-use super::{Access, DaemonView, dump};
+use super::{Access, AdminApi, DaemonView, dump};
 use crate::kernel::{KernelError, Snapshot};
 
 /// Everything one refresh read.
@@ -22,8 +21,8 @@ pub struct Sample {
 }
 
 /// Reads the pins and asks the daemon.
-pub fn sample(pin_dir: &Path, admin: SocketAddr, token: Option<&str>) -> Sample {
-    Sample { at: Instant::now(), gate: dump::snapshot(pin_dir), daemon: DaemonView::fetch(admin, token) }
+pub fn sample(pin_dir: &Path, admin: &AdminApi) -> Sample {
+    Sample { at: Instant::now(), gate: dump::snapshot(pin_dir), daemon: DaemonView::fetch(admin) }
 }
 
 const WIDTH: usize = 80;
@@ -140,22 +139,16 @@ pub fn render(cur: &Sample, prev: Option<&Sample>) -> Vec<String> {
 
 /// `limiter top`: runs the view until interrupted (or once).
 pub fn main(target: &Access, interval: Duration, once: bool) -> std::process::ExitCode {
-    run(
-        &target.pin_path,
-        target.admin,
-        target.token.as_deref(),
-        interval.max(Duration::from_millis(100)),
-        once,
-    );
+    run(&target.pin_path, &target.admin, interval.max(Duration::from_millis(100)), once);
     std::process::ExitCode::SUCCESS
 }
 
 /// Refreshes every `interval` until interrupted (or once).
-pub fn run(pin_dir: &Path, admin: SocketAddr, token: Option<&str>, interval: Duration, once: bool) {
+pub fn run(pin_dir: &Path, admin: &AdminApi, interval: Duration, once: bool) {
     let tty = std::io::stdout().is_terminal();
     let mut prev: Option<Sample> = None;
     loop {
-        let cur = sample(pin_dir, admin, token);
+        let cur = sample(pin_dir, admin);
         let lines = render(&cur, prev.as_ref());
         let mut text = String::new();
         if tty {

@@ -8,7 +8,7 @@ use crate::kernel;
 /// Unloads the gate; refuses while a daemon serves it, unless `force`.
 pub fn main(target: &Access, force: bool) -> ExitCode {
     if !force
-        && let DaemonView::Running(status) = DaemonView::fetch(target.admin, target.token.as_deref())
+        && let DaemonView::Running(status) = DaemonView::fetch(&target.admin)
         && let Some(kernel) = &status.kernel
         && kernel.gate.as_ref().is_none_or(|g| g.pin_path == target.pin_path)
     {

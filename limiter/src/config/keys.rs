@@ -215,14 +215,28 @@ pub static KEYS: &[Key] = &[
         name: "admin.listen",
         default: DefaultValue::Value("127.0.0.1:9901"),
         reload: Reload::Restart,
-        doc: "admin listener: /metrics, /status, /healthz, POST /reload, /breaker",
+        doc: "admin listener (TCP): GET /metrics and /healthz; with admin.tokenFile, every admin path behind the token",
         set: plain!(|c, v| c.admin.listen = Addr(socket_addr(v)?)),
+    },
+    Key {
+        name: "admin.socket",
+        default: DefaultValue::Value("/run/limiter/admin.sock"),
+        reload: Reload::Restart,
+        doc: "the admin socket: every admin path, no token; who may connect is its mode (0600, root) and admin.socketGroup; `off` for none",
+        set: plain!(|c, v| c.admin.socket = if v == "off" { None } else { Some(absolute_path(v)?) }),
+    },
+    Key {
+        name: "admin.socketGroup",
+        default: DefaultValue::Unset("(none: root only)"),
+        reload: Reload::Restart,
+        doc: "a group whose members may use the admin socket too (mode 0660)",
+        set: plain!(|c, v| c.admin.socket_group = Some(v.to_owned())),
     },
     Key {
         name: "admin.tokenFile",
         default: DefaultValue::Unset("(none)"),
         reload: Reload::Live,
-        doc: "file holding the bearer token every admin path but /healthz requires",
+        doc: "file holding the bearer token that opens every admin path but /healthz on admin.listen",
         set: plain!(|c, v| {
             let path = absolute_path(v)?;
             c.admin.token = Some(Secret(read_token(&path)?));

@@ -384,6 +384,10 @@ pub struct AdminConfig {
     pub watch_config: bool,
     /// The metrics-only listener (`admin.metricsListen`).
     pub metrics_listen: Option<Addr>,
+    /// The admin socket (`admin.socket`); `None`: `off`.
+    pub socket: Option<PathBuf>,
+    /// The group that may use the admin socket (`admin.socketGroup`).
+    pub socket_group: Option<String>,
 }
 
 #[cfg(test)]

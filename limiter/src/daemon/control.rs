@@ -202,7 +202,7 @@ impl Control for Daemon {
     fn configured_addr(&self, scope: crate::admin::Scope) -> std::net::SocketAddr {
         let config = self.config.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         match scope {
-            crate::admin::Scope::Full => config.admin.listen.0,
+            crate::admin::Scope::Full | crate::admin::Scope::Socket => config.admin.listen.0,
             crate::admin::Scope::MetricsOnly => {
                 config.admin.metrics_listen.map_or(config.admin.listen.0, |a| a.0)
             }

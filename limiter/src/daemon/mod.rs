@@ -66,6 +66,8 @@ pub enum DaemonError {
     Ledger(#[from] crate::admission::ledger::LedgerError),
     #[error(transparent)]
     Activation(#[from] activation::ActivationError),
+    #[error(transparent)]
+    Socket(#[from] crate::admin::socket::SocketError),
 }
 
 /// How `run` was asked to behave.
@@ -84,6 +86,8 @@ pub struct Prepared {
     config: Config,
     options: RunOptions,
     admin: std::net::TcpListener,
+    /// The admin socket (`admin.socket`), unless `off`.
+    socket: Option<crate::admin::socket::Bound>,
     /// `admin.metricsListen`, when set.
     metrics: Option<std::net::TcpListener>,
     /// One per worker and listener; `None` without a proxy.
@@ -167,6 +171,12 @@ pub fn prepare(config: Config, options: RunOptions) -> Result<Prepared, DaemonEr
         None => None,
     };
     passed.finish()?;
+    // Made as root, in root's directory: after the drop the daemon keeps
+    // serving it, and no other user can replace it.
+    let socket = match &config.admin.socket {
+        Some(path) => Some(crate::admin::socket::bind(path, config.admin.socket_group.as_deref())?),
+        None => None,
+    };
     let owners: Vec<u32> = options.user_uid.into_iter().collect();
     let gate = if config.kernel.enabled { Some(HeldGate::start(&config.kernel, &owners)?) } else { None };
     match (&gate, &http) {
@@ -185,7 +195,7 @@ pub fn prepare(config: Config, options: RunOptions) -> Result<Prepared, DaemonEr
         }
         _ => None,
     };
-    Ok(Prepared { config, options, admin, metrics, http, gate, ledger })
+    Ok(Prepared { config, options, admin, socket, metrics, http, gate, ledger })
 }
 
 /// Serves until `shutdown` resolves, then drains: reloads whenever
@@ -195,7 +205,7 @@ pub async fn run(
     mut reloads: mpsc::UnboundedReceiver<()>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DaemonError> {
-    let Prepared { config, options, admin, metrics, http: http_listeners, gate, ledger } = prepared;
+    let Prepared { config, options, admin, socket, metrics, http: http_listeners, gate, ledger } = prepared;
     if let Some(ledger) = &ledger {
         tokio::spawn(Ledger::beating(Arc::downgrade(ledger)));
     }
@@ -287,7 +297,7 @@ pub async fn run(
     let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
     let metrics_task = match metrics.map(TcpListener::from_std).transpose() {
         Ok(Some(listener)) => Some(tokio::spawn(crate::admin::serve(
-            listener,
+            crate::admin::Listener::Tcp(listener),
             daemon.clone(),
             crate::admin::Scope::MetricsOnly,
             admin_stop_rx.clone(),
@@ -295,8 +305,30 @@ pub async fn run(
         Ok(None) => None,
         Err(e) => return Err(listen_error("admin.metricsListen", metrics_addr)(e)),
     };
-    let admin_task =
-        tokio::spawn(crate::admin::serve(admin, daemon.clone(), crate::admin::Scope::Full, admin_stop_rx));
+    let socket_task = match &socket {
+        Some(bound) => {
+            let listener = bound.listener.try_clone().and_then(tokio::net::UnixListener::from_std).map_err(
+                |source| crate::admin::socket::SocketError::Io {
+                    path: bound.path.clone(),
+                    what: "serving",
+                    source,
+                },
+            )?;
+            Some(tokio::spawn(crate::admin::serve(
+                crate::admin::Listener::Unix(listener),
+                daemon.clone(),
+                crate::admin::Scope::Socket,
+                admin_stop_rx.clone(),
+            )))
+        }
+        None => None,
+    };
+    let admin_task = tokio::spawn(crate::admin::serve(
+        crate::admin::Listener::Tcp(admin),
+        daemon.clone(),
+        crate::admin::Scope::Full,
+        admin_stop_rx,
+    ));
     let workers = match (&proxy, http_listeners) {
         (Some(proxy), Some(listeners)) => proxy::run_workers(listeners, proxy.clone(), stop_rx),
         _ => Vec::new(),
@@ -363,8 +395,11 @@ pub async fn run(
     }
     let _ = admin_stop_tx.send(true);
     let _ = admin_task.await;
-    if let Some(task) = metrics_task {
+    for task in [metrics_task, socket_task].into_iter().flatten() {
         let _ = task.await;
+    }
+    if let Some(bound) = &socket {
+        bound.remove_if_ours();
     }
     let had_gate = daemon.gate.is_some();
     drop(daemon);

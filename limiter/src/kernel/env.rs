@@ -248,13 +248,13 @@ pub fn ensure_bpffs(pin_dir: &Path) -> Result<bool, KernelError> {
 }
 
 /// Refuses a pin directory that someone besides root and `owners` could
-/// write, or that lies under one (`pin_trust`).
+/// write, or that lies under one (`crate::dir_trust`).
 pub fn check_pin_trust(pin_dir: &Path, owners: &[u32]) -> Result<(), KernelError> {
     let mut owners = owners.to_vec();
     owners.push(nix::unistd::geteuid().as_raw());
-    let steps = super::pin_trust::steps(pin_dir, |d| fs_type(d) == Some(BPF_FS_MAGIC))
+    let steps = crate::dir_trust::steps(pin_dir, |d| fs_type(d) == Some(BPF_FS_MAGIC))
         .map_err(|e| KernelError::io(format!("looking at the owners of {}", pin_dir.display()), e))?;
-    super::pin_trust::judge(&steps, &owners)
+    crate::dir_trust::judge(&steps, &owners)
         .map_err(|untrusted| KernelError::UntrustedPinDir { pin_dir: pin_dir.to_path_buf(), untrusted })
 }
 

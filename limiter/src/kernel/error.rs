@@ -53,8 +53,13 @@ pub enum KernelError {
          mount such as /sys/fs/bpf"
     )]
     PinDirNotBpffs(PathBuf),
-    #[error("kernel.pinPath {}: {untrusted}", pin_dir.display())]
-    UntrustedPinDir { pin_dir: PathBuf, untrusted: super::pin_trust::Untrusted },
+    #[error(
+        "kernel.pinPath {}: {untrusted}: any local user who can write it can remove the gate's pins; \
+         the pin directory and every directory above it must belong to root or the --user, writable \
+         by no one else (mount bpffs with mode=700)",
+        pin_dir.display()
+    )]
+    UntrustedPinDir { pin_dir: PathBuf, untrusted: crate::dir_trust::Untrusted },
     #[error(
         "could not mount bpffs on {dir} ({}): mount it yourself with `mount -t bpf bpf {dir}`",
         source.desc(), dir = dir.display()

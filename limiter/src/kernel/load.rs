@@ -93,7 +93,7 @@ impl Gate {
     ///
     /// `owners`: the uids besides root's that may own the pin directory
     /// and those above it (the daemon's own, the `--user`'s); see
-    /// `pin_trust`.
+    /// `crate::dir_trust`.
     pub fn start(config: &KernelConfig, owners: &[u32]) -> Result<Started, KernelError> {
         let probed = probe(config)?;
         let mounted_bpffs = env::ensure_bpffs(&config.pin_path)?;

@@ -6,8 +6,6 @@
 //! - `load`: [`Gate::start`], adopting a pinned gate or loading a new one,
 //!   one sequence for both;
 //! - `pins`: the pin directory (which pins are ours, rollback, [`unload`]);
-//! - `pin_trust`: who may own and write the pin directory and those
-//!   above it;
 //! - `reach`: the pin directory held open, so the daemon still reaches
 //!   it after dropping privileges;
 //! - `maps`: [`Gate`], the map handles and every read and write;
@@ -59,7 +57,6 @@ mod link_kind;
 mod load;
 mod maps;
 mod migrate;
-mod pin_trust;
 mod pins;
 mod reach;
 pub mod shared_memory;

@@ -1,13 +1,17 @@
-//! Whether the pin directory can be trusted: whoever can write it, or a
-//! directory above it, can remove the link pins (the gate is gone) or move
-//! the permit ledger aside (a handover no longer shares permits). So the
-//! pin directory and every directory above it must belong to root or to
-//! the daemon's own user (`--user`), and no one else may write them:
+//! Whether a directory limiter keeps something in can be trusted: whoever
+//! can write it, or a directory above it, can replace what is there. In
+//! the pin directory that is the gate's link pins (remove them and the
+//! gate is gone) and the permit ledger (move it aside and a handover no
+//! longer shares permits); in the admin socket's directory, the socket
+//! (put another in its place and the CLI talks to it). So such a
+//! directory and every one above it must belong to root or to the
+//! daemon's own user (`--user`), and no one else may write them:
 //!
-//! - on bpffs (the pin directory up to the mount's root): no write bit for
-//!   others, and a group write bit only for root's group; a bpffs mounted
-//!   without `mode=` is `1777`, and is refused;
-//! - above the mount (`/sys/fs`, say): the same, except that a sticky
+//! - where it is strict (the pin directory up to its bpffs mount's root,
+//!   the socket's own directory): no write bit for others, and a group
+//!   write bit only for root's group; a bpffs mounted without `mode=` is
+//!   `1777`, and is refused;
+//! - above that (`/sys/fs`, `/run`): the same, except that a sticky
 //!   directory writable by all (`/tmp`) is accepted, since no one but its
 //!   owner can rename or remove the entry below it.
 
@@ -23,17 +27,13 @@ pub struct Step {
     pub uid: u32,
     pub gid: u32,
     pub mode: u32,
-    pub on_bpffs: bool,
+    /// No sticky exception here (see the module doc).
+    pub strict: bool,
 }
 
 /// A directory that fails the rule: which, whose, what mode, and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "{} (owner uid {uid}, group {gid}, mode {mode:04o}) {why}: any local user who can write it can \
-     remove the gate's pins; the pin directory and every directory above it must belong to root or \
-     the --user, writable by no one else (mount bpffs with mode=700)",
-    dir.display()
-)]
+#[error("{} (owner uid {uid}, group {gid}, mode {mode:04o}) {why}", dir.display())]
 pub struct Untrusted {
     pub dir: PathBuf,
     pub uid: u32,
@@ -52,10 +52,10 @@ pub fn judge(steps: &[Step], owners: &[u32]) -> Result<(), Untrusted> {
             return fail("is owned by another user");
         }
         let sticky = s.mode & 0o1000 != 0;
-        if s.mode & 0o002 != 0 && (s.on_bpffs || !sticky) {
+        if s.mode & 0o002 != 0 && (s.strict || !sticky) {
             return fail("is writable by others");
         }
-        if s.mode & 0o020 != 0 && s.gid != 0 && (s.on_bpffs || !sticky) {
+        if s.mode & 0o020 != 0 && s.gid != 0 && (s.strict || !sticky) {
             return fail("is writable by its group");
         }
     }
@@ -63,10 +63,11 @@ pub fn judge(steps: &[Step], owners: &[u32]) -> Result<(), Untrusted> {
 }
 
 /// The existing directories from `pin_dir` (or its nearest existing
-/// ancestor) up to `/`, as they are now.
-pub fn steps(pin_dir: &Path, is_bpffs: impl Fn(&Path) -> bool) -> std::io::Result<Vec<Step>> {
+/// ancestor) up to `/`, as they are now; `strict` says where the sticky
+/// exception does not apply.
+pub fn steps(dir: &Path, strict: impl Fn(&Path) -> bool) -> std::io::Result<Vec<Step>> {
     let mut out = Vec::new();
-    for dir in pin_dir.ancestors().filter(|d| !d.as_os_str().is_empty()) {
+    for dir in dir.ancestors().filter(|d| !d.as_os_str().is_empty()) {
         let meta = match std::fs::metadata(dir) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -77,7 +78,7 @@ pub fn steps(pin_dir: &Path, is_bpffs: impl Fn(&Path) -> bool) -> std::io::Resul
             uid: meta.uid(),
             gid: meta.gid(),
             mode: meta.mode(),
-            on_bpffs: is_bpffs(dir),
+            strict: strict(dir),
         });
     }
     Ok(out)
@@ -87,8 +88,8 @@ pub fn steps(pin_dir: &Path, is_bpffs: impl Fn(&Path) -> bool) -> std::io::Resul
 mod tests {
     use super::*;
 
-    fn step(dir: &str, uid: u32, gid: u32, mode: u32, on_bpffs: bool) -> Step {
-        Step { dir: dir.into(), uid, gid, mode: 0o040000 | mode, on_bpffs }
+    fn step(dir: &str, uid: u32, gid: u32, mode: u32, strict: bool) -> Step {
+        Step { dir: dir.into(), uid, gid, mode: 0o040000 | mode, strict }
     }
 
     fn chain(bpffs_root_mode: u32) -> Vec<Step> {

@@ -1,0 +1,151 @@
+//! Who can do what on a node (README, "Who can do what on a node"), tried
+//! by a second, unprivileged user that the test creates and removes:
+//!
+//! - through the TCP admin listener, which every local user can reach, it
+//!   can read `/metrics` and `/healthz` and steer nothing: no breaker
+//!   override, no reload, no `/status`;
+//! - it cannot connect to the admin socket (root's, mode 0600), unless
+//!   `admin.socketGroup` names a group of its own;
+//! - squatting the admin address while the daemon is down gets it no
+//!   token: `limiter reload` refuses to send it to a listener root did not
+//!   open, and with the admin socket nothing is sent over TCP at all.
+
+use std::{
+    io::{BufRead as _, BufReader, Read as _},
+    process::Stdio,
+};
+
+use limiter_tests::{Daemon, client, free_port, limiter, unix_request, upstream::Upstream, user::TempUser};
+
+fn curl(user: &TempUser, args: &[&str]) -> String {
+    let out = user
+        .run("curl", &[&["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5"], args].concat());
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, a second user; run by `cargo xtask test`"]
+fn another_local_user_reads_metrics_and_steers_nothing() {
+    let user = TempUser::create().unwrap();
+    let up = Upstream::start();
+    let dir = std::env::temp_dir().join(format!("limiter-node-trust-{}", std::process::id()));
+    let (config, proxy) = client::http_config(&dir, Some(up.addr), "");
+    let daemon = Daemon::start(&config, &[]).unwrap();
+    let admin = daemon.admin;
+    let url = |path: &str| format!("http://{admin}{path}");
+    assert_eq!(curl(&user, &["-X", "POST", &url("/breaker/open")]), "403", "the breaker override");
+    assert_eq!(curl(&user, &["-X", "POST", &url("/breaker/close")]), "403");
+    assert_eq!(curl(&user, &["-X", "POST", &url("/reload")]), "403", "a reload");
+    assert_eq!(curl(&user, &[&url("/status")]), "403", "the status");
+    assert_eq!(curl(&user, &[&url("/metrics")]), "200", "the metrics");
+    assert_eq!(curl(&user, &[&url("/healthz")]), "200", "the health");
+    assert_eq!(client::get(proxy, "/x", &[]).status, 200, "the breaker stayed closed");
+    // The admin socket is root's: the user cannot connect at all.
+    let socket = daemon.socket.clone().unwrap();
+    let sock = socket.to_str().unwrap();
+    assert_eq!(curl(&user, &["--unix-socket", sock, "http://localhost/status"]), "000", "connect refused");
+    // Root, and `limiter dump` and `reload`, use it.
+    assert_eq!(unix_request(&socket, "GET", "/status").unwrap().0, 200);
+    let out = limiter(&["reload", "--config", config.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = limiter(&["dump", "--json", "--config", config.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["daemon"]["running"], true, "{v}");
+    let mut daemon = daemon;
+    daemon.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(daemon.wait(), Some(0));
+    assert!(!socket.exists(), "the daemon removed its socket on the way out");
+    // admin.socketGroup lets a group in (0660).
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}admin.socketGroup = {}\n", user.name)).unwrap();
+    let daemon = Daemon::start(&config, &[]).unwrap();
+    let user_in_group = user.run(
+        "curl",
+        &["-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", sock, "http://localhost/status"],
+    );
+    // setpriv clears the supplementary groups, but the user's own group is
+    // its primary one.
+    assert_eq!(String::from_utf8_lossy(&user_in_group.stdout), "200");
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, a second user; run by `cargo xtask test`"]
+fn a_user_squatting_the_admin_address_gets_no_token() {
+    let user = TempUser::create().unwrap();
+    let dir = std::env::temp_dir().join(format!("limiter-squat-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token = "squat-test-token-0123456789abcdef";
+    let token_file = dir.join("token");
+    limiter_tests::write_secret(&token_file, &format!("{token}\n"));
+    let port = free_port();
+    let config = dir.join("limiter.ini");
+    let socket = dir.join("run").join("admin.sock");
+    let write = |socket_line: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "kernel.enabled = false\nhttp.upstream = sample\nadmin.listen = 127.0.0.1:{port}\nadmin.tokenFile = {}\n{socket_line}",
+                token_file.display()
+            ),
+        )
+        .unwrap();
+    };
+    // The daemon is down; the user binds its address and answers every
+    // request as a daemon would, printing what it was sent.
+    let script = format!(
+        "import socket,sys\n\
+         s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         s.bind(('127.0.0.1',{port})); s.listen(8); s.settimeout(20)\n\
+         print('ready', flush=True)\n\
+         while True:\n\
+         \x20   try: c,_=s.accept()\n\
+         \x20   except OSError: break\n\
+         \x20   c.settimeout(2)\n\
+         \x20   try: data=c.recv(65536)\n\
+         \x20   except OSError: data=b''\n\
+         \x20   print(repr(data), flush=True)\n\
+         \x20   c.sendall(b'HTTP/1.0 200 OK\\r\\n\\r\\n{{\"applied\":true,\"changes\":[]}}'); c.close()\n"
+    );
+    let mut squatter =
+        user.command("/usr/bin/python3", &["-c", &script]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut said = BufReader::new(squatter.stdout.take().unwrap());
+    let mut line = String::new();
+    said.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+
+    // Over TCP (the socket off): the CLI sees a listener of another uid
+    // and sends nothing of the token.
+    write("admin.socket = off\n");
+    let out = limiter(&["reload", "--config", config.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("held by uid {}", user.uid)) && err.contains("not sending the admin token"),
+        "{err}"
+    );
+    // With the admin socket (the default): nothing there, nothing sent.
+    write(&format!("admin.socket = {}\n", socket.display()));
+    let out = limiter(&["reload", "--config", config.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no daemon answered on admin.socket"), "{err}");
+    // And the user cannot put a socket of its own where the CLI looks.
+    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    let planted = user.run(
+        "python3",
+        &["-c", &format!("import socket; socket.socket(socket.AF_UNIX).bind('{}')", socket.display())],
+    );
+    assert!(!planted.status.success(), "the user planted a socket in root's directory");
+
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(squatter.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = squatter.wait();
+    let mut heard = String::new();
+    said.read_to_string(&mut heard).unwrap();
+    assert!(!heard.contains(token), "the squatter was sent the token: {heard}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
