@@ -227,8 +227,12 @@ impl Writer {
     }
 }
 
+/// Opens the log for appending: created 0640 (lines can hold query
+/// strings), never through a symbolic link (whoever can write the log's
+/// directory could point one at a file only root may write).
 fn open(path: &PathBuf) -> Option<io::BufWriter<Box<dyn Write + Send>>> {
-    match OpenOptions::new().create(true).append(true).open(path) {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    match OpenOptions::new().create(true).append(true).mode(0o640).custom_flags(libc::O_NOFOLLOW).open(path) {
         Ok(file) => Some(io::BufWriter::with_capacity(64 * 1024, Box::new(file))),
         Err(e) => {
             tracing::error!(path = %path.display(), "http.accessLog: cannot open the file: {e}; lines are dropped until a reload or SIGUSR1 opens it");
@@ -240,6 +244,24 @@ fn open(path: &PathBuf) -> Option<io::BufWriter<Box<dyn Write + Send>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_log_is_created_0640_and_never_opened_through_a_link() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("limiter-log-open-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("access.log");
+        assert!(open(&log).is_some());
+        assert_eq!(std::fs::metadata(&log).unwrap().permissions().mode() & 0o777, 0o640);
+        let target = dir.join("root-only");
+        std::fs::write(&target, "").unwrap();
+        let link = dir.join("linked.log");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(open(&link).is_none(), "opened through a link");
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn entry() -> Entry {
         Entry {

@@ -14,8 +14,13 @@
 //! - above that (`/sys/fs`, `/run`): the same, except that a sticky
 //!   directory writable by all (`/tmp`) is accepted, since no one but its
 //!   owner can rename or remove the entry below it.
+//!
+//! Files limiter reads as root (the admin token, the certificates) are
+//! opened through [`open_trusted`]: no symbolic link of another user's is
+//! followed on the way.
 
 use std::{
+    fs,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
 };
@@ -84,6 +89,33 @@ pub fn steps(dir: &Path, strict: impl Fn(&Path) -> bool) -> std::io::Result<Vec<
     Ok(out)
 }
 
+/// Opens `path` for reading, refusing it when any symbolic link on the
+/// way belongs to a user other than root or this process's: whoever can
+/// write a directory limiter reads from could otherwise point a link at a
+/// file only root may read. Links made by root (Kubernetes' `..data` swap
+/// of a mounted Secret or ConfigMap) are followed.
+pub fn open_trusted(path: &Path) -> Result<fs::File, String> {
+    let me = nix::unistd::geteuid().as_raw();
+    let mut walked = std::path::PathBuf::new();
+    for part in path.components() {
+        walked.push(part);
+        if let Ok(meta) = fs::symlink_metadata(&walked)
+            && meta.file_type().is_symlink()
+            && meta.uid() != 0
+            && meta.uid() != me
+        {
+            return Err(format!(
+                "{}: {} is a symbolic link of uid {} (mode {:04o}): not followed; only root's links are",
+                path.display(),
+                walked.display(),
+                meta.uid(),
+                meta.mode() & 0o7777
+            ));
+        }
+    }
+    fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,6 +132,24 @@ mod tests {
             step("/sys", 0, 0, 0o555, false),
             step("/", 0, 0, 0o755, false),
         ]
+    }
+
+    #[test]
+    fn a_link_of_another_user_is_not_followed_and_roots_are() {
+        let dir = std::env::temp_dir().join(format!("limiter-links-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let secret = dir.join("secret");
+        fs::write(&secret, "only root may read this").unwrap();
+        let link = dir.join("token");
+        std::os::unix::fs::symlink(&secret, &link).unwrap();
+        assert!(open_trusted(&link).is_ok(), "this process's own link is followed");
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::lchown(&link, Some(4242), None).unwrap();
+            let e = open_trusted(&link).unwrap_err();
+            assert!(e.contains("is a symbolic link of uid 4242") && e.contains("not followed"), "{e}");
+        }
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -36,7 +36,8 @@
 //! - [`tls`]: the TLS certificate pair and the rustls configuration;
 //! - [`utc`] (leaf): UTC dates for the access log and certificates;
 //! - [`dir_trust`] (leaf): who may own and write the directories limiter
-//!   keeps its pins and its admin socket in;
+//!   keeps its pins and its admin socket in, and the links it follows to
+//!   the files it reads as root;
 //! - `alloc_count`: the counting allocator of the `count-allocations`
 //!   benchmark build;
 //! - [`allocator`] (leaf): the global allocator (mimalloc).

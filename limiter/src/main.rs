@@ -36,7 +36,8 @@ enum Command {
         #[arg(long)]
         log_json: bool,
         /// After loading the gate and binding the listeners, run as this
-        /// user (the daemon keeps CAP_BPF only, in any case).
+        /// user: a name, or UID[:GID] in numbers (the daemon keeps CAP_BPF
+        /// only, in any case).
         #[arg(long, value_name = "USER")]
         user: Option<String>,
     },

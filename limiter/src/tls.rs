@@ -143,7 +143,12 @@ fn server_config(
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    crate::dir_trust::open_trusted(path)?
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    Ok(bytes)
 }
 
 /// `notBefore` and `notAfter` of a DER certificate, read with the few DER

@@ -25,6 +25,16 @@ pub(super) fn entries<'a>(text: &'a str, file: &str) -> Result<Vec<Entry<'a>>, C
         let line = index + 1;
         let err = |key: Option<&str>, message: String| ConfigError::at(file, line, key, None, message);
         let content = strip_comment(raw).trim();
+        // Until a line has read as `key = value`, the file may be no
+        // configuration at all (a symlink to /etc/shadow): a line that
+        // breaks the grammar is named by its number, not quoted.
+        let quoted = |what: &str| {
+            if out.is_empty() && section.is_empty() {
+                format!("{what} (not quoted: nothing before it reads as a configuration)")
+            } else {
+                format!("{what}, found `{content}`")
+            }
+        };
         if content.is_empty() {
             continue;
         }
@@ -35,15 +45,15 @@ pub(super) fn entries<'a>(text: &'a str, file: &str) -> Result<Vec<Entry<'a>>, C
                     section = inner.to_owned();
                     continue;
                 }
-                _ => return Err(err(None, format!("malformed section header `{content}`"))),
+                _ => return Err(err(None, quoted("malformed section header"))),
             }
         }
         let Some((key, value)) = content.split_once('=') else {
-            return Err(err(None, format!("expected `key = value`, found `{content}`")));
+            return Err(err(None, quoted("expected `key = value`")));
         };
         let (key, value) = (key.trim(), value.trim());
         if key.is_empty() || key.contains(char::is_whitespace) {
-            return Err(err(None, format!("malformed key in `{content}`")));
+            return Err(err(None, quoted("malformed key")));
         }
         let key = if section.is_empty() { key.to_owned() } else { format!("{section}.{key}") };
         if let Some(first) = seen.insert(key.clone(), line) {

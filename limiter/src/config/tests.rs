@@ -144,9 +144,16 @@ fn duplicates_unknown_keys_and_malformed_lines() {
         error("admin.port = 9\n"),
         "limiter.ini:1: admin.port = 9: unknown key under `admin.` (keys there are the daemon's; see the README's key table)"
     );
-    assert_eq!(error("just words\n"), "limiter.ini:1: expected `key = value`, found `just words`");
-    assert_eq!(error("[http\n"), "limiter.ini:1: malformed section header `[http`");
-    assert_eq!(error("= 3\n"), "limiter.ini:1: malformed key in `= 3`");
+    assert_eq!(error("a = 1\njust words\n"), "limiter.ini:2: expected `key = value`, found `just words`");
+    assert_eq!(error("a = 1\n[http\n"), "limiter.ini:2: malformed section header, found `[http`");
+    assert_eq!(error("a = 1\n= 3\n"), "limiter.ini:2: malformed key, found `= 3`");
+    // A file that is no configuration at all (a symlink to /etc/shadow):
+    // nothing of it is quoted.
+    let shadow = error("root:$y$j9T$secret-hash:19000:0:99999:7:::\n");
+    assert_eq!(
+        shadow,
+        "limiter.ini:1: expected `key = value` (not quoted: nothing before it reads as a configuration)"
+    );
     // Even a runtime key may not appear twice: the file is ambiguous.
     assert_eq!(
         error("http.port = 1\nhttp.port = 2\n"),
@@ -430,8 +437,10 @@ fn an_admin_listener_beyond_loopback_needs_a_token() {
     let err = Config::parse(&text, "limiter.ini").unwrap_err().to_string();
     assert!(
         err.contains(&format!(
-            "admin.tokenFile = {0}: {0} has mode 0644: other users can read it",
-            token.display()
+            "admin.tokenFile = {0}: {0} (owner uid {1}, group {2}, mode 0644): other users can read it",
+            token.display(),
+            nix::unistd::geteuid(),
+            nix::unistd::getegid()
         )),
         "{err}"
     );

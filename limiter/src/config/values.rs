@@ -4,7 +4,6 @@
 
 use std::{
     collections::BTreeMap,
-    fs,
     net::SocketAddr,
     path::{Path, PathBuf},
 };
@@ -103,20 +102,24 @@ pub(super) fn xdp_mode(value: &str) -> Result<XdpModeChoice, String> {
 
 /// The first line of a token file: at least 16 characters, no spaces.
 pub(super) fn read_token(path: &Path) -> Result<String, String> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let text = fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    use std::{io::Read as _, os::unix::fs::MetadataExt as _};
+    let mut file = crate::dir_trust::open_trusted(path)?;
     // A secret every local user can read is no secret: refuse it, as ssh
-    // refuses a private key others can read.
-    let mode =
-        fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?.permissions().mode();
-    if mode & 0o007 != 0 {
+    // refuses a private key others can read. (The mode of what was opened,
+    // not of what the path names a moment later.)
+    let meta = file.metadata().map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if meta.mode() & 0o007 != 0 {
         return Err(format!(
-            "{} has mode {:04o}: other users can read it; make it readable by the daemon's user or group only \
-             (chmod 0600, or 0640 with the daemon's group)",
+            "{} (owner uid {}, group {}, mode {:04o}): other users can read it; make it readable by the \
+             daemon's user or group only (chmod 0600, or 0640 with the daemon's own group)",
             path.display(),
-            mode & 0o7777
+            meta.uid(),
+            meta.gid(),
+            meta.mode() & 0o7777
         ));
     }
+    let mut text = String::new();
+    file.read_to_string(&mut text).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let token = text.lines().next().unwrap_or("").trim();
     if token.len() < 16 || token.contains(char::is_whitespace) {
         return Err(format!(

@@ -50,15 +50,28 @@ fn io_step(step: impl Into<String>) -> impl FnOnce(std::io::Error) -> PrivilegeE
     move |source| PrivilegeError::Io { step, source }
 }
 
-/// The uid of the user `name` (`--user`).
-pub fn uid_of(name: &str) -> Result<u32, PrivilegeError> {
-    Ok(user(name)?.uid.as_raw())
+/// The uid of the user `--user` names.
+pub fn uid_of(spec: &str) -> Result<u32, PrivilegeError> {
+    Ok(user(spec)?.uid.as_raw())
 }
 
-fn user(name: &str) -> Result<User, PrivilegeError> {
-    User::from_name(name)
-        .map_err(|source| PrivilegeError::LookUp { user: name.to_owned(), source })?
-        .ok_or_else(|| PrivilegeError::NoSuchUser(name.to_owned()))
+/// Who `--user` names: a user name (its uid and primary group), or
+/// `UID[:GID]` in numbers (a dedicated uid in a container image that has
+/// no passwd entry for it; the group is the uid's number unless given).
+struct Target {
+    uid: Uid,
+    gid: Gid,
+}
+
+fn user(spec: &str) -> Result<Target, PrivilegeError> {
+    let (uid, gid) = spec.split_once(':').unwrap_or((spec, spec));
+    if let (Ok(uid), Ok(gid)) = (uid.parse::<u32>(), gid.parse::<u32>()) {
+        return Ok(Target { uid: Uid::from_raw(uid), gid: Gid::from_raw(gid) });
+    }
+    let found = User::from_name(spec)
+        .map_err(|source| PrivilegeError::LookUp { user: spec.to_owned(), source })?
+        .ok_or_else(|| PrivilegeError::NoSuchUser(spec.to_owned()))?;
+    Ok(Target { uid: found.uid, gid: found.gid })
 }
 
 /// The capabilities kept after start-up.
