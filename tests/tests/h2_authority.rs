@@ -117,3 +117,87 @@ fn what_rfc_9113_refuses_is_refused_before_admission() {
     assert_eq!(d.metric("limiter_http_bad_requests_total{kind=\"target\"}"), 1.0);
     assert_eq!(d.metric("limiter_http_admitted_total{pool=\"normal\"}"), 0.0, "no permit taken");
 }
+
+/// An upstream that takes one connection, keeps every byte it is sent
+/// until the request (trailers included) has ended or 3 s pass, and
+/// answers 200.
+fn capturing_upstream() -> (std::net::SocketAddr, std::thread::JoinHandle<Vec<u8>>) {
+    use std::io::{Read as _, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        let ended = |b: &[u8]| {
+            let text = String::from_utf8_lossy(b);
+            let Some((head, body)) = text.split_once("\r\n\r\n") else { return false };
+            let length = head.lines().find_map(|l| {
+                l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_owned())
+            });
+            match length.and_then(|v| v.parse::<usize>().ok()) {
+                Some(n) => body.len() >= n,
+                None => body.ends_with("\r\n\r\n") && body.contains("0\r\n"),
+            }
+        };
+        while !ended(&got) {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend(&buf[..n]),
+            }
+        }
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+        got
+    });
+    (addr, t)
+}
+
+/// RFC 9113 §8.1: pseudo-header fields must not appear in trailers. One
+/// that tries to name another path there (`:path: /admin`, after a body)
+/// reaches the upstream as nothing: h2 keeps a trailer section's regular
+/// fields only, and what the upstream is sent is the request the head
+/// named.
+#[test]
+fn a_path_in_trailers_reaches_the_upstream_as_nothing() {
+    let (addr, upstream) = capturing_upstream();
+    let d = InProcess::start(addr, "http.h2c = true\n");
+    let mut s = h2raw::connect(d.proxy, &[]);
+    let head =
+        block("POST", &[(":authority", "app.example"), (":path", "/upload")], &[("content-length", "5")]);
+    let trailers = {
+        let mut out = Vec::new();
+        for (name, value) in [(":path", "/admin"), ("x-trailer", "t")] {
+            out.push(0x00);
+            out.push(name.len() as u8);
+            out.extend(name.as_bytes());
+            out.push(value.len() as u8);
+            out.extend(value.as_bytes());
+        }
+        out
+    };
+    let frames = [
+        h2raw::frame(HEADERS, END_HEADERS, 1, &head),
+        h2raw::frame(DATA, 0, 1, b"hello"),
+        h2raw::frame(HEADERS, END_HEADERS | END_STREAM, 1, &trailers),
+    ]
+    .concat();
+    std::io::Write::write_all(&mut s, &frames).unwrap();
+    // Whatever the client is answered, read until its stream ends.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        match h2raw::read_frame(&mut s, Duration::from_secs(5)) {
+            Ok(Some(f)) if f.stream == 1 && (f.flags & END_STREAM != 0 || f.kind == h2raw::RST_STREAM) => {
+                break;
+            }
+            Ok(Some(_)) => {}
+            _ => break,
+        }
+    }
+    let seen = String::from_utf8_lossy(&upstream.join().unwrap()).into_owned();
+    assert!(seen.starts_with("POST /upload HTTP/1.1\r\n"), "{seen}");
+    assert!(
+        !seen.contains("/admin") && !seen.contains(":path"),
+        "the trailer's path reached the upstream: {seen}"
+    );
+}

@@ -101,6 +101,9 @@ pub const PROGRAMS: &[Program] = &[
     base("useradd", "passwd"),
     base("userdel", "passwd"),
     base("id", "coreutils"),
+    // A bpffs instance of a test's own (mode 700, or 1777 to be refused).
+    base("mount", "mount"),
+    base("umount", "mount"),
     debian("setpriv", "util-linux"),
     base("sh", "dash"),
     base("echo", "coreutils"),

@@ -306,6 +306,11 @@ impl Framing {
         self.state == Scan::Head && !self.head.request_line && !self.head.line_started && !self.head.cr
     }
 
+    /// Bytes of a head have come, and not its end.
+    pub fn in_head(&self) -> bool {
+        self.state == Scan::Head && !self.between_requests()
+    }
+
     fn next_message(&mut self) {
         self.state = Scan::Head;
         self.head = HeadScan::default();

@@ -61,6 +61,18 @@ impl Watch {
     }
 }
 
+/// What the server and the client's reader share of one HTTP/1
+/// connection.
+#[derive(Debug, Default)]
+pub struct H1Flags {
+    /// A request has reached the service.
+    pub asked: AtomicBool,
+    /// The connection ended with a head begun and not finished (set as
+    /// the reader is dropped): a header timeout then was a slow head, not
+    /// a keep-alive connection idling between requests.
+    pub cut_mid_head: AtomicBool,
+}
+
 /// Most bytes drained after a 503 before closing anyway.
 pub const LINGER_MAX_BYTES: u64 = 64 * 1024 * 1024;
 
@@ -79,6 +91,8 @@ pub struct ClientIo<S = TcpStream> {
     rate_timer: Option<Pin<Box<Sleep>>>,
     linger: Duration,
     closing: Option<Closing>,
+    /// HTTP/1: told, as the reader goes, whether a head was cut short.
+    flags: Option<Arc<H1Flags>>,
 }
 
 struct Blocked {
@@ -115,7 +129,14 @@ impl<S> ClientIo<S> {
             rate_timer: None,
             linger,
             closing: None,
+            flags: None,
         }
+    }
+
+    /// Tells `flags` whether the connection ends mid-head.
+    pub fn with_flags(mut self, flags: Arc<H1Flags>) -> Self {
+        self.flags = Some(flags);
+        self
     }
 
     /// Accounts a write for the minimum reading rate.
@@ -233,6 +254,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for ClientIo<S> {
             }
         }
         Poll::Ready(Ok(()))
+    }
+}
+
+impl<S> Drop for ClientIo<S> {
+    fn drop(&mut self) {
+        if let (Some(flags), Watch::Framing(framing)) = (&self.flags, &self.watch)
+            && framing.in_head()
+        {
+            flags.cut_mid_head.store(true, Ordering::Relaxed);
+        }
     }
 }
 

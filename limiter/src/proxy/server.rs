@@ -9,7 +9,7 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
+        atomic::{AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -32,7 +32,7 @@ use super::{
     exchange,
     headers::Client,
     headers::Forwarding,
-    io::{ClientIo, Watch},
+    io::{ClientIo, H1Flags, Watch},
     proto::Proto,
     refusal_log::ResetEnd,
     streams::Streams,
@@ -319,6 +319,7 @@ async fn connection(
     let trusted = tuning.trusted_forwarders.iter().any(|p| p.contains(addr.ip().to_canonical()));
     let conn =
         |proto| Conn { client: Client { addr, proto, port, trusted }, proxy: proxy.clone(), pool, shutdown };
+    let flags = Arc::new(H1Flags::default());
     // Cleartext HTTP/1 inline; TLS and HTTP/2, whose futures are several
     // times larger, boxed: this future is moved into its task on every
     // accept, and sized by its largest branch.
@@ -326,7 +327,7 @@ async fn connection(
         Box::pin(async {
             match handshake(stream, &tuning, &proxy).await {
                 Some((tls, Proto::H2Tls)) => serve_h2(tls, conn(Proto::H2Tls)).await,
-                Some((tls, proto)) => serve_h1(tls, conn(proto)).await,
+                Some((tls, proto)) => serve_h1(tls, conn(proto), flags.clone()).await,
                 None => Ok(()),
             }
         })
@@ -334,17 +335,21 @@ async fn connection(
     } else if tuning.h2c && Box::pin(sends_preface(&stream, tuning.header_read_timeout)).await {
         Box::pin(serve_h2(stream, conn(Proto::H2c))).await
     } else {
-        serve_h1(stream, conn(Proto::H1)).await
+        serve_h1(stream, conn(Proto::H1), flags.clone()).await
     };
     if let Err(e) = result {
         // A head hyper refused never became a request: the access log
         // still gets a line for it, with what hyper answered and why.
         let refused = if e.is_timeout() {
-            // Not logged: hyper says the same of a keep-alive connection
-            // that idled past the timeout between requests, and nothing is
-            // sent either way.
             c.header_timeouts.fetch_add(1, Ordering::Relaxed);
-            None
+            // hyper says the same of a keep-alive connection that idled
+            // past the timeout between requests: only a head begun and
+            // not finished is a request refused (nothing is sent either
+            // way; 408, as nginx logs its client_header_timeout).
+            flags
+                .cut_mid_head
+                .load(Ordering::Relaxed)
+                .then_some((StatusCode::REQUEST_TIMEOUT, "header_timeout"))
         } else if e.is_parse_too_large() {
             c.heads_too_large.fetch_add(1, Ordering::Relaxed);
             c.status(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
@@ -443,19 +448,19 @@ impl Conn {
 }
 
 /// One HTTP/1 connection, cleartext or TLS.
-async fn serve_h1<S>(stream: S, conn: Conn) -> Result<(), hyper::Error>
+async fn serve_h1<S>(stream: S, conn: Conn, flags: Arc<H1Flags>) -> Result<(), hyper::Error>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let tuning = conn.start();
     let Conn { client, proxy, pool, shutdown } = conn;
-    let io = client_io(stream, Watch::h1(), &tuning, &proxy);
-    let asked = Arc::new(AtomicBool::new(false));
+    let io = client_io(stream, Watch::h1(), &tuning, &proxy).with_flags(flags.clone());
+    let asked = flags;
     let fwd = Arc::new(Forwarding::new(client));
     let service = {
         let (proxy, asked) = (proxy.clone(), asked.clone());
         service_fn(move |req| {
-            asked.store(true, Ordering::Relaxed);
+            asked.asked.store(true, Ordering::Relaxed);
             exchange::serve(req, proxy.clone(), pool.clone(), client, None, fwd.clone())
         })
     };
@@ -469,7 +474,7 @@ where
             // rather than close it unanswered (a handover's clients would
             // see "closed before a response").
             let grace = tokio::time::Instant::now() + FIRST_REQUEST_GRACE;
-            while !asked.load(Ordering::Relaxed) && tokio::time::Instant::now() < grace {
+            while !asked.asked.load(Ordering::Relaxed) && tokio::time::Instant::now() < grace {
                 tokio::select! {
                     result = conn.as_mut() => return result,
                     () = tokio::time::sleep(Duration::from_millis(5)) => {}
