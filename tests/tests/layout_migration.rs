@@ -54,6 +54,12 @@ fn a_layout_2_gate_with_connections_held_is_migrated_in_place_by_a_second_run() 
     let sb = Sandbox::new().unwrap();
     let p = free_port();
     let config = sb.config(&format!("{p}:4"), &format!("kernel.port.{p}.perSourceMax = 3\n"));
+    // The layout-2 limiter predates `admin.socket`: the file leaves it at
+    // its default, which the new daemon then serves.
+    let text = std::fs::read_to_string(&config).unwrap();
+    let text: String =
+        text.lines().filter(|l| !l.starts_with("admin.socket")).map(|l| format!("{l}\n")).collect();
+    std::fs::write(&config, text).unwrap();
     let mut old = Daemon::start_binary(&old_bin, &config, &[]).expect("the layout-2 daemon");
     let l = sb.listen(&format!("0.0.0.0:{p}"), 128);
     let dst = SocketAddr::from((Ipv4Addr::LOCALHOST, p));

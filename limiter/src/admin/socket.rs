@@ -23,7 +23,11 @@ use crate::dir_trust;
 /// Why the admin socket could not be made or reached.
 #[derive(Debug, thiserror::Error)]
 pub enum SocketError {
-    #[error("admin.socket {}: {what}: {source}", path.display())]
+    #[error(
+        "admin.socket {}: {what}: {source} (a daemon not run as root needs admin.socket in a directory \
+         of its own user's, or admin.socket = off)",
+        path.display()
+    )]
     Io { path: PathBuf, what: &'static str, source: std::io::Error },
     #[error(
         "admin.socket {}: {untrusted}: a local user who can write there could put another socket in \

@@ -171,12 +171,6 @@ pub fn prepare(config: Config, options: RunOptions) -> Result<Prepared, DaemonEr
         None => None,
     };
     passed.finish()?;
-    // Made as root, in root's directory: after the drop the daemon keeps
-    // serving it, and no other user can replace it.
-    let socket = match &config.admin.socket {
-        Some(path) => Some(crate::admin::socket::bind(path, config.admin.socket_group.as_deref())?),
-        None => None,
-    };
     let owners: Vec<u32> = options.user_uid.into_iter().collect();
     let gate = if config.kernel.enabled { Some(HeldGate::start(&config.kernel, &owners)?) } else { None };
     match (&gate, &http) {
@@ -194,6 +188,14 @@ pub fn prepare(config: Config, options: RunOptions) -> Result<Prepared, DaemonEr
             Some(Ledger::join(memory, pin_dir, std::time::Duration::from_secs(3))?)
         }
         _ => None,
+    };
+    // Made as root, in root's directory: after the drop the daemon keeps
+    // serving it, and no other user can replace it. Last, since it is
+    // renamed over the path: a daemon taking over replaces the serving
+    // one's socket only once nothing else can fail its start.
+    let socket = match &config.admin.socket {
+        Some(path) => Some(crate::admin::socket::bind(path, config.admin.socket_group.as_deref())?),
+        None => None,
     };
     Ok(Prepared { config, options, admin, socket, metrics, http, gate, ledger })
 }
