@@ -282,3 +282,30 @@ fn the_alerting_rules_pass_promtool_and_their_unit_tests_and_name_real_metrics()
     assert!(unknown.is_empty(), "named by the rules or the dashboard but not served: {unknown:?}");
     let _ = std::fs::remove_dir_all(&scratch);
 }
+
+/// `systemd-analyze security --offline=true` on the shipped unit: its
+/// overall exposure is what the README reports ("Who can do what on a
+/// node"), so a change to the unit that moves it must move the README too.
+#[test]
+#[ignore = "black-box: systemd-analyze; run by `cargo xtask test`"]
+fn the_units_exposure_is_what_the_readme_reports() {
+    let out = limiter_tests::process::run_with_deadline(
+        Command::new("systemd-analyze")
+            .args(["security", "--offline=true", "--no-pager"])
+            .arg(workspace().join("deploy/systemd/limiter.service")),
+        limiter_tests::process::DEADLINE,
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let score = text
+        .lines()
+        .find_map(|l| l.split("Overall exposure level for limiter.service:").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| {
+            panic!("no overall exposure in:\n{text}\n{}", String::from_utf8_lossy(&out.stderr))
+        })
+        .to_owned();
+    let value: f64 = score.parse().unwrap();
+    assert!(value <= 3.5, "the unit's exposure rose to {score}");
+    let readme = std::fs::read_to_string(workspace().join("README.md")).unwrap();
+    assert!(readme.contains(&format!("scores **{score}**")), "the README does not report the unit's {score}");
+}

@@ -613,11 +613,14 @@ fn http2(short: bool) -> Row {
             key.display()
         ),
     );
-    let (n, resetters, resets) = if short { (20_000u64, 4, 2_000) } else { (100_000, 8, 5_000) };
+    // Each load runs for a duration, not a count: the window-0 readers hold
+    // their slots up to a second before they are cut (the bound), and a
+    // count of fast 503s would be over within it.
+    let (secs, resetters, resets) = if short { (3u32, 4, 2_000) } else { (15, 8, 5_000) };
     let mut row = Row::new(
         "HTTP/2 overload",
         format!(
-            "{n} streams over TLS and {n} over h2c (50 connections x 20 streams, upstream 5 ms, 9 normal slots), {resetters} reconnecting rapid-reset clients of {resets} resets a connection, 2 reconnecting window-0 readers of 15 streams"
+            "{secs} s of streams over TLS and {secs} s over h2c (50 connections x 20 streams, upstream 5 ms, 9 normal slots), {resetters} reconnecting rapid-reset clients of {resets} resets a connection, 2 reconnecting window-0 readers of 15 streams"
         ),
     );
     let stop = Arc::new(AtomicBool::new(false));
@@ -689,8 +692,8 @@ fn http2(short: bool) -> Row {
             })
         })
         .collect();
-    let per = n.to_string();
-    let args = ["-n", per.as_str(), "-c", "50", "-m", "20", "-H", "authorization: Bearer soak"];
+    let per = secs.to_string();
+    let args = ["-D", per.as_str(), "-c", "50", "-m", "20", "-H", "authorization: Bearer soak"];
     let started = Instant::now();
     let over_tls = h2load(&args, &format!("https://{tls}/slowhead?ms=5"));
     let over_h2c = h2load(&args[..6], &format!("http://{proxy}/slowhead?ms=5"));
@@ -701,7 +704,7 @@ fn http2(short: bool) -> Row {
     let page = daemon.metrics();
     for (name, (ok, failed, errored, codes)) in [("TLS (one session)", over_tls), ("h2c", over_h2c)] {
         row.check(
-            ok + failed == n && errored == 0 && ok > 0 && failed > 0,
+            errored == 0 && ok > 0 && failed > 0,
             format!(
                 "{name}: {ok} x 200, {failed} x 503, {errored} errored ({codes}) in {:.0} s",
                 took.as_secs_f64()
