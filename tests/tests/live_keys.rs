@@ -84,6 +84,7 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
     ("http.h2.maxConcurrentStreams", "front_door.rs", "max_concurrent_streams_changes_for_new_connections"),
     ("http.shedAtSyn", "shedding.rs", "shedding_and_its_timings_change_live"),
     ("http.shedAfterMs", "shedding.rs", "shedding_and_its_timings_change_live"),
+    ("http.shedRefusalRate", "shedding.rs", "shedding_and_its_timings_change_live"),
     ("http.shedReleaseMs", "shedding.rs", "shedding_and_its_timings_change_live"),
     (
         "http.accessLog",

@@ -28,6 +28,10 @@ use serde_json::Value;
 /// Normal slots of `http.maxThreads = 16` (16 - 8 system - 3 `/debug/`).
 const NORMAL: usize = 5;
 const AFTER_MS: u64 = 100;
+/// Refusals per second over [`AFTER_MS`] that start shedding: 5 in the
+/// window, what the tests' floods pass at once (the configuration warns
+/// of noise below 80; these floods are no noise).
+const RATE: u64 = 50;
 const RELEASE_MS: u64 = 600;
 /// The trusted source; the flood comes from 127.0.0.1.
 const TRUSTED: &str = "127.0.0.2";
@@ -51,7 +55,7 @@ fn setup(extra: &str) -> (Sandbox, Arc<Upstream>, Daemon, SocketAddr) {
         "1:1",
         &format!(
             "http.upstream = {}\nhttp.maxThreads = 16\nhttp.shedAtSyn = true\nhttp.shedAfterMs = {AFTER_MS}\n\
-             http.shedReleaseMs = {RELEASE_MS}\nkernel.trusted = {TRUSTED}/32\n{extra}",
+             http.shedRefusalRate = {RATE}\nhttp.shedReleaseMs = {RELEASE_MS}\nkernel.trusted = {TRUSTED}/32\n{extra}",
             up.addr
         ),
     );
@@ -369,20 +373,20 @@ fn shedding_and_its_timings_change_live() {
     assert!(off[1] >= refusing[1] + 20, "the pool kept refusing: {refusing:?} then {off:?}");
     assert_eq!(shed_status(&daemon)["started"], 0, "switched off: shedding never started");
     assert!(!shedding_active(&daemon));
-    // On, with a start delay the test would not wait for: still nothing
-    // shed after the same ten delays of AFTER_MS.
-    reload_with(&daemon, &[("http.shedAtSyn", "true"), ("http.shedAfterMs", "8000")]);
+    // On, with a rate the flood does not reach (a million refusals a
+    // second): still nothing shed after the same ten windows.
+    reload_with(&daemon, &[("http.shedAtSyn", "true"), ("http.shedRefusalRate", "1000000")]);
     let before = flood.counts();
     // A timer, as above.
     thread::sleep(Duration::from_millis(10 * AFTER_MS));
     let on = flood.counts();
-    assert_eq!(on[0], 0, "an 8 s start delay: no SYN refused yet: {on:?}");
+    assert_eq!(on[0], 0, "a rate the flood does not reach: no SYN refused: {on:?}");
     assert!(on[1] >= before[1] + 20, "the pool kept refusing: {before:?} then {on:?}");
-    assert_eq!(shed_status(&daemon)["started"], 0, "an 8 s start delay: shedding not started yet");
-    // The reloaded delay: the pool has been refusing for longer than 100
-    // ms, so shedding starts (8 s would outlast the wait below).
-    reload_with(&daemon, &[("http.shedAfterMs", "100")]);
-    wait_for("shedding after the reloaded 100 ms", Duration::from_secs(3), || shedding_active(&daemon));
+    assert_eq!(shed_status(&daemon)["started"], 0, "a rate not reached: shedding not started");
+    // The reloaded rate and window: the flood passes 50 a second over 100
+    // ms at once, so shedding starts.
+    reload_with(&daemon, &[("http.shedRefusalRate", &RATE.to_string()), ("http.shedAfterMs", "100")]);
+    wait_for("shedding at the reloaded rate and window", Duration::from_secs(3), || shedding_active(&daemon));
     // The reloaded release: refusing stops, shedding stops within it, not
     // after the 8 s it had.
     reload_with(&daemon, &[("http.shedReleaseMs", "300")]);

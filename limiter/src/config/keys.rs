@@ -325,8 +325,15 @@ pub static KEYS: &[Key] = &[
         name: "http.shedAfterMs",
         default: DefaultValue::Value("200"),
         reload: Reload::Live,
-        doc: "how long the normal pool must have been refusing (full, or the breaker open) before shedding starts",
+        doc: "the window over which the normal pool's refusal rate is measured: shedding starts once the refusals in the last shedAfterMs reach http.shedRefusalRate × shedAfterMs (an open breaker counts as refusing at that rate)",
         set: plain!(|c, v| c.http.shed_after_ms = ms(v, 10)?),
+    },
+    Key {
+        name: "http.shedRefusalRate",
+        default: DefaultValue::Value("500"),
+        reload: Reload::Live,
+        doc: "refusals per second of the normal pool, over http.shedAfterMs, that start shedding",
+        set: plain!(|c, v| c.http.shed_refusal_rate = u64::from(int_at_least(v, 1)?)),
     },
     Key {
         name: "http.shedReleaseMs",

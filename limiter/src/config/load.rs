@@ -76,6 +76,7 @@ impl Config {
             ConfigError::at(name, written.map_or(0, |w| w.line), Some(&key), value.as_deref(), message)
         };
         config.check().map_err(|e| blame(&config, e, false))?;
+        config.warn_of_noisy_shedding();
         // A file's error names the file and what is wrong with it; the key
         // and its value say where the configuration named it.
         config.load_tls().map_err(|e| blame(&config, e, true))?;
@@ -183,6 +184,19 @@ impl Config {
         }
         http.tls = Some(pair);
         Ok(())
+    }
+
+    /// Fewer than 80 refusals in the shedding window: a Poisson stream of
+    /// refusals at half the rate reaches that many now and then
+    /// (`crate::shedding`).
+    fn warn_of_noisy_shedding(&mut self) {
+        let in_window = self.http.shed_refusal_rate.saturating_mul(self.http.shed_after_ms) / 1000;
+        if self.http.shed_at_syn && in_window < 80 {
+            self.warnings.push(format!(
+                "http.shedRefusalRate × http.shedAfterMs is {in_window} refusals: below about 80, refusals \
+                 arriving at random at half the rate will start shedding now and then; raise either"
+            ));
+        }
     }
 
     /// Checks that involve more than one key; names the key to blame.

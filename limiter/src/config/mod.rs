@@ -262,6 +262,9 @@ pub struct HttpConfig {
     pub shed_at_syn: bool,
     /// Refusing this long starts the shedding (`http.shedAfterMs`).
     pub shed_after_ms: u64,
+    /// Refusals per second over `shed_after_ms` that start shedding
+    /// (`http.shedRefusalRate`).
+    pub shed_refusal_rate: u64,
     /// Refusing nothing this long stops it (`http.shedReleaseMs`).
     pub shed_release_ms: u64,
     /// A client must deliver a complete request head within this long of

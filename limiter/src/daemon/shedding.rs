@@ -1,6 +1,6 @@
 //! Coupled shedding in the running daemon (`http.shedAtSyn`): every
-//! [`TICK`], whether the normal pool refused something since the last
-//! tick (or the breaker is open) goes to the [`Hysteresis`]; while it says
+//! [`TICK`], how many requests the normal pool refused since the last tick
+//! (and whether the breaker is open) goes to the [`Hysteresis`]; while it says
 //! shed, the kernel flags of the proxy's listening ports are raised and
 //! renewed, each for one [`LEASE`]; they are lowered when it says stop,
 //! when a reload switches `http.shedAtSyn` off, and when the daemon drains.
@@ -27,7 +27,7 @@ use crate::{
     config::Config,
     kernel::shed::{LEASE, ShedFlags, ShedMode},
     proxy::Proxy,
-    shedding::{Hysteresis, Transition},
+    shedding::{Hysteresis, Sample, Transition},
 };
 
 /// How often the pools are sampled.
@@ -90,11 +90,12 @@ pub trait Host: Send + Sync + 'static {
 }
 
 /// The keys in force, read every tick (all of them reload live).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 struct Settings {
     enabled: bool,
     after: Duration,
     release: Duration,
+    rate: f64,
     dry_run: bool,
 }
 
@@ -105,6 +106,7 @@ impl Settings {
             enabled: config.http.shed_at_syn,
             after: Duration::from_millis(config.http.shed_after_ms),
             release: Duration::from_millis(config.http.shed_release_ms),
+            rate: config.http.shed_refusal_rate as f64,
             dry_run: config.http.dry_run || port_dry_run,
         }
     }
@@ -114,7 +116,7 @@ impl Settings {
 pub async fn run(daemon: Arc<impl Host>, proxy: Arc<Proxy>, mut flags: ShedFlags, status: Arc<Status>) {
     let settings = || Settings::of(&daemon.config(), &status.ports);
     let first = settings();
-    let mut hysteresis = Hysteresis::new(first.after, first.release);
+    let mut hysteresis = Hysteresis::new(first.after, first.release, first.rate);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let refused = || proxy.admission.refusals(Refusal::Normal);
@@ -127,7 +129,10 @@ pub async fn run(daemon: Arc<impl Host>, proxy: Arc<Proxy>, mut flags: ShedFlags
         status.enabled.store(s.enabled, Ordering::Relaxed);
         let draining = daemon.draining();
         let now_refused = refused();
-        let refusing = now_refused > last_refused || proxy.breaker.state() == breaker::State::Open;
+        let sample = Sample {
+            refused: now_refused.saturating_sub(last_refused),
+            breaker_open: proxy.breaker.state() == breaker::State::Open,
+        };
         last_refused = now_refused;
         if !s.enabled || draining {
             if hysteresis.shedding() {
@@ -143,8 +148,8 @@ pub async fn run(daemon: Arc<impl Host>, proxy: Arc<Proxy>, mut flags: ShedFlags
             }
             continue;
         }
-        hysteresis.set_timings(s.after, s.release);
-        match hysteresis.step(Instant::now(), refusing) {
+        hysteresis.set_timings(s.after, s.release, s.rate);
+        match hysteresis.step(Instant::now(), sample) {
             Some(Transition::Start) => {
                 raise(&mut flags, &status.ports, s.dry_run, &mut failing);
                 raised = Some((Instant::now(), s.dry_run));
@@ -152,10 +157,11 @@ pub async fn run(daemon: Arc<impl Host>, proxy: Arc<Proxy>, mut flags: ShedFlags
                 status.set(true);
                 tracing::warn!(
                     ports = ?status.ports,
-                    refusing_for_ms = s.after.as_millis() as u64,
+                    window_ms = s.after.as_millis() as u64,
+                    refusals_per_second = s.rate,
                     dry_run = s.dry_run,
                     probe_one_in = PROBE_ONE_IN,
-                    "the normal pool keeps refusing: shedding new connections at the SYN (the kernel gate \
+                    "the normal pool refuses at the shedding rate: shedding new connections at the SYN (the kernel gate \
                      answers them with a RST); established connections keep their HTTP answers"
                 );
             }
