@@ -138,6 +138,17 @@ fn a_user_squatting_the_admin_address_gets_no_token() {
         &["-c", &format!("import socket; socket.socket(socket.AF_UNIX).bind('{}')", socket.display())],
     );
     assert!(!planted.status.success(), "the user planted a socket in root's directory");
+    // The daemon cannot start on the taken address: it says whose it is,
+    // and leaves no socket behind.
+    let out = limiter(&["run", "--config", config.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("admin.listen 127.0.0.1:{port}: cannot listen"))
+            && err.contains(&format!("(held by uid {})", user.uid)),
+        "{err}"
+    );
+    assert!(!socket.exists(), "a daemon that could not start left its socket");
 
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(squatter.id() as i32),

@@ -22,6 +22,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod listener_owner;
 pub mod origin;
 mod slots;
 pub mod socket;

@@ -58,8 +58,8 @@ pub enum DaemonError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Kernel(#[from] KernelError),
-    #[error("{key} {addr}: cannot listen: {source}")]
-    Listen { key: &'static str, addr: SocketAddr, source: std::io::Error },
+    #[error("{key} {addr}: cannot listen: {source}{held}")]
+    Listen { key: &'static str, addr: SocketAddr, source: std::io::Error, held: String },
     #[error("starting the sample upstream: {0}")]
     Sample(std::io::Error),
     #[error(transparent)]
@@ -126,7 +126,25 @@ impl Prepared {
 }
 
 fn listen_error(key: &'static str, addr: SocketAddr) -> impl FnOnce(std::io::Error) -> DaemonError {
-    move |source| DaemonError::Listen { key, addr, source }
+    move |source| {
+        // Taken: say whose it is (a local user may have bound it while
+        // the daemon was down).
+        let held = if source.kind() == std::io::ErrorKind::AddrInUse {
+            let mut uids = crate::admin::listener_owner::uids(addr);
+            uids.sort_unstable();
+            uids.dedup();
+            match uids.as_slice() {
+                [] => String::new(),
+                uids => format!(
+                    " (held by uid {})",
+                    uids.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                ),
+            }
+        } else {
+            String::new()
+        };
+        DaemonError::Listen { key, addr, source, held }
+    }
 }
 
 /// The privileged part of start-up, run before any other thread exists (so
