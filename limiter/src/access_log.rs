@@ -234,6 +234,18 @@ fn open(path: &PathBuf) -> Option<io::BufWriter<Box<dyn Write + Send>>> {
     use std::os::unix::fs::OpenOptionsExt as _;
     match OpenOptions::new().create(true).append(true).mode(0o640).custom_flags(libc::O_NOFOLLOW).open(path) {
         Ok(file) => Some(io::BufWriter::with_capacity(64 * 1024, Box::new(file))),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            use std::os::unix::fs::MetadataExt as _;
+            let (uid, mode) =
+                std::fs::symlink_metadata(path).map_or((u32::MAX, 0), |m| (m.uid(), m.mode() & 0o7777));
+            tracing::error!(
+                path = %path.display(),
+                link_owner_uid = uid,
+                link_mode = format_args!("{mode:04o}"),
+                "http.accessLog: the path is a symbolic link (owner uid {uid}, mode {mode:04o}): not followed; lines are dropped until it is a file"
+            );
+            None
+        }
         Err(e) => {
             tracing::error!(path = %path.display(), "http.accessLog: cannot open the file: {e}; lines are dropped until a reload or SIGUSR1 opens it");
             None

@@ -8,7 +8,9 @@
 //!   `admin.socketGroup` names a group of its own;
 //! - squatting the admin address while the daemon is down gets it no
 //!   token: `limiter reload` refuses to send it to a listener root did not
-//!   open, and with the admin socket nothing is sent over TCP at all.
+//!   open, and with the admin socket nothing is sent over TCP at all;
+//! - owning the access log's directory gets it nothing: a link there to a
+//!   file only root may write is not followed.
 
 use std::{
     io::{BufRead as _, BufReader, Read as _},
@@ -158,5 +160,40 @@ fn a_user_squatting_the_admin_address_gets_no_token() {
     let mut heard = String::new();
     said.read_to_string(&mut heard).unwrap();
     assert!(!heard.contains(token), "the squatter was sent the token: {heard}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, a second user; run by `cargo xtask test`"]
+fn a_user_who_owns_the_log_directory_cannot_make_root_write_elsewhere() {
+    let user = TempUser::create().unwrap();
+    let up = Upstream::start();
+    let dir = std::env::temp_dir().join(format!("limiter-log-link-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let logs = dir.join("log");
+    std::fs::create_dir_all(&logs).unwrap();
+    std::os::unix::fs::chown(&logs, Some(user.uid), Some(user.gid)).unwrap();
+    let target = dir.join("root-only");
+    limiter_tests::write_secret(&target, "root's own\n");
+    let log = logs.join("access.log");
+    let linked = user.run("ln", &["-s", target.to_str().unwrap(), log.to_str().unwrap()]);
+    assert!(linked.status.success(), "{linked:?}");
+    let (config, proxy) =
+        client::http_config(&dir, Some(up.addr), &format!("http.accessLog = {}\n", log.display()));
+    let daemon = Daemon::start(&config, &[]).unwrap();
+    for _ in 0..3 {
+        assert_eq!(client::get(proxy, "/x", &[]).status, 200);
+    }
+    // A reload (and SIGUSR1) opens the log again: still not through the link.
+    daemon.admin_post("/reload").unwrap();
+    assert_eq!(client::get(proxy, "/x", &[]).status, 200);
+    assert_eq!(
+        std::fs::read_to_string(&target).unwrap(),
+        "root's own\n",
+        "root wrote through the user's link"
+    );
+    let said = format!("the path is a symbolic link (owner uid {}, mode 0777): not followed", user.uid);
+    assert!(daemon.log().contains(&said), "{}", daemon.log());
+    drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -101,6 +101,7 @@ pub const PROGRAMS: &[Program] = &[
     base("useradd", "passwd"),
     base("userdel", "passwd"),
     base("id", "coreutils"),
+    base("ln", "coreutils"),
     // A bpffs instance of a test's own (mode 700, or 1777 to be refused).
     base("mount", "mount"),
     base("umount", "mount"),
