@@ -19,6 +19,16 @@ use std::{
 
 use limiter_tests::{Daemon, client, free_port, limiter, unix_request, upstream::Upstream, user::TempUser};
 
+/// A child of the test's, ended by its pid when dropped.
+struct Ended(std::process::Child);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn curl(user: &TempUser, args: &[&str]) -> String {
     let out = user
         .run("curl", &[&["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5"], args].concat());
@@ -110,9 +120,11 @@ fn a_user_squatting_the_admin_address_gets_no_token() {
          \x20   print(repr(data), flush=True)\n\
          \x20   c.sendall(b'HTTP/1.0 200 OK\\r\\n\\r\\n{{\"applied\":true,\"changes\":[]}}'); c.close()\n"
     );
+    // Ended on drop, so a failed assertion leaves no process of the user's
+    // (which would keep `userdel` from removing the user).
     let mut squatter =
-        user.command("/usr/bin/python3", &["-c", &script]).stdout(Stdio::piped()).spawn().unwrap();
-    let mut said = BufReader::new(squatter.stdout.take().unwrap());
+        Ended(user.command("/usr/bin/python3", &["-c", &script]).stdout(Stdio::piped()).spawn().unwrap());
+    let mut said = BufReader::new(squatter.0.stdout.take().unwrap());
     let mut line = String::new();
     said.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "ready");
@@ -136,10 +148,14 @@ fn a_user_squatting_the_admin_address_gets_no_token() {
     // And the user cannot put a socket of its own where the CLI looks.
     std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
     let planted = user.run(
-        "python3",
+        "/usr/bin/python3",
         &["-c", &format!("import socket; socket.socket(socket.AF_UNIX).bind('{}')", socket.display())],
     );
     assert!(!planted.status.success(), "the user planted a socket in root's directory");
+    assert!(
+        String::from_utf8_lossy(&planted.stderr).contains("PermissionError"),
+        "refused for another reason than the directory's mode: {planted:?}"
+    );
     // The daemon cannot start on the taken address: it says whose it is,
     // and leaves no socket behind.
     let out = limiter(&["run", "--config", config.to_str().unwrap()]);
@@ -153,10 +169,10 @@ fn a_user_squatting_the_admin_address_gets_no_token() {
     assert!(!socket.exists(), "a daemon that could not start left its socket");
 
     let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(squatter.id() as i32),
+        nix::unistd::Pid::from_raw(squatter.0.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     );
-    let _ = squatter.wait();
+    let _ = squatter.0.wait();
     let mut heard = String::new();
     said.read_to_string(&mut heard).unwrap();
     assert!(!heard.contains(token), "the squatter was sent the token: {heard}");
