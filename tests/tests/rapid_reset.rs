@@ -128,19 +128,23 @@ fn serve(mut s: TcpStream, empty: &AtomicU64, served: &AtomicU64) {
 }
 
 /// Sockets in TIME-WAIT to or from the upstream, `127.0.0.1:port`
-/// (`/proc/net/tcp`). The whole address, not the port alone: an attacker's
-/// socket bound to 127.0.0.2 may get the same port number.
-fn time_wait(port: u16) -> usize {
+/// (`/proc/net/tcp`), by their two ends. The whole address, not the port
+/// alone: an attacker's socket bound to 127.0.0.2 may get the same port
+/// number. And by their ends, so that the caller can leave out those that
+/// were there before the upstream bound: an earlier test's listener on
+/// the same port number leaves its connections in TIME-WAIT for a minute.
+fn time_wait(port: u16) -> std::collections::BTreeSet<(String, String)> {
     let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
     let hex = format!("0100007F:{port:04X}");
     table
         .lines()
         .skip(1)
-        .filter(|l| {
+        .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            f.len() > 3 && f[3] == "06" && (f[1] == hex || f[2] == hex)
+            (f.len() > 3 && f[3] == "06" && (f[1] == hex || f[2] == hex))
+                .then(|| (f[1].to_owned(), f[2].to_owned()))
         })
-        .count()
+        .collect()
 }
 
 /// How an attacker cancels its streams.
@@ -283,6 +287,7 @@ impl Figures {
 /// the refusal of the attackers' group has a test of its own).
 fn run(reset: Reset) -> Figures {
     let up = SlowUpstream::start(Duration::from_millis(10), 256);
+    let time_wait_before = time_wait(up.addr.port());
     let dir = std::env::temp_dir().join(format!("limiter-rapid-reset-{}-{reset:?}", std::process::id()));
     let (config, proxy) = client::http_config(
         &dir,
@@ -326,7 +331,7 @@ fn run(reset: Reset) -> Figures {
     for l in lines.iter().take(3) {
         eprintln!("  log: {l}");
     }
-    let time_wait = time_wait(up.addr.port());
+    let time_wait = time_wait(up.addr.port()).difference(&time_wait_before).count();
     let served = up.served.load(Ordering::Relaxed);
     let (opened, empty, idle) = up.drain();
     let statuses = statuses.lock().unwrap().clone();
