@@ -13,6 +13,7 @@
 //! in flight, whatever the number of distinct tokens.
 
 pub mod ledger;
+pub mod adaptive;
 mod session;
 
 use std::{
