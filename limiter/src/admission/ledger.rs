@@ -55,8 +55,14 @@
 //! that finds no slot in 16 probes is counted only locally (the other
 //! daemon cannot see it), and counted in [`Ledger::unpublished`].
 //!
+//! Each record also holds the adaptive limit its daemon learnt
+//! (`http.adaptive`), so that a daemon taking over starts from it rather
+//! than from the ceiling. A writer of the memory can make a starting
+//! daemon take any limit between `http.adaptive.minLimit` and the static
+//! pool from there, no more; the controller moves on from it.
+//!
 //! Layout (64-bit words): `[lock, format, seed0, seed1, 0, 0, 0, 0]` then
-//! per record `[token, beat, normal, reserved, web, 0, 0, 0]` and the
+//! per record `[token, beat, normal, reserved, web, learnt, 0, 0]` and the
 //! session table as `(key, count)` pairs.
 
 use std::{
@@ -91,6 +97,9 @@ const BEAT: usize = 1;
 const NORMAL: usize = 2;
 const RESERVED: usize = 3;
 const WEB: usize = 4;
+/// The adaptive limit the daemon learnt (high 32 bits) and its base
+/// latency in microseconds (low 32 bits); 0: none.
+const LEARNT: usize = 5;
 const SESSIONS: usize = 8;
 const OWNER_WORDS: usize = SESSIONS + 2 * SESSION_SLOTS;
 
@@ -392,6 +401,23 @@ impl Locked<'_> {
             n.min(COUNT_MAX) as u32
         };
         Others { normal: sum(NORMAL), reserved: sum(RESERVED), web: sum(WEB) }
+    }
+
+    /// What the other daemon's adaptive controller learnt: its limit and
+    /// base latency in microseconds (`None`: no other, or it learnt
+    /// nothing).
+    pub fn others_learnt(&self) -> Option<(u32, u32)> {
+        let w = self.words();
+        self.others_records().map(|p| w[p + LEARNT].load(Ordering::Relaxed)).find(|&v| v != 0).map(|v| {
+            ((v >> 32) as u32, v as u32)
+        })
+    }
+
+    /// Publishes what this daemon's controller learnt (0, 0: nothing).
+    pub fn publish_learnt(&self, limit: u32, base_us: u32) {
+        if let Some(me) = self.ledger.record() {
+            self.words()[owner(me) + LEARNT].store((u64::from(limit) << 32) | u64::from(base_us), Ordering::Relaxed);
+        }
     }
 
     /// The other daemon's requests in flight for session `key`.

@@ -7,6 +7,20 @@
 //! a slot that is about to be given back. A [`Permit`] returns everything it
 //! took when dropped.
 //!
+//! With `http.adaptive = on` the normal pool's limit is learnt
+//! ([`adaptive`]): the controller lives under the same lock, sees every
+//! admission, refusal and answer of the normal pool, and moves the limit
+//! between `http.adaptive.minLimit` and the static pool.
+//!
+//! **Criticality.** A request is sheddable, normal or critical
+//! (`http.sheddable`, `http.critical`). Below the limit every class is
+//! admitted. Once the normal pool has been full (a refusal, or an
+//! admission that filled it) within the last [`PRESSURE`], sheddable
+//! requests may only take the pool up to three quarters of its limit,
+//! and, when critical paths are configured, normal requests up to the
+//! limit less a sixteenth (at least one slot): what is left of the pool
+//! under pressure goes to the higher classes first, without a queue.
+//!
 //! Sessions are kept under a keyed hash of the normalised `Authorization`
 //! value (`session.rs`): the token itself is never stored, and an entry
 //! disappears when its count reaches zero, so memory is bounded by what is
@@ -19,9 +33,11 @@ mod session;
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex, MutexGuard},
+    time::{Duration, Instant},
 };
 
 use self::{
+    adaptive::{Bounds, Controller, Estimates},
     ledger::{Change, Ledger, Locked, Others},
     session::SessionKeys,
 };
@@ -38,10 +54,21 @@ pub enum Refusal {
     Web,
     /// The session's limit (`Authorization`).
     Session,
+    /// The normal pool refused a sheddable request (`http.sheddable`).
+    Sheddable,
+    /// The normal pool refused a critical request (`http.critical`).
+    Critical,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 4] = [Refusal::Normal, Refusal::Debug, Refusal::Web, Refusal::Session];
+    pub const ALL: [Refusal; 6] = [
+        Refusal::Normal,
+        Refusal::Debug,
+        Refusal::Web,
+        Refusal::Session,
+        Refusal::Sheddable,
+        Refusal::Critical,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -49,7 +76,14 @@ impl Refusal {
             Self::Debug => "debug",
             Self::Web => "web",
             Self::Session => "session",
+            Self::Sheddable => "sheddable",
+            Self::Critical => "critical",
         }
+    }
+
+    /// A refusal of the normal pool, whatever the request's class.
+    pub fn of_pool(self) -> bool {
+        matches!(self, Self::Normal | Self::Sheddable | Self::Critical)
     }
 
     fn index(self) -> usize {
@@ -70,6 +104,12 @@ pub struct Limits {
     pub web: u32,
     /// Count would-be refusals, refuse nothing.
     pub dry_run: bool,
+    /// Learn the normal pool's limit below `normal` (`http.adaptive`),
+    /// down to this (`http.adaptive.minLimit`); `None`: the static pool.
+    pub adaptive_min: Option<u32>,
+    /// Critical paths are configured: under pressure, normal requests
+    /// leave them a reserve.
+    pub critical_reserve: bool,
 }
 
 impl Limits {
@@ -80,6 +120,42 @@ impl Limits {
             per_session: http.max_session_connections,
             web: http.max_web_connections,
             dry_run: http.dry_run,
+            adaptive_min: http.adaptive.then_some(http.adaptive_min_limit),
+            critical_reserve: !http.critical.is_empty(),
+        }
+    }
+}
+
+/// How long after the normal pool was last full it counts as under
+/// pressure (the classes' reserves apply).
+pub const PRESSURE: Duration = Duration::from_secs(1);
+
+/// A request's class (`http.sheddable`, `http.critical`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Class {
+    Sheddable,
+    #[default]
+    Normal,
+    Critical,
+}
+
+impl Class {
+    /// The refusal of the normal pool for a request of this class.
+    fn refusal(self) -> Refusal {
+        match self {
+            Self::Sheddable => Refusal::Sheddable,
+            Self::Normal => Refusal::Normal,
+            Self::Critical => Refusal::Critical,
+        }
+    }
+
+    /// Slots of a pool of `limit` that a request of this class may use
+    /// while the pool is under pressure.
+    fn under_pressure(self, limit: u32, critical_reserve: bool) -> u32 {
+        match self {
+            Self::Sheddable => limit - (limit / 4).max(1).min(limit),
+            Self::Normal if critical_reserve => limit - (limit / 16).max(1).min(limit),
+            Self::Normal | Self::Critical => limit,
         }
     }
 }
@@ -93,6 +169,8 @@ pub struct Ask<'a> {
     pub web: bool,
     /// The `Authorization` value, if any.
     pub session: Option<&'a [u8]>,
+    /// Its class (ignored for `/debug/`).
+    pub class: Class,
 }
 
 /// Which pool slot a permit holds.
@@ -117,12 +195,18 @@ struct Inner {
     admitted: [u64; 2],
     refused: [u64; Refusal::ALL.len()],
     would_refuse: [u64; Refusal::ALL.len()],
+    /// The learnt limit (`http.adaptive = on`).
+    adaptive: Option<Controller>,
+    /// When the normal pool was last full.
+    full_at: Option<Instant>,
+    /// Where the controllers' clocks start.
+    epoch: Instant,
 }
 
 impl Inner {
     /// Nothing in use yet, under `limits`.
     fn new(limits: Limits) -> Self {
-        Self {
+        let mut inner = Self {
             limits,
             normal: 0,
             reserved: 0,
@@ -131,7 +215,55 @@ impl Inner {
             admitted: [0; 2],
             refused: [0; Refusal::ALL.len()],
             would_refuse: [0; Refusal::ALL.len()],
+            adaptive: None,
+            full_at: None,
+            epoch: Instant::now(),
+        };
+        inner.set_limits(limits);
+        inner
+    }
+
+    /// Microseconds since `epoch`: the controller's clock.
+    fn micros(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.epoch).as_micros() as u64
+    }
+
+    fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
+        match limits.adaptive_min {
+            None => self.adaptive = None,
+            Some(min) => {
+                let bounds = Bounds { min, ceiling: limits.normal };
+                match &mut self.adaptive {
+                    Some(c) => c.set_bounds(bounds),
+                    None => {
+                        let now = self.micros(Instant::now());
+                        self.adaptive = Some(Controller::new(bounds, limits.normal, now));
+                    }
+                }
+            }
         }
+    }
+
+    /// The normal pool's limit in force.
+    fn normal_limit(&self) -> u32 {
+        self.adaptive.as_ref().map_or(self.limits.normal, Controller::limit)
+    }
+
+    /// A refusal (or would-be refusal) of `reason`: the normal pool's tell
+    /// the controller and mark the pool full.
+    fn pool_refused(&mut self, reason: Refusal) {
+        if reason.of_pool() {
+            self.full_at = Some(Instant::now());
+            if let Some(c) = &mut self.adaptive {
+                c.refused();
+            }
+        }
+    }
+
+    /// The pool has been full within [`PRESSURE`].
+    fn under_pressure(&self) -> bool {
+        self.full_at.is_some_and(|t| t.elapsed() < PRESSURE)
     }
 }
 
@@ -147,7 +279,7 @@ pub struct Admission {
 }
 
 /// Counters and gauges, for metrics and dump.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Snapshot {
     pub normal_in_use: u32,
     pub normal_limit: u32,
@@ -168,6 +300,33 @@ pub struct Snapshot {
     /// Refusals by reason, in [`Refusal::ALL`] order.
     pub refused: [u64; Refusal::ALL.len()],
     pub would_refuse: [u64; Refusal::ALL.len()],
+    /// The static pool (`http.maxThreads - 11`): the ceiling of
+    /// `normal_limit` when it is learnt.
+    #[serde(default)]
+    pub normal_ceiling: u32,
+    /// The adaptive controller's estimates (`None`: `http.adaptive = off`).
+    #[serde(default)]
+    pub adaptive: Option<Estimates>,
+}
+
+impl Snapshot {
+    /// The adaptive limit in one line, as `dump` and `top` show it
+    /// (`None`: `http.adaptive = off`).
+    pub fn adaptive_summary(&self) -> Option<String> {
+        let e = self.adaptive.as_ref()?;
+        let known = |v: f64, unit: &str| if v > 0.0 { format!("{v:.1}{unit}") } else { "unknown".to_owned() };
+        Some(format!(
+            "adaptive limit {} of {} (base latency {}, last {}, {:.0} answers/s, capacity {}; {} descents, {} found no queue)",
+            e.limit,
+            self.normal_ceiling,
+            known(e.base_latency * 1e3, " ms"),
+            known(e.latency * 1e3, " ms"),
+            e.throughput,
+            known(e.capacity, ""),
+            e.descents,
+            e.rebased,
+        ))
+    }
 }
 
 /// Held from admission until the response is finished or the client is
@@ -180,11 +339,22 @@ pub struct Permit {
     session: Option<u64>,
     /// The session's unit is in the ledger (to be taken back there).
     session_published: bool,
+    /// The adaptive controller's generation at admission.
+    generation: u32,
+    /// How long the upstream took to its response head (µs), told to the
+    /// controller when the permit goes back.
+    answered_us: Option<u64>,
 }
 
 impl Permit {
     pub fn slot(&self) -> Slot {
         self.slot
+    }
+
+    /// The upstream answered (its response head) `latency` after the
+    /// request was sent.
+    pub fn answered(&mut self, latency: Duration) {
+        self.answered_us = Some(latency.as_micros() as u64);
     }
 }
 
@@ -192,7 +362,12 @@ impl Drop for Permit {
     fn drop(&mut self) {
         let mut inner = self.admission.lock();
         match self.slot {
-            Slot::Normal => inner.normal -= 1,
+            Slot::Normal => {
+                inner.normal -= 1;
+                if let (Some(c), Some(us)) = (&mut inner.adaptive, self.answered_us) {
+                    c.answered(us, self.generation);
+                }
+            }
             Slot::Reserved => inner.reserved -= 1,
         }
         if self.web {
@@ -257,7 +432,34 @@ impl Admission {
     pub fn set_limits(&self, limits: Limits) {
         // Session entries of permits in flight stay until those permits
         // return, whatever the new limit: the counts stay exact.
-        self.lock().limits = limits;
+        self.lock().set_limits(limits);
+    }
+
+    /// Runs the adaptive controller (every few milliseconds, from a
+    /// timer): `Some` when its limit moved by more than a fifth. Publishes
+    /// what it learnt in the ledger, and on its first call takes what the
+    /// other daemon serving the gate learnt, if it learnt anything.
+    pub fn tick(&self, now: Instant) -> Option<adaptive::Change> {
+        let mut inner = self.lock();
+        let t = inner.micros(now);
+        let c = inner.adaptive.as_mut()?;
+        let change = c.tick(t);
+        let e = c.estimates();
+        drop(inner);
+        if let Some(shared) = self.shared() {
+            shared.publish_learnt(e.limit, (e.base_latency * 1e6).min(f64::from(u32::MAX)) as u32);
+        }
+        change
+    }
+
+    /// Starts the adaptive controller from what the other daemon serving
+    /// the gate learnt (a handover); `Some` with the limit taken.
+    pub fn resume_from_peer(&self) -> Option<u32> {
+        let mut inner = self.lock();
+        let (limit, base_us) = self.shared()?.others_learnt()?;
+        let c = inner.adaptive.as_mut()?;
+        c.resume(limit, f64::from(base_us) / 1e6);
+        Some(c.limit())
     }
 
     pub fn limits(&self) -> Limits {
@@ -273,6 +475,7 @@ impl Admission {
         let limits = inner.limits;
         let Decision { slot, web, session, refusal } = decide(&inner, &limits, ask, session, shared.as_ref());
         if let Some(reason) = refusal {
+            inner.pool_refused(reason);
             if !limits.dry_run {
                 inner.refused[reason.index()] += 1;
                 return Err(reason);
@@ -282,9 +485,19 @@ impl Admission {
         // Dry-run admits past a full pool on a normal slot, counted as such.
         let slot = slot.unwrap_or_else(|(_, fallback)| fallback);
         match slot {
-            Slot::Normal => inner.normal += 1,
+            Slot::Normal => {
+                inner.normal += 1;
+                let in_flight = inner.normal;
+                if in_flight >= inner.normal_limit() {
+                    inner.full_at = Some(Instant::now());
+                }
+                if let Some(c) = &mut inner.adaptive {
+                    c.admitted(in_flight);
+                }
+            }
             Slot::Reserved => inner.reserved += 1,
         }
+        let generation = inner.adaptive.as_ref().map_or(0, Controller::generation);
         inner.admitted[usize::from(ask.debug)] += 1;
         if web {
             inner.web += 1;
@@ -299,7 +512,15 @@ impl Admission {
         }
         drop(shared);
         drop(inner);
-        Ok(Permit { admission: self.clone(), slot, web, session, session_published })
+        Ok(Permit {
+            admission: self.clone(),
+            slot,
+            web,
+            session,
+            session_published,
+            generation,
+            answered_us: None,
+        })
     }
 
     /// The session of an `Authorization` value as logs may show it: 32 bits
@@ -322,7 +543,11 @@ impl Admission {
         let mut inner = self.lock();
         let shared = self.shared();
         let limits = inner.limits;
-        match decide(&inner, &limits, ask, session, shared.as_ref()).refusal {
+        let refusal = decide(&inner, &limits, ask, session, shared.as_ref()).refusal;
+        if let Some(reason) = refusal {
+            inner.pool_refused(reason);
+        }
+        match refusal {
             Some(reason) if !limits.dry_run => {
                 inner.refused[reason.index()] += 1;
                 Err(reason)
@@ -331,11 +556,14 @@ impl Admission {
         }
     }
 
-    /// Refusals and would-be refusals (dry-run) of `reason` so far; the
-    /// admission lock only (no ledger), for a sampler.
-    pub fn refusals(&self, reason: Refusal) -> u64 {
+    /// Refusals and would-be refusals of the normal pool, every class's.
+    pub fn pool_refusals(&self) -> u64 {
         let inner = self.lock();
-        inner.refused[reason.index()] + inner.would_refuse[reason.index()]
+        Refusal::ALL
+            .iter()
+            .filter(|r| r.of_pool())
+            .map(|r| inner.refused[r.index()] + inner.would_refuse[r.index()])
+            .sum()
     }
 
     pub fn snapshot(&self) -> Snapshot {
@@ -347,7 +575,9 @@ impl Admission {
         let limits = inner.limits;
         Snapshot {
             normal_in_use: inner.normal,
-            normal_limit: limits.normal,
+            normal_limit: inner.normal_limit(),
+            normal_ceiling: limits.normal,
+            adaptive: inner.adaptive.as_ref().map(Controller::estimates),
             debug_in_use: inner.reserved,
             debug_limit: limits.debug_reserved,
             web_in_use: inner.web,
@@ -388,18 +618,23 @@ fn decide(
     let others = shared.map_or(Others::default(), Locked::others);
     let normal = inner.normal + others.normal;
     let reserved = inner.reserved + others.reserved;
+    let limit = inner.normal_limit();
     let slot = if ask.debug {
         if reserved < limits.debug_reserved {
             Ok(Slot::Reserved)
-        } else if normal < limits.normal {
+        } else if normal < limit {
             Ok(Slot::Normal)
         } else {
             Err((Refusal::Debug, Slot::Normal))
         }
-    } else if normal < limits.normal {
-        Ok(Slot::Normal)
     } else {
-        Err((Refusal::Normal, Slot::Normal))
+        let below = ask.class.under_pressure(limit, limits.critical_reserve);
+        // The clock is read only in the reserve, near a full pool.
+        if normal < below || (normal < limit && !inner.under_pressure()) {
+            Ok(Slot::Normal)
+        } else {
+            Err((ask.class.refusal(), Slot::Normal))
+        }
     };
     let web = ask.web && !ask.debug;
     let web_full = web && limits.web > 0 && inner.web + others.web >= limits.web;

@@ -1,7 +1,9 @@
+use std::time::{Duration, Instant};
+
 use super::*;
 
 fn limits(normal: u32, per_session: u32, web: u32) -> Limits {
-    Limits { normal, debug_reserved: 3, per_session, web, dry_run: false }
+    Limits { normal, debug_reserved: 3, per_session, web, dry_run: false, adaptive_min: None, critical_reserve: false }
 }
 
 fn normal() -> Ask<'static> {
@@ -75,7 +77,7 @@ fn debug_requests_are_exempt_from_session_and_web_limits() {
     let s = Ask { session: Some(b"t"), web: true, ..Ask::default() };
     let _held = a.admit(s).unwrap();
     assert_eq!(a.admit(s).unwrap_err(), Refusal::Web);
-    let d = Ask { debug: true, session: Some(b"t"), web: true };
+    let d = Ask { debug: true, session: Some(b"t"), web: true, ..Ask::default() };
     let _d = a.admit(d).expect("debug ignores session and web limits");
     assert_eq!(a.snapshot().web_in_use, 1);
 }
@@ -165,7 +167,7 @@ fn dry_run_counts_would_be_refusals_and_refuses_nothing() {
     let t = Ask { session: Some(b"t"), ..Ask::default() };
     let p: Vec<_> = (0..3).map(|_| a.admit(t).expect("dry-run admits")).collect();
     let s = a.snapshot();
-    assert_eq!(s.refused, [0; 4]);
+    assert_eq!(s.refused, [0; Refusal::ALL.len()]);
     assert_eq!(s.would_refuse[Refusal::Normal as usize], 2);
     assert_eq!(s.normal_in_use, 3);
     drop(p);
@@ -224,12 +226,91 @@ fn the_check_at_the_head_takes_nothing_and_counts_its_refusal_once() {
     let d = Admission::new(dry);
     let _held = d.admit(Ask::default()).unwrap();
     assert_eq!(d.check(Ask::default()), Ok(()), "dry-run: the admission after the body counts");
-    assert_eq!(d.snapshot().would_refuse, [0; 4]);
+    assert_eq!(d.snapshot().would_refuse, [0; Refusal::ALL.len()]);
 }
 
 #[test]
 fn refusals_are_listed_once_each_at_their_counters_index() {
     let names: Vec<&str> = Refusal::ALL.iter().map(|r| r.as_str()).collect();
-    assert_eq!(names, ["normal", "debug", "web", "session"]);
+    assert_eq!(names, ["normal", "debug", "web", "session", "sheddable", "critical"]);
     assert!(Refusal::ALL.iter().enumerate().all(|(i, r)| r.index() == i));
+}
+
+fn ask(class: Class) -> Ask<'static> {
+    Ask { class, ..Ask::default() }
+}
+
+#[test]
+fn below_the_limit_no_class_is_refused() {
+    let a = Admission::new(Limits { critical_reserve: true, ..limits(8, 0, 0) });
+    let held: Vec<Permit> = [Class::Sheddable, Class::Normal, Class::Critical]
+        .into_iter()
+        .cycle()
+        .take(8)
+        .map(|c| a.admit(ask(c)).expect("below the limit, never under pressure"))
+        .collect();
+    assert_eq!(held.len(), 8);
+    assert_eq!(a.admit(ask(Class::Sheddable)).unwrap_err(), Refusal::Sheddable);
+    assert_eq!(a.admit(ask(Class::Critical)).unwrap_err(), Refusal::Critical);
+    assert_eq!(a.admit(ask(Class::Normal)).unwrap_err(), Refusal::Normal);
+}
+
+#[test]
+fn under_pressure_sheddable_requests_go_first_and_critical_ones_last() {
+    let a = Admission::new(Limits { critical_reserve: true, ..limits(16, 0, 0) });
+    let mut held: Vec<Permit> = (0..16).map(|_| a.admit(ask(Class::Normal)).unwrap()).collect();
+    // Full: the pool is under pressure for the next second.
+    held.truncate(11);
+    // 11 in use: a sheddable request may use 12 (16 less a quarter).
+    let s = a.admit(ask(Class::Sheddable)).expect("12th slot");
+    assert_eq!(a.admit(ask(Class::Sheddable)).unwrap_err(), Refusal::Sheddable);
+    // Normal ones up to 15 (less a sixteenth, for critical paths).
+    let n: Vec<Permit> = (0..3).map(|_| a.admit(ask(Class::Normal)).unwrap()).collect();
+    assert_eq!(a.admit(ask(Class::Normal)).unwrap_err(), Refusal::Normal);
+    // The last slot is a critical request's.
+    let c = a.admit(ask(Class::Critical)).expect("the critical reserve");
+    assert_eq!(a.admit(ask(Class::Critical)).unwrap_err(), Refusal::Critical);
+    let snap = a.snapshot();
+    assert_eq!(snap.refused[Refusal::Sheddable as usize], 1);
+    assert_eq!(snap.refused[Refusal::Critical as usize], 1);
+    drop((s, n, c, held));
+    // Without critical paths configured, normal requests have the whole pool.
+    let a = Admission::new(limits(4, 0, 0));
+    let held: Vec<Permit> = (0..4).map(|_| a.admit(ask(Class::Normal)).unwrap()).collect();
+    drop(held);
+    let again: Vec<Permit> = (0..4).map(|_| a.admit(ask(Class::Normal)).unwrap()).collect();
+    assert_eq!(again.len(), 4);
+    assert_eq!(a.admit(ask(Class::Sheddable)).unwrap_err(), Refusal::Sheddable);
+}
+
+#[test]
+fn the_adaptive_limit_is_the_normal_pool_s_limit_in_force() {
+    let a = Admission::new(Limits { adaptive_min: Some(2), ..limits(20, 0, 0) });
+    assert_eq!(a.snapshot().normal_limit, 20, "it starts at the static pool");
+    let t0 = Instant::now();
+    // Answers of 10 ms, then of 100 ms with 20 in flight: a queue.
+    let mut t = t0;
+    for ms in [10u64, 10, 100, 100, 100, 100, 100] {
+        // As many as it admits (refusals of any class count as pressure).
+        let mut held: Vec<Permit> = (0..20).map_while(|_| a.admit(ask(Class::Normal)).ok()).collect();
+        assert!(a.admit(ask(Class::Sheddable)).is_err());
+        for p in &mut held {
+            p.answered(Duration::from_millis(ms));
+        }
+        drop(held);
+        t += Duration::from_millis(150);
+        a.tick(t);
+    }
+    // The answers reached the controller through the permits, and the
+    // limit in force is its limit.
+    let snap = a.snapshot();
+    assert_eq!(snap.normal_ceiling, 20);
+    let e = snap.adaptive.expect("on");
+    assert_eq!(snap.normal_limit, e.limit);
+    assert!(e.descents >= 1 && (e.latency - 0.1).abs() < 1e-6 && e.base_latency > 0.0, "{e:?}");
+    assert!(snap.adaptive_summary().is_some_and(|s| s.contains(&format!("adaptive limit {} of 20", e.limit))));
+    // Switched off by a reload: the static pool again.
+    a.set_limits(limits(20, 0, 0));
+    assert_eq!(a.snapshot().normal_limit, 20);
+    assert!(a.snapshot().adaptive.is_none());
 }

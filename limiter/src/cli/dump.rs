@@ -253,6 +253,9 @@ fn pools(http: &HttpStatus) -> String {
         "http upstream: {} ({}/{} connections, {} refused upstream_full)\n",
         http.upstream, http.upstream_connections, http.upstream_connection_limit, http.refused_upstream_full
     ));
+    if let Some(line) = p.adaptive_summary() {
+        out.push_str(&format!("http {line}\n"));
+    }
     if let Some(s) = &http.shedding {
         out.push_str(&format!("shedding at the SYN: {}\n", shed_summary(s)));
     }

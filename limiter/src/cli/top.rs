@@ -112,6 +112,9 @@ pub fn render(cur: &Sample, prev: Option<&Sample>) -> Vec<String> {
             p.sessions,
             rate(http.refused_total(), before, secs),
         )));
+        if let Some(line) = p.adaptive_summary() {
+            out.push(fit(format!("HTTP {line}")));
+        }
         out.push(fit(format!(
             "HTTP buffered {} KiB, bodies arriving {}",
             http.buffered_bytes.div_ceil(1024),

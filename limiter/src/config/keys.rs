@@ -11,8 +11,8 @@
 use super::{
     Addr, Config, MIN_MAX_THREADS, Secret,
     values::{
-        absolute_path, access_log, boolean, int_at_least, int_in, interfaces, log_level, ms, parse_ports,
-        prefixes, ratio, read_token, socket_addr, statuses, table_size, upstream, xdp_mode,
+        absolute_path, access_log, boolean, int_at_least, int_in, interfaces, log_level, ms, on_off, parse_ports,
+        path_prefixes, prefixes, ratio, read_token, socket_addr, statuses, table_size, upstream, xdp_mode,
     },
 };
 
@@ -341,6 +341,34 @@ pub static KEYS: &[Key] = &[
         reload: Reload::Live,
         doc: "how long the normal pool must have refused nothing before shedding stops",
         set: plain!(|c, v| c.http.shed_release_ms = ms(v, 10)?),
+    },
+    Key {
+        name: "http.adaptive",
+        default: DefaultValue::Value("off"),
+        reload: Reload::Live,
+        doc: "on: the normal pool's limit is learnt from the upstream's latency, between http.adaptive.minLimit and http.maxThreads - 11; off: it is http.maxThreads - 11",
+        set: plain!(|c, v| c.http.adaptive = on_off(v)?),
+    },
+    Key {
+        name: "http.adaptive.minLimit",
+        default: DefaultValue::Value("4"),
+        reload: Reload::Live,
+        doc: "the learnt limit never goes below this (nor above http.maxThreads - 11)",
+        set: plain!(|c, v| c.http.adaptive_min_limit = int_at_least(v, 1)?),
+    },
+    Key {
+        name: "http.critical",
+        default: DefaultValue::Unset("(none)"),
+        reload: Reload::Live,
+        doc: "path prefixes of critical requests, on the normalised path: refused last when the normal pool is at its limit",
+        set: plain!(|c, v| c.http.critical = path_prefixes(v)?),
+    },
+    Key {
+        name: "http.sheddable",
+        default: DefaultValue::Unset("(none)"),
+        reload: Reload::Live,
+        doc: "path prefixes of sheddable requests, on the normalised path: refused first when the normal pool is at its limit",
+        set: plain!(|c, v| c.http.sheddable = path_prefixes(v)?),
     },
     Key {
         name: "http.headerReadTimeoutMs",

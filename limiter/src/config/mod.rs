@@ -267,6 +267,15 @@ pub struct HttpConfig {
     pub shed_refusal_rate: u64,
     /// Refusing nothing this long stops it (`http.shedReleaseMs`).
     pub shed_release_ms: u64,
+    /// Learn the normal pool's limit from the upstream's latency
+    /// (`http.adaptive`).
+    pub adaptive: bool,
+    /// The learnt limit's floor (`http.adaptive.minLimit`).
+    pub adaptive_min_limit: u32,
+    /// Normalised path prefixes of critical requests (`http.critical`).
+    pub critical: Vec<String>,
+    /// Normalised path prefixes of sheddable requests (`http.sheddable`).
+    pub sheddable: Vec<String>,
     /// A client must deliver a complete request head within this long of
     /// the connection being ready for one.
     pub header_read_timeout_ms: u64,

@@ -154,6 +154,41 @@ pub(super) fn table_size(value: &str) -> Result<u32, String> {
     Ok(n)
 }
 
+/// `on` or `off`.
+pub(super) fn on_off(value: &str) -> Result<bool, String> {
+    match value {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("`{value}` is neither `on` nor `off`")),
+    }
+}
+
+/// `/api/pay/, /health` (comma-separated): prefixes of normalised paths,
+/// as [`crate::proxy::path::normalised`] writes them: from `/`, without a
+/// query, escapes, parameters, dot-segments, empty segments or
+/// backslashes (a prefix holding one could never match).
+pub(super) fn path_prefixes(value: &str) -> Result<Vec<String>, String> {
+    let mut out: Vec<String> = Vec::new();
+    for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        if !item.starts_with('/') {
+            return Err(format!("`{item}` does not start with `/`"));
+        }
+        if let Some(c) = item.chars().find(|c| matches!(c, '?' | '#' | '%' | ';' | '\\') || c.is_whitespace() || c.is_control()) {
+            return Err(format!("`{item}` holds `{}`, which a normalised path never does", c.escape_default()));
+        }
+        let segments: Vec<&str> = item[1..].split('/').collect();
+        let last = segments.len() - 1;
+        if segments.iter().enumerate().any(|(i, s)| matches!(*s, "." | "..") || (s.is_empty() && i != last)) {
+            return Err(format!("`{item}` has an empty, `.` or `..` segment, which a normalised path never does"));
+        }
+        if out.iter().any(|o| o == item) {
+            return Err(format!("`{item}` is listed twice"));
+        }
+        out.push(item.to_owned());
+    }
+    Ok(out)
+}
+
 /// `10.0.0.0/8, fd00::/8, 192.0.2.7` (no length: the whole address).
 pub(super) fn prefixes(value: &str) -> Result<Vec<Prefix>, String> {
     let mut out = Vec::new();

@@ -16,6 +16,7 @@
 //! - [`privileges`], [`logging`], [`signals`]: process set-up.
 
 pub mod activation;
+pub mod adaptive;
 pub mod config_watch;
 pub mod control;
 pub mod gate;
@@ -307,6 +308,7 @@ pub async fn run(
         gate_unknown: AtomicBool::new(false),
         shedding: shed.as_ref().map(|(_, s)| s.clone()),
     });
+    let adaptive_task = proxy.clone().map(|p| tokio::spawn(adaptive::run(p)));
     let shed_task = match (shed, &proxy) {
         (Some((flags, status)), Some(proxy)) => {
             Some(tokio::spawn(shedding::run(daemon.clone(), proxy.clone(), flags, status)))
@@ -407,6 +409,9 @@ pub async fn run(
     }
     let started = Instant::now();
     let _ = tokio::task::spawn_blocking(move || workers.into_iter().for_each(|w| drop(w.join()))).await;
+    if let Some(task) = adaptive_task {
+        task.abort();
+    }
     if let Some(proxy) = &proxy {
         proxy.counters.refusal_log.flush();
         proxy.counters.reset_log.flush();

@@ -22,7 +22,6 @@ use std::{
 
 use crate::{
     admin::api::ShedStatus,
-    admission::Refusal,
     breaker,
     config::Config,
     kernel::shed::{LEASE, ShedFlags, ShedMode},
@@ -119,7 +118,7 @@ pub async fn run(daemon: Arc<impl Host>, proxy: Arc<Proxy>, mut flags: ShedFlags
     let mut hysteresis = Hysteresis::new(first.after, first.release, first.rate);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let refused = || proxy.admission.refusals(Refusal::Normal);
+    let refused = || proxy.admission.pool_refusals();
     let mut last_refused = refused();
     let mut raised: Option<(Instant, bool)> = None;
     let mut failing = false;

@@ -186,11 +186,53 @@ pub fn write(page: &mut Page, a: &admission::Snapshot, c: &Counters, buffered_by
         "1 while another daemon serves the same gate (a handover in progress).",
     )
     .sample("limiter_http_handover_peer", &[], u32::from(a.peer_in_use.is_some()));
-    page.family("limiter_http_pool_limit", "gauge", "Size of each pool (0 = unlimited).")
-        .sample("limiter_http_pool_limit", &[("pool", "normal")], a.normal_limit)
+    page.family("limiter_http_pool_limit", "gauge", "Configured size of each pool (0 = unlimited); the normal pool's is the ceiling of an adaptive limit.")
+        .sample("limiter_http_pool_limit", &[("pool", "normal")], a.normal_ceiling)
         .sample("limiter_http_pool_limit", &[("pool", "debug")], a.debug_limit)
         .sample("limiter_http_pool_limit", &[("pool", "web")], a.web_limit)
         .sample("limiter_http_pool_limit", &[("pool", "session")], a.session_limit);
+    page.family(
+        "limiter_http_limit",
+        "gauge",
+        "The limit in force of each pool (0 = unlimited): the normal pool's is learnt with http.adaptive = on.",
+    )
+    .sample("limiter_http_limit", &[("pool", "normal")], a.normal_limit)
+    .sample("limiter_http_limit", &[("pool", "debug")], a.debug_limit)
+    .sample("limiter_http_limit", &[("pool", "web")], a.web_limit)
+    .sample("limiter_http_limit", &[("pool", "session")], a.session_limit);
+    if let Some(e) = &a.adaptive {
+        page.family(
+            "limiter_http_adaptive_base_latency_seconds",
+            "gauge",
+            "The adaptive controller's estimate of the upstream's answer time without a queue (0: not yet known).",
+        )
+        .sample("limiter_http_adaptive_base_latency_seconds", &[], e.base_latency);
+        page.family(
+            "limiter_http_adaptive_latency_seconds",
+            "gauge",
+            "Mean time to the response head of the normal pool's requests in the controller's last bin.",
+        )
+        .sample("limiter_http_adaptive_latency_seconds", &[], e.latency);
+        page.family(
+            "limiter_http_adaptive_throughput",
+            "gauge",
+            "Responses per second of the normal pool in the controller's last bin.",
+        )
+        .sample("limiter_http_adaptive_throughput", &[], e.throughput);
+        page.family(
+            "limiter_http_adaptive_capacity",
+            "gauge",
+            "Requests the upstream serves at once without queueing, as the last descent measured it (0: none yet).",
+        )
+        .sample("limiter_http_adaptive_capacity", &[], e.capacity);
+        page.family(
+            "limiter_http_adaptive_descents_total",
+            "counter",
+            "Descents of the adaptive limit (a queue or a probe), and those that found no queue.",
+        )
+        .sample("limiter_http_adaptive_descents_total", &[("found", "queue")], e.descents - e.rebased)
+        .sample("limiter_http_adaptive_descents_total", &[("found", "no_queue")], e.rebased);
+    }
     page.family(
         "limiter_http_sessions",
         "gauge",

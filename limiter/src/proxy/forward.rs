@@ -114,6 +114,7 @@ pub(super) fn forward(mut req: Admitted, to: Route<'_>) -> impl Future<Output = 
         };
         let upstream_time = sent.elapsed();
         to.proxy.counters.upstream_latency.record(upstream_time);
+        req.permit.answered(upstream_time);
         let (parts, body) = match response_filter(response, req.ticket, req.upgrade, close_after, &to) {
             ControlFlow::Continue(head) => head,
             ControlFlow::Break(tunnel) => {

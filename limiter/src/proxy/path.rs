@@ -21,6 +21,8 @@
 //! its first segment is `debug` matter, and a `..` back to the root makes
 //! the next segment the first one.
 
+use crate::admission::Class;
+
 /// Whether `path` (a request target's path, without the query) is a
 /// diagnostic one.
 pub fn is_debug_path(path: &str) -> bool {
@@ -62,6 +64,89 @@ pub fn is_debug_path(path: &str) -> bool {
         }
     }
     first_is_debug && depth >= 2
+}
+
+/// The path as the servers resolve it, by the rule above: `/` and the
+/// resolved segments joined by `/`, ending with `/` when the path does
+/// (or ends with a dot-segment); `None` if it is ambiguous. Critical and
+/// sheddable prefixes are matched against this (it allocates: only done
+/// when some are configured); [`is_debug_path`] is
+/// `normalised(p).starts_with("/debug/")` without the allocation, which
+/// the tests check.
+pub fn normalised(path: &str) -> Option<Vec<u8>> {
+    let rest = path.as_bytes().strip_prefix(b"/")?;
+    if rest.contains(&b'\\') {
+        return None;
+    }
+    let mut resolved: Vec<Vec<u8>> = Vec::new();
+    let mut trailing = false;
+    let mut segments = rest.split(|&b| b == b'/').peekable();
+    while let Some(raw) = segments.next() {
+        let last = segments.peek().is_none();
+        let name = raw.split(|&b| b == b';').next().unwrap_or_default();
+        let decoded = decode(name)?;
+        trailing = false;
+        match decoded.as_slice() {
+            b"." => trailing = last,
+            b".." => {
+                resolved.pop()?;
+                trailing = last;
+            }
+            b"" if !last => return None,
+            b"" => trailing = true,
+            _ => resolved.push(decoded),
+        }
+    }
+    let mut out = Vec::with_capacity(path.len());
+    for segment in &resolved {
+        out.push(b'/');
+        out.extend_from_slice(segment);
+    }
+    if trailing || resolved.is_empty() {
+        out.push(b'/');
+    }
+    Some(out)
+}
+
+/// A segment's name with its escapes decoded; `None` for an ambiguous
+/// escape (as [`Name::decode`] judges it).
+fn decode(raw: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] == b'%' {
+            let byte = (hex(*raw.get(i + 1)?)? << 4) | hex(*raw.get(i + 2)?)?;
+            if matches!(byte, b'/' | b'\\' | b';' | b'%') || byte.is_ascii_control() {
+                return None;
+            }
+            out.push(byte);
+            i += 3;
+        } else {
+            out.push(raw[i]);
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
+/// A request's class: critical if its normalised path starts with one of
+/// `critical`, else sheddable if with one of `sheddable`, else normal (an
+/// ambiguous path too, as for `/debug/`).
+pub fn class_of(path: &str, critical: &[String], sheddable: &[String]) -> Class {
+    if critical.is_empty() && sheddable.is_empty() {
+        return Class::Normal;
+    }
+    let Some(p) = normalised(path) else {
+        return Class::Normal;
+    };
+    let starts = |prefixes: &[String]| prefixes.iter().any(|x| p.starts_with(x.as_bytes()));
+    if starts(critical) {
+        Class::Critical
+    } else if starts(sheddable) {
+        Class::Sheddable
+    } else {
+        Class::Normal
+    }
 }
 
 /// A segment's name after decoding, as far as classification cares.

@@ -29,7 +29,7 @@ use super::{
     forward::{Admitted, Route, forward},
     head,
     headers::{Client, Forwarding, Seen, is_upgrade},
-    path::is_debug_path,
+    path::{class_of, is_debug_path},
     reason::Reason,
     respond,
     shield::{self, Receipt, ReceiveError},
@@ -37,7 +37,7 @@ use super::{
     upstream::Pool,
 };
 use crate::{
-    admission::Ask,
+    admission::{Ask, Class},
     breaker::{Decision, State, ticket::Ticket},
 };
 
@@ -81,6 +81,12 @@ pub(super) fn handle(
         }
         let debug = is_debug_path(req.uri().path());
         let upgrade = is_upgrade(req.headers(), &seen).then(|| hyper::upgrade::on(&mut req));
+        let tuning = proxy.tuning();
+        let class = if debug {
+            Class::Normal
+        } else {
+            class_of(req.uri().path(), &tuning.critical, &tuning.sheddable)
+        };
         let (parts, body) = req.into_parts();
         let ask = Ask {
             debug,
@@ -90,8 +96,8 @@ pub(super) fn handle(
             } else {
                 parts.headers.get(header::AUTHORIZATION).map(header::HeaderValue::as_bytes)
             },
+            class,
         };
-        let tuning = proxy.tuning();
 
         // A request without a body has nothing to wait for: it is decided
         // once, below. One with a body is checked at the head, taking nothing

@@ -58,6 +58,12 @@ impl Reason {
             Self::Admission(Refusal::Session) => {
                 "503 Service Unavailable: this session has too many requests in flight\n"
             }
+            Self::Admission(Refusal::Sheddable) => {
+                "503 Service Unavailable: the server is near its request limit and sheds this kind of request first\n"
+            }
+            Self::Admission(Refusal::Critical) => {
+                "503 Service Unavailable: the server is at its request limit, even for critical requests\n"
+            }
             Self::Breaker => "503 Service Unavailable: the upstream is failing; retry later\n",
             Self::BufferFull => "503 Service Unavailable: no memory is free to buffer the request body\n",
             Self::UpstreamFull => "503 Service Unavailable: every upstream connection is busy\n",
@@ -72,7 +78,10 @@ mod tests {
     #[test]
     fn reasons_are_the_pools_then_the_breaker_then_the_buffers_then_the_upstream_cap_each_once() {
         let names: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
-        assert_eq!(names, ["normal", "debug", "web", "session", "breaker", "buffer_full", "upstream_full"]);
+        assert_eq!(
+            names,
+            ["normal", "debug", "web", "session", "sheddable", "critical", "breaker", "buffer_full", "upstream_full"]
+        );
         let texts: std::collections::BTreeSet<&str> = Reason::ALL.iter().map(|r| r.text()).collect();
         assert_eq!(texts.len(), Reason::ALL.len(), "each reason says its own 503");
     }

@@ -37,6 +37,9 @@ pub struct Tuning {
     pub h2_max_concurrent_streams: u32,
     /// Clients whose forwarding headers are kept (`http.trustedForwarders`).
     pub trusted_forwarders: Vec<crate::config::Prefix>,
+    /// Normalised path prefixes of critical and sheddable requests.
+    pub critical: Vec<String>,
+    pub sheddable: Vec<String>,
 }
 
 impl Tuning {
@@ -64,6 +67,8 @@ impl Tuning {
             h2c: http.h2c,
             h2_max_concurrent_streams: http.h2_max_concurrent_streams,
             trusted_forwarders: http.trusted_forwarders.clone(),
+            critical: http.critical.clone(),
+            sheddable: http.sheddable.clone(),
         }
     }
 

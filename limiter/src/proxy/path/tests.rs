@@ -197,11 +197,13 @@ proptest! {
     ) {
         let path = format!("{}{}", if rooted { "/" } else { "" }, parts.concat());
         prop_assert_eq!(is_debug_path(&path), oracle(&path), "{}", path);
+        prop_assert_eq!(debug_by_prefix(&path), is_debug_path(&path), "{}", path);
     }
 
     #[test]
     fn any_path_classifies_without_panicking(path in "\\PC{0,64}") {
         prop_assert_eq!(is_debug_path(&path), oracle(&path), "{}", path);
+        prop_assert_eq!(debug_by_prefix(&path), is_debug_path(&path), "{}", path);
     }
 
     #[test]
@@ -210,4 +212,46 @@ proptest! {
         prop_assume!(!path.split('/').any(|s| s == "." || s == ".."));
         prop_assert!(is_debug_path(&path), "{}", path);
     }
+}
+
+/// `/debug/` as a critical prefix: the rule of `http.critical` and
+/// `http.sheddable`.
+fn debug_by_prefix(path: &str) -> bool {
+    class_of(path, &["/debug/".to_owned()], &[]) == Class::Critical
+}
+
+#[test]
+fn a_prefix_matches_the_normalised_path_exactly_as_debug_is_matched() {
+    for (path, debug) in CASES {
+        assert_eq!(debug_by_prefix(path), *debug, "{path}");
+    }
+}
+
+#[test]
+fn classes_are_critical_first_then_sheddable_and_ambiguous_paths_are_normal() {
+    let critical = ["/api/pay/".to_owned(), "/health".to_owned()];
+    let sheddable = ["/api/".to_owned(), "/search".to_owned()];
+    let cases = [
+        ("/api/pay/charge", Class::Critical),
+        ("/api/%70ay/charge", Class::Critical),
+        ("/api/x/../pay/charge", Class::Critical),
+        ("/api/pay;v=1/charge", Class::Critical),
+        ("/api/payments", Class::Sheddable),
+        ("/api/other", Class::Sheddable),
+        ("/healthz", Class::Critical),
+        ("/search?q=1", Class::Sheddable),
+        ("/api/pay/../../search", Class::Sheddable),
+        ("/other", Class::Normal),
+        ("/api%2Fpay/charge", Class::Normal),
+        ("/api//pay/charge", Class::Normal),
+        ("/../api/pay/x", Class::Normal),
+    ];
+    for (path, class) in cases {
+        let path = path.split('?').next().unwrap_or_default();
+        assert_eq!(class_of(path, &critical, &sheddable), class, "{path}");
+    }
+    assert_eq!(class_of("/api/pay/x", &[], &[]), Class::Normal, "nothing configured: all normal");
+    assert_eq!(normalised("/a/./b/../c/"), Some(b"/a/c/".to_vec()));
+    assert_eq!(normalised("/a/b/.."), Some(b"/a/".to_vec()));
+    assert_eq!(normalised("/"), Some(b"/".to_vec()));
 }
