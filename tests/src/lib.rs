@@ -28,6 +28,7 @@ use std::{
 pub mod bench;
 pub mod bpf;
 pub mod client;
+pub mod closed_loop;
 pub mod counted;
 pub mod h2raw;
 pub mod in_process;

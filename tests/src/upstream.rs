@@ -11,6 +11,7 @@
 //! | `/upgrade` | `101 Switching Protocols`, then echoes bytes |
 //! | `/flap` | 500 while [`Upstream::set_failing`] is on, else 200 |
 //! | `/status?code=N` | answers with status N |
+//! | any path ending in `/work`, `?ms=N` | served N ms (default 20) by one of [`Upstream::set_capacity`] workers (4 at first); the rest wait in a FIFO queue, as servlets wait for a database connection |
 //! | anything else | `200 ok` |
 
 use std::{
@@ -31,7 +32,6 @@ use tokio::{net::TcpListener, sync::Notify};
 
 type Body = BoxBody<Bytes, Infallible>;
 
-#[derive(Default)]
 struct Shared {
     hits: AtomicU64,
     /// `/flap` answers 500 while set.
@@ -46,7 +46,32 @@ struct Shared {
     open: AtomicU64,
     open_peak: AtomicU64,
     release: Notify,
+    /// The workers of `/work`.
+    workers: tokio::sync::Semaphore,
+    capacity: std::sync::Mutex<u32>,
 }
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self {
+            hits: AtomicU64::default(),
+            failing: std::sync::atomic::AtomicBool::default(),
+            flap_hits: AtomicU64::default(),
+            holding: AtomicU64::default(),
+            slow_now: AtomicU64::default(),
+            slow_peak: AtomicU64::default(),
+            accepted: AtomicU64::default(),
+            open: AtomicU64::default(),
+            open_peak: AtomicU64::default(),
+            release: Notify::default(),
+            workers: tokio::sync::Semaphore::new(WORKERS as usize),
+            capacity: std::sync::Mutex::new(WORKERS),
+        }
+    }
+}
+
+/// `/work`'s workers at first.
+pub const WORKERS: u32 = 4;
 
 /// A running test upstream; stops with its runtime when dropped.
 pub struct Upstream {
@@ -93,6 +118,23 @@ impl Upstream {
             }
         });
         Self { addr, shared, _runtime: runtime }
+    }
+
+    /// How many `/work` requests are served at once from now (those over
+    /// the new capacity finish first).
+    pub fn set_capacity(&self, n: u32) {
+        let mut capacity = self.shared.capacity.lock().unwrap();
+        if n > *capacity {
+            self.shared.workers.add_permits((n - *capacity) as usize);
+        } else if n < *capacity {
+            let (s, fewer) = (self.shared.clone(), *capacity - n);
+            self._runtime.spawn(async move {
+                if let Ok(p) = s.workers.acquire_many(fewer).await {
+                    p.forget();
+                }
+            });
+        }
+        *capacity = n;
     }
 
     /// The most `/slowhead` requests the upstream had in progress at once.
@@ -177,6 +219,12 @@ async fn answer(mut req: Request<Incoming>, s: Arc<Shared>) -> Result<Response<B
             let _held = Held(&s.holding);
             released.await;
             Response::new(full("released\n"))
+        }
+        p if p.ends_with("/work") => {
+            let ms = query("ms").unwrap_or(20);
+            let _worker = s.workers.acquire().await;
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Response::new(full("worked\n"))
         }
         "/flap" => {
             s.flap_hits.fetch_add(1, Ordering::SeqCst);

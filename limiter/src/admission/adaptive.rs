@@ -168,6 +168,10 @@ pub struct Controller {
     throughput: f64,
     descents: u64,
     rebased: u64,
+    /// The limit is enforced; otherwise (`http.adaptive = off`) the
+    /// controller only watches, learning a base from the answers so that
+    /// switching it on in the middle of an overload finds the queue.
+    enforcing: bool,
 }
 
 impl Controller {
@@ -189,7 +193,20 @@ impl Controller {
             throughput: 0.0,
             descents: 0,
             rebased: 0,
+            enforcing: true,
         }
+    }
+
+    /// Enforces the limit, or only watches (then the base is the lowest
+    /// bin mean seen, and the limit the ceiling). Switched on, it starts
+    /// from the ceiling with that base, to be confirmed by a descent.
+    pub fn set_enforcing(&mut self, on: bool) {
+        if on && !self.enforcing {
+            self.limit = f64::from(self.bounds.ceiling);
+            self.phase = Phase::Steady { high: 0 };
+            self.trusted = false;
+        }
+        self.enforcing = on;
     }
 
     /// New bounds (a reload); the limit is clamped into them.
@@ -280,6 +297,10 @@ impl Controller {
             // The first answers after a start were admitted into an empty
             // pool: they have not queued behind one another yet.
             self.base = mean;
+        }
+        if !self.enforcing {
+            self.base = self.base.min(mean);
+            return None;
         }
         match self.phase {
             Phase::Steady { high } => self.steady(bin, now, mean, rate, high),

@@ -195,8 +195,8 @@ struct Inner {
     admitted: [u64; 2],
     refused: [u64; Refusal::ALL.len()],
     would_refuse: [u64; Refusal::ALL.len()],
-    /// The learnt limit (`http.adaptive = on`).
-    adaptive: Option<Controller>,
+    /// The learnt limit (`http.adaptive = on`; watching only when off).
+    adaptive: Controller,
     /// When the normal pool was last full.
     full_at: Option<Instant>,
     /// Where the controllers' clocks start.
@@ -206,6 +206,9 @@ struct Inner {
 impl Inner {
     /// Nothing in use yet, under `limits`.
     fn new(limits: Limits) -> Self {
+        let bounds = Bounds { min: 1, ceiling: limits.normal };
+        let mut adaptive = Controller::new(bounds, limits.normal, 0);
+        adaptive.set_enforcing(false);
         let mut inner = Self {
             limits,
             normal: 0,
@@ -215,7 +218,7 @@ impl Inner {
             admitted: [0; 2],
             refused: [0; Refusal::ALL.len()],
             would_refuse: [0; Refusal::ALL.len()],
-            adaptive: None,
+            adaptive,
             full_at: None,
             epoch: Instant::now(),
         };
@@ -230,24 +233,20 @@ impl Inner {
 
     fn set_limits(&mut self, limits: Limits) {
         self.limits = limits;
-        match limits.adaptive_min {
-            None => self.adaptive = None,
-            Some(min) => {
-                let bounds = Bounds { min, ceiling: limits.normal };
-                match &mut self.adaptive {
-                    Some(c) => c.set_bounds(bounds),
-                    None => {
-                        let now = self.micros(Instant::now());
-                        self.adaptive = Some(Controller::new(bounds, limits.normal, now));
-                    }
-                }
-            }
-        }
+        // The controller runs whether or not it is on: off, it watches.
+        let bounds = Bounds { min: limits.adaptive_min.unwrap_or(1), ceiling: limits.normal };
+        self.adaptive.set_bounds(bounds);
+        self.adaptive.set_enforcing(limits.adaptive_min.is_some());
+    }
+
+    /// The adaptive controller, when it is on.
+    fn enforcing(&self) -> Option<&Controller> {
+        self.limits.adaptive_min.map(|_| &self.adaptive)
     }
 
     /// The normal pool's limit in force.
     fn normal_limit(&self) -> u32 {
-        self.adaptive.as_ref().map_or(self.limits.normal, Controller::limit)
+        self.enforcing().map_or(self.limits.normal, Controller::limit)
     }
 
     /// A refusal (or would-be refusal) of `reason`: the normal pool's tell
@@ -255,9 +254,7 @@ impl Inner {
     fn pool_refused(&mut self, reason: Refusal) {
         if reason.of_pool() {
             self.full_at = Some(Instant::now());
-            if let Some(c) = &mut self.adaptive {
-                c.refused();
-            }
+            self.adaptive.refused();
         }
     }
 
@@ -364,8 +361,8 @@ impl Drop for Permit {
         match self.slot {
             Slot::Normal => {
                 inner.normal -= 1;
-                if let (Some(c), Some(us)) = (&mut inner.adaptive, self.answered_us) {
-                    c.answered(us, self.generation);
+                if let Some(us) = self.answered_us {
+                    inner.adaptive.answered(us, self.generation);
                 }
             }
             Slot::Reserved => inner.reserved -= 1,
@@ -442,12 +439,12 @@ impl Admission {
     pub fn tick(&self, now: Instant) -> Option<adaptive::Change> {
         let mut inner = self.lock();
         let t = inner.micros(now);
-        let c = inner.adaptive.as_mut()?;
-        let change = c.tick(t);
-        let e = c.estimates();
+        let change = inner.adaptive.tick(t);
+        let learnt = inner.enforcing().map(Controller::estimates);
         drop(inner);
         if let Some(shared) = self.shared() {
-            shared.publish_learnt(e.limit, (e.base_latency * 1e6).min(f64::from(u32::MAX)) as u32);
+            let (limit, base) = learnt.map_or((0, 0.0), |e| (e.limit, e.base_latency));
+            shared.publish_learnt(limit, (base * 1e6).min(f64::from(u32::MAX)) as u32);
         }
         change
     }
@@ -456,10 +453,10 @@ impl Admission {
     /// the gate learnt (a handover); `Some` with the limit taken.
     pub fn resume_from_peer(&self) -> Option<u32> {
         let mut inner = self.lock();
+        inner.enforcing()?;
         let (limit, base_us) = self.shared()?.others_learnt()?;
-        let c = inner.adaptive.as_mut()?;
-        c.resume(limit, f64::from(base_us) / 1e6);
-        Some(c.limit())
+        inner.adaptive.resume(limit, f64::from(base_us) / 1e6);
+        Some(inner.adaptive.limit())
     }
 
     pub fn limits(&self) -> Limits {
@@ -491,13 +488,11 @@ impl Admission {
                 if in_flight >= inner.normal_limit() {
                     inner.full_at = Some(Instant::now());
                 }
-                if let Some(c) = &mut inner.adaptive {
-                    c.admitted(in_flight);
-                }
+                inner.adaptive.admitted(in_flight);
             }
             Slot::Reserved => inner.reserved += 1,
         }
-        let generation = inner.adaptive.as_ref().map_or(0, Controller::generation);
+        let generation = inner.adaptive.generation();
         inner.admitted[usize::from(ask.debug)] += 1;
         if web {
             inner.web += 1;
@@ -577,7 +572,7 @@ impl Admission {
             normal_in_use: inner.normal,
             normal_limit: inner.normal_limit(),
             normal_ceiling: limits.normal,
-            adaptive: inner.adaptive.as_ref().map(Controller::estimates),
+            adaptive: inner.enforcing().map(Controller::estimates),
             debug_in_use: inner.reserved,
             debug_limit: limits.debug_reserved,
             web_in_use: inner.web,

@@ -353,3 +353,23 @@ fn a_change_of_more_than_a_fifth_is_reported_and_no_other() {
     assert!(ch.len() < 60, "{} changes in 15 s: {ch:?}", ch.len());
 
 }
+
+/// Switched on in the middle of an overload the static pool let queue:
+/// the base it learnt while only watching finds the queue.
+#[test]
+fn switched_on_during_an_overload_it_finds_the_queue_it_watched_form() {
+    for seed in SEEDS {
+        let mut c = Controller::new(POOL, POOL.ceiling, 0);
+        c.set_enforcing(false);
+        let mut sim = Sim::with(c, seed);
+        let s = overload(20, 20.0, 150);
+        let watched = sim.run(&s, 5);
+        assert!(watched[4].p99() >= 140, "the static pool queues: {}", watched[4].p99());
+        assert_eq!(sim.c.limit(), POOL.ceiling, "watching changes nothing");
+        sim.c.set_enforcing(true);
+        let on = sim.run(&s, 10);
+        for sec in &on[5..] {
+            assert!(sec.p99() <= 80 && sec.answered >= 900, "seed {seed}: p99 {} ms, {} answered", sec.p99(), sec.answered);
+        }
+    }
+}
