@@ -38,8 +38,8 @@ usage: cargo xtask VERB [ARGS]
                              writes BENCHMARKS.md
   bench breaker              the breaker's per-request cost (criterion)
   soak [--short]             overload, flood, upstream-fault, hostile-client,
-                             control-plane and coupled-shedding scenarios against the
-                             real daemon and
+                             control-plane, coupled-shedding and adaptive-limit
+                             scenarios against the real daemon and
                              gate; prints a table, fails if anything was lost
   dist                       a release tarball in target/dist: the binary (kernel
                              programs embedded), example config, systemd units,

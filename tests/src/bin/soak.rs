@@ -1118,6 +1118,91 @@ fn coupled_shedding(short: bool) -> Row {
     row
 }
 
+/// 8. The adaptive limit: an upstream whose capacity steps down and up
+/// under a closed-loop overload, with critical and sheddable paths.
+fn adaptive(short: bool) -> Row {
+    use limiter_tests::closed_loop::{ClosedLoop, window};
+    let service_ms = 20u64;
+    let phase = Duration::from_secs(if short { 4 } else { 20 });
+    let upstream = Upstream::start();
+    upstream.set_capacity(8);
+    let (daemon, proxy) = http_only(
+        "adaptive",
+        upstream.addr,
+        "http.maxThreads = 208\nhttp.adaptive = on\nhttp.adaptive.minLimit = 2\n\
+         http.critical = /pay/\nhttp.sheddable = /search/\n",
+    );
+    let paths = [
+        format!("/work?ms={service_ms}"),
+        format!("/pay/work?ms={service_ms}"),
+        format!("/search/work?ms={service_ms}"),
+    ];
+    let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+    let clients = 90;
+    let mut row = Row::new(
+        "adaptive limit",
+        format!(
+            "{clients} closed-loop clients (a third each normal, critical, sheddable) before an upstream serving \
+             8, then 4, then 8 requests of {service_ms} ms at once and queueing the rest; {} s a step; \
+             http.adaptive = on under a ceiling of 197",
+            phase.as_secs()
+        ),
+    );
+    let load = ClosedLoop::start(proxy, clients, &paths, Duration::from_millis(20));
+    let mut limits = Vec::new();
+    let mut sample_limits = |until: Duration, limits: &mut Vec<(Duration, f64)>| {
+        while load.started.elapsed() < until {
+            limits.push((load.started.elapsed(), daemon.metric("limiter_http_limit{pool=\"normal\"}")));
+            thread::sleep(Duration::from_millis(100));
+        }
+    };
+    sample_limits(phase, &mut limits);
+    upstream.set_capacity(4);
+    sample_limits(phase * 2, &mut limits);
+    upstream.set_capacity(8);
+    sample_limits(phase * 3, &mut limits);
+    let answers = load.stop();
+    // Each step followed within 5 s: the limit's first sample near the
+    // new capacity after the step.
+    let followed = |from: Duration, ok: &dyn Fn(f64) -> bool| {
+        limits.iter().find(|(t, l)| *t >= from && ok(*l)).map(|(t, _)| *t - from)
+    };
+    for (i, (capacity, at)) in [(8.0, Duration::ZERO), (4.0, phase), (8.0, phase * 2)].into_iter().enumerate() {
+        let took = followed(at, &|l| l <= capacity * 2.0 && l >= capacity * 0.5);
+        row.check(
+            took.is_some_and(|t| t <= Duration::from_secs(5)),
+            format!("step {} to {capacity} at once: the limit within half and twice of it after {took:?}", i + 1),
+        );
+        let settled = window(&answers, at + Duration::from_secs(2), at + phase, None);
+        row.check(
+            settled.p99 <= Duration::from_millis(4 * service_ms) && settled.failed == 0,
+            format!(
+                "step {}: admitted p99 {:.1} ms (service {service_ms} ms), goodput {:.0}/s of {:.0}, {} refused, {} failed",
+                i + 1,
+                settled.p99.as_secs_f64() * 1e3,
+                settled.goodput,
+                capacity * 1000.0 / service_ms as f64,
+                settled.refused,
+                settled.failed
+            ),
+        );
+        row.check(
+            settled.goodput >= 0.6 * capacity * 1000.0 / service_ms as f64,
+            format!("step {}: goodput at least 60 % of the upstream's", i + 1),
+        );
+    }
+    let by = |p: usize| window(&answers, Duration::ZERO, phase * 3, Some(p));
+    let (normal, critical, sheddable) = (by(0), by(1), by(2));
+    row.check(
+        critical.ok > normal.ok && normal.ok >= sheddable.ok,
+        format!("200s by class: critical {}, normal {}, sheddable {}", critical.ok, normal.ok, sheddable.ok),
+    );
+    row.check(pools_empty(&daemon), "every permit returned".into());
+    let rss = rss_mib(daemon.pid().as_raw());
+    row.check(rss < 100.0, format!("RSS {rss:.1} MiB"));
+    row
+}
+
 fn main() -> ExitCode {
     let short = std::env::args().any(|a| a == "--short");
     if let Some(why) = limiter_tests::kernel_tests_blocked() {
@@ -1125,14 +1210,14 @@ fn main() -> ExitCode {
     }
     limiter_tests::raise_fd_limit();
     let started = Instant::now();
-    let scenarios: [fn(bool) -> Row; 7] =
-        [overload, flood, upstream_faults, hostile, http2, control_plane, coupled_shedding];
+    let scenarios: [fn(bool) -> Row; 8] =
+        [overload, flood, upstream_faults, hostile, http2, control_plane, coupled_shedding, adaptive];
     // `--only WORD`: the scenarios whose function name contains WORD (for
     // working on one; CI runs them all).
     let args: Vec<String> = std::env::args().collect();
     let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
     let names =
-        ["overload", "flood", "upstream_faults", "hostile", "http2", "control_plane", "coupled_shedding"];
+        ["overload", "flood", "upstream_faults", "hostile", "http2", "control_plane", "coupled_shedding", "adaptive"];
     let mut rows = Vec::new();
     for (s, name) in scenarios.into_iter().zip(names) {
         if only.as_ref().is_some_and(|w| !name.contains(w.as_str())) {
