@@ -11,7 +11,7 @@
 //! | `/upgrade` | `101 Switching Protocols`, then echoes bytes |
 //! | `/flap` | 500 while [`Upstream::set_failing`] is on, else 200 |
 //! | `/status?code=N` | answers with status N |
-//! | any path ending in `/work`, `?ms=N` | served N ms (default 20) by one of [`Upstream::set_capacity`] workers (4 at first); the rest wait in a FIFO queue, as servlets wait for a database connection |
+//! | any path ending in `/work`, `?ms=N` | served N ms (default 20; scaled by [`Upstream::set_service_percent`]) by one of [`Upstream::set_capacity`] workers (4 at first); the rest wait in a FIFO queue, as servlets wait for a database connection ([`Upstream::stall`] pauses them) |
 //! | anything else | `200 ok` |
 
 use std::{
@@ -49,6 +49,8 @@ struct Shared {
     /// The workers of `/work`.
     workers: tokio::sync::Semaphore,
     capacity: std::sync::Mutex<u32>,
+    /// `/work`'s service time, in percent of what the request asks.
+    service_percent: AtomicU64,
 }
 
 impl Default for Shared {
@@ -66,6 +68,7 @@ impl Default for Shared {
             release: Notify::default(),
             workers: tokio::sync::Semaphore::new(WORKERS as usize),
             capacity: std::sync::Mutex::new(WORKERS),
+            service_percent: AtomicU64::new(100),
         }
     }
 }
@@ -135,6 +138,24 @@ impl Upstream {
             });
         }
         *capacity = n;
+    }
+
+    /// `/work` takes `percent` % of the time it is asked for from now.
+    pub fn set_service_percent(&self, percent: u64) {
+        self.shared.service_percent.store(percent, Ordering::SeqCst);
+    }
+
+    /// Stops starting `/work` requests for `d` (a GC pause), once those
+    /// in service have finished; returns when the stall is over.
+    pub fn stall(&self, d: Duration) {
+        let s = self.shared.clone();
+        let capacity = *s.capacity.lock().unwrap();
+        self._runtime.block_on(async move {
+            if let Ok(all) = s.workers.acquire_many(capacity).await {
+                tokio::time::sleep(d).await;
+                drop(all);
+            }
+        });
     }
 
     /// The most `/slowhead` requests the upstream had in progress at once.
@@ -221,7 +242,7 @@ async fn answer(mut req: Request<Incoming>, s: Arc<Shared>) -> Result<Response<B
             Response::new(full("released\n"))
         }
         p if p.ends_with("/work") => {
-            let ms = query("ms").unwrap_or(20);
+            let ms = query("ms").unwrap_or(20) * s.service_percent.load(Ordering::SeqCst) / 100;
             let _worker = s.workers.acquire().await;
             tokio::time::sleep(Duration::from_millis(ms)).await;
             Response::new(full("worked\n"))

@@ -1,4 +1,4 @@
-//! `cargo xtask bench kernel|http|scrape|shed`: builds the daemon in release mode and runs
+//! `cargo xtask bench kernel|http|scrape|shed|adaptive`: builds the daemon in release mode and runs
 //! the benchmark program (tests/src/bin/bench-*.rs), which runs its
 //! peers in the same run and writes BENCHMARKS.md.
 
@@ -15,8 +15,9 @@ pub fn main(args: &[String]) -> Result<()> {
         "http" => "bench-http",
         "scrape" => "bench-scrape",
         "shed" => "bench-shed",
+        "adaptive" => "bench-adaptive",
         "breaker" => return breaker(),
-        _ => bail!("usage: cargo xtask bench kernel|http [--before REV]|scrape|shed|breaker"),
+        _ => bail!("usage: cargo xtask bench kernel|http [--before REV]|scrape|shed|adaptive|breaker"),
     };
     setup::ensure(setup::Purpose::Test)?;
     let daemon = build_daemon(true)?;
@@ -46,6 +47,14 @@ pub fn main(args: &[String]) -> Result<()> {
                 .env("CARGO_TARGET_DIR", &target),
         )?;
         cmd.env("LIMITER_BIN_COUNTING", target.join("release/limiter"));
+    }
+    if which == "adaptive" {
+        // The peers running Netflix's algorithms (peers/acc-proxy).
+        status(
+            "building the tower-acc proxy",
+            cargo().args(["build", "--release", "--package", "acc-proxy"]),
+        )?;
+        cmd.env("ACC_PROXY_BIN", crate::root().join("target/release/acc-proxy"));
     }
     if which == "scrape" {
         // Against the last build of pinned layout 2 (every slot read on

@@ -36,6 +36,10 @@ usage: cargo xtask VERB [ARGS]
   bench shed                 coupled shedding against limiter without it and nginx
                              limit_conn under a flood of new connections over a veth;
                              writes BENCHMARKS.md
+  bench adaptive             the adaptive limit against the static pool, nginx
+                             limit_conn and tower-acc's Gradient2 and Vegas before an
+                             upstream whose capacity and service time change;
+                             writes BENCHMARKS.md
   bench breaker              the breaker's per-request cost (criterion)
   soak [--short]             overload, flood, upstream-fault, hostile-client,
                              control-plane, coupled-shedding and adaptive-limit

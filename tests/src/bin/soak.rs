@@ -1150,7 +1150,7 @@ fn adaptive(short: bool) -> Row {
     );
     let load = ClosedLoop::start(proxy, clients, &paths, Duration::from_millis(20));
     let mut limits = Vec::new();
-    let mut sample_limits = |until: Duration, limits: &mut Vec<(Duration, f64)>| {
+    let sample_limits = |until: Duration, limits: &mut Vec<(Duration, f64)>| {
         while load.started.elapsed() < until {
             limits.push((load.started.elapsed(), daemon.metric("limiter_http_limit{pool=\"normal\"}")));
             thread::sleep(Duration::from_millis(100));
