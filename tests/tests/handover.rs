@@ -162,3 +162,38 @@ fn during_a_handover_the_two_daemons_together_admit_no_more_than_the_limits() {
     assert_eq!(terminate(&mut second, Duration::from_secs(30)), Some(0));
     let _ = limiter_tests::limiter(&["unload", "--pin-path", sb.pin_path.to_str().unwrap()]);
 }
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, a network namespace and cgroup; run by `cargo xtask test`"]
+fn the_new_daemon_starts_from_the_adaptive_limit_the_old_one_learnt() {
+    require_kernel!();
+    let (sb, _up, config, proxy) = setup(208);
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}http.adaptive = on\nhttp.adaptive.minLimit = 2\n")).unwrap();
+    let mut first = Daemon::start_inside(&sb, &config, &[]).expect("the first daemon");
+    let limit = |d: &Daemon| d.metric("limiter_http_limit{pool=\"normal\"}");
+    // 40 clients before an upstream that serves 4 at once (`/work`).
+    let load = in_netns(&sb.netns_file(), move || {
+        limiter_tests::closed_loop::ClosedLoop::start(proxy, 40, &["/work?ms=20"], Duration::from_millis(20))
+    });
+    wait_for("the first daemon's limit learnt", Duration::from_secs(10), || limit(&first) <= 12.0);
+    let learnt = limit(&first);
+    let mut second = Daemon::start_inside(&sb, &config, &[]).expect("the second daemon");
+    wait_for("the second daemon serving", Duration::from_secs(10), || {
+        second.log().contains("starting from the limit the other daemon serving the gate learnt")
+    });
+    let started_at = limit(&second);
+    assert!(started_at <= 2.0 * learnt.max(6.0), "the second starts at {started_at}, the first learnt {learnt}");
+    assert_eq!(terminate(&mut first, Duration::from_secs(30)), Some(0));
+    thread::sleep(Duration::from_secs(1));
+    assert!(limit(&second) < 40.0, "the second keeps a learnt limit: {}", limit(&second));
+    let answers = load.stop();
+    // A keep-alive connection the draining daemon closes while its client
+    // is sending the next request fails that request (as with any HTTP/1.1
+    // server closing an idle connection; clients retry it): at most one
+    // per client.
+    let failed = answers.iter().filter(|a| a.status != 200 && a.status != 503).count();
+    assert!(failed <= 40, "{failed} requests failed across the handover");
+    assert_eq!(terminate(&mut second, Duration::from_secs(30)), Some(0));
+    let _ = limiter_tests::limiter(&["unload", "--pin-path", sb.pin_path.to_str().unwrap()]);
+}

@@ -77,6 +77,7 @@ impl Config {
         };
         config.check().map_err(|e| blame(&config, e, false))?;
         config.warn_of_noisy_shedding();
+        config.warn_of_a_floor_above_the_ceiling();
         // A file's error names the file and what is wrong with it; the key
         // and its value say where the configuration named it.
         config.load_tls().map_err(|e| blame(&config, e, true))?;
@@ -195,6 +196,18 @@ impl Config {
             self.warnings.push(format!(
                 "http.shedRefusalRate × http.shedAfterMs is {in_window} refusals: below about 80, refusals \
                  arriving at random at half the rate will start shedding now and then; raise either"
+            ));
+        }
+    }
+
+    /// An adaptive floor above the static pool: the limit is the pool.
+    fn warn_of_a_floor_above_the_ceiling(&mut self) {
+        let ceiling = self.http.normal_limit();
+        if self.http.adaptive && self.http.adaptive_min_limit > ceiling {
+            self.warnings.push(format!(
+                "http.adaptive.minLimit = {} is above the static pool (http.maxThreads - 11 = {ceiling}): the \
+                 adaptive limit stays at {ceiling}",
+                self.http.adaptive_min_limit
             ));
         }
     }

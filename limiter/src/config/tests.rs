@@ -482,3 +482,30 @@ fn two_listeners_on_one_port_are_refused_naming_both_keys() {
     // Without an upstream http.listen is not bound.
     parse("http.listen = 127.0.0.1:9901\nadmin.listen = 127.0.0.1:9901\n").unwrap();
 }
+
+#[test]
+fn adaptive_and_the_classes_parse_and_bad_values_name_what_is_wrong() {
+    let c = parse("http.adaptive = on\nhttp.adaptive.minLimit = 6\nhttp.critical = /pay/, /health\nhttp.sheddable = /search/\n")
+        .unwrap();
+    assert!(c.http.adaptive);
+    assert_eq!(c.http.adaptive_min_limit, 6);
+    assert_eq!(c.http.critical, ["/pay/", "/health"]);
+    assert_eq!(c.http.sheddable, ["/search/"]);
+    let d = parse("").unwrap();
+    assert!(!d.http.adaptive && d.http.adaptive_min_limit == 4 && d.http.critical.is_empty());
+    for (text, says) in [
+        ("http.adaptive = yes", "neither `on` nor `off`"),
+        ("http.adaptive.minLimit = 0", "http.adaptive.minLimit"),
+        ("http.critical = pay/", "does not start with `/`"),
+        ("http.sheddable = /a/%2e/", "`%`"),
+        ("http.sheddable = /a;v=1", "`;`"),
+        ("http.critical = /a/../b", "`..` segment"),
+        ("http.critical = /a//b", "empty"),
+        ("http.critical = /a, /a", "listed twice"),
+    ] {
+        let e = error(text);
+        assert!(e.contains(says), "{text}: {e}");
+    }
+    let floor = parse("http.maxThreads = 20\nhttp.adaptive = on\nhttp.adaptive.minLimit = 50\n").unwrap();
+    assert!(floor.warnings.iter().any(|w| w.contains("above the static pool")), "{:?}", floor.warnings);
+}
