@@ -139,6 +139,9 @@ fn a_learnt_limit_keeps_admitted_latency_near_the_service_time_and_follows_a_ste
     let status = s.daemon.admin_get("/status").unwrap();
     assert!(status.contains("\"adaptive\":{"), "{status}");
     assert!(s.daemon.log().contains("adaptive limit of the normal pool changed by more than a fifth"));
+    let dump = limiter_tests::limiter(&["dump", "--config", s.daemon.config.to_str().unwrap()]);
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    assert!(dump.contains("http adaptive limit ") && dump.contains(" of 197 (base latency "), "{dump}");
 
     // Off again: the static pool, at once.
     s.reload_with("http.adaptive", "off");
