@@ -109,17 +109,13 @@ pub fn normalised(path: &str) -> Option<Vec<u8>> {
 }
 
 /// A segment's name with its escapes decoded; `None` for an ambiguous
-/// escape (as [`Name::decode`] judges it).
+/// escape ([`unescape`]).
 fn decode(raw: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(raw.len());
     let mut i = 0;
     while i < raw.len() {
         if raw[i] == b'%' {
-            let byte = (hex(*raw.get(i + 1)?)? << 4) | hex(*raw.get(i + 2)?)?;
-            if matches!(byte, b'/' | b'\\' | b';' | b'%') || byte.is_ascii_control() {
-                return None;
-            }
-            out.push(byte);
+            out.push(unescape(raw, i)?);
             i += 3;
         } else {
             out.push(raw[i]);
@@ -169,12 +165,8 @@ impl Name {
         let mut i = 0;
         while i < raw.len() {
             let byte = if raw[i] == b'%' {
-                let byte = (hex(*raw.get(i + 1)?)? << 4) | hex(*raw.get(i + 2)?)?;
-                if matches!(byte, b'/' | b'\\' | b';' | b'%') || byte.is_ascii_control() {
-                    return None;
-                }
                 i += 3;
-                byte
+                unescape(raw, i - 3)?
             } else {
                 i += 1;
                 raw[i - 1]
@@ -192,6 +184,14 @@ impl Name {
             _ => Self::Other,
         })
     }
+}
+
+/// The byte of the escape at `raw[i]` (a `%`), or `None` when it is
+/// invalid, truncated or ambiguous: an encoded `/`, `\\`, `;`, `%` or
+/// control byte.
+fn unescape(raw: &[u8], i: usize) -> Option<u8> {
+    let byte = (hex(*raw.get(i + 1)?)? << 4) | hex(*raw.get(i + 2)?)?;
+    (!matches!(byte, b'/' | b'\\' | b';' | b'%') && !byte.is_ascii_control()).then_some(byte)
 }
 
 fn hex(digit: u8) -> Option<u8> {
