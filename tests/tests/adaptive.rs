@@ -185,3 +185,38 @@ fn under_pressure_sheddable_requests_are_refused_first_and_critical_ones_last() 
     assert!(s.daemon.metric("limiter_http_refused_total{reason=\"sheddable\"}") > 0.0, "{m}");
     eprintln!("{text}");
 }
+
+/// The reasons of the 503s a closed-loop load gets for `path` in `for_`.
+fn reasons_for(s: &Setup, path: &str, for_: Duration) -> Vec<String> {
+    let load = ClosedLoop::start(s.proxy, 20, &[path], BACKOFF);
+    std::thread::sleep(for_);
+    let mut r: Vec<String> = load.stop().into_iter().filter_map(|a| a.reason).collect();
+    r.sort();
+    r.dedup();
+    r
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn the_floor_and_the_classes_change_live() {
+    let s = setup("live", "http.maxThreads = 20\nhttp.adaptive = on\nhttp.adaptive.minLimit = 1\n");
+    // The upstream serves one at a time: the learnt limit goes down to 1 or 2.
+    s.upstream.set_capacity(1);
+    let load = ClosedLoop::start(s.proxy, 20, &[&format!("/work?ms={S}")], BACKOFF);
+    s.limit_until(secs(10), |l| l <= 2.0);
+    // A floor above it applies at once.
+    s.reload_with("http.adaptive.minLimit", "6");
+    assert!(s.limit() >= 6.0, "limit {} under a floor of 6", s.limit());
+    drop(load.stop());
+
+    // The classes: the same path refused as normal, then as sheddable, then
+    // as critical.
+    s.reload_with("http.adaptive", "off");
+    s.upstream.set_capacity(100);
+    let path = format!("/search/work?ms={S}");
+    assert_eq!(reasons_for(&s, &path, secs(1)), ["normal"]);
+    s.reload_with("http.sheddable", "/search/");
+    assert_eq!(reasons_for(&s, &path, secs(1)), ["sheddable"]);
+    s.reload_with("http.critical", "/search/");
+    assert_eq!(reasons_for(&s, &path, secs(1)), ["critical"], "a path matching both is critical");
+}

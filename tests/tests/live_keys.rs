@@ -91,6 +91,14 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
         "front_door.rs",
         "the_access_log_lines_add_up_to_the_requests_sent_and_a_reload_reopens_it",
     ),
+    (
+        "http.adaptive",
+        "adaptive.rs",
+        "a_learnt_limit_keeps_admitted_latency_near_the_service_time_and_follows_a_step_of_capacity",
+    ),
+    ("http.adaptive.minLimit", "adaptive.rs", "the_floor_and_the_classes_change_live"),
+    ("http.critical", "adaptive.rs", "the_floor_and_the_classes_change_live"),
+    ("http.sheddable", "adaptive.rs", "the_floor_and_the_classes_change_live"),
 ];
 
 #[test]
@@ -103,6 +111,7 @@ fn every_live_key_has_a_behaviour_test() {
         ("front_door.rs", include_str!("front_door.rs")),
         ("live_log_level.rs", include_str!("live_log_level.rs")),
         ("shedding.rs", include_str!("shedding.rs")),
+        ("adaptive.rs", include_str!("adaptive.rs")),
     ];
     let mut covered: Vec<&str> = Vec::new();
     for (key, test) in HERE {
