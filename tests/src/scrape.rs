@@ -19,7 +19,8 @@ pub struct Full {
     pub sb: Sandbox,
 }
 
-/// Starts the daemon in a sandbox with everything configured, sends it a
+/// Starts the daemon in a sandbox with everything configured (the adaptive
+/// limit on, so its families are served too), sends it a
 /// request on each protocol so every labelled family has its series, and
 /// scrapes it.
 pub fn full() -> Full {
@@ -31,7 +32,7 @@ pub fn full() -> Full {
         &format!(
             "port.8080.perSourceMax = 50\nkernel.trusted = 10.99.0.0/16\nkernel.xdp.interfaces = {}\n\
              http.upstream = sample\nhttp.h2c = true\nhttp.tls.listen = 127.0.0.1:0\n\
-             http.tls.certFile = {}\nhttp.tls.keyFile = {}\nhttp.accessLog = {}\n",
+             http.tls.certFile = {}\nhttp.tls.keyFile = {}\nhttp.accessLog = {}\nhttp.adaptive = on\n",
             peer.server_if,
             cert.display(),
             key.display(),

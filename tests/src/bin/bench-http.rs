@@ -4,6 +4,9 @@
 //!
 //! (1) Under the limit, keep-alive: nginx (`return 200`) is the upstream;
 //!     50 connections, per-session limit 100 keyed on `Authorization`.
+//! (1b) The same, a new connection per request (`Connection: close`), each
+//!     admitted and answered 200 by the upstream: the connection's own cost
+//!     on the HTTP/1.1 path, not only a refusal's.
 //! (2) Over the limit, a fresh connection per request (`Connection: close`
 //!     for both proxies, so both close after the 503): the upstream holds
 //!     each request 100 ms; per-session limit 10 against 50 connections, so
@@ -206,6 +209,16 @@ fn bench(dir: &Path) -> Result<String> {
         }
         eprintln!("under-limit round {}/{ROUNDS}", round + 1);
     }
+    let mut fresh: Vec<Vec<Run>> = vec![Vec::new(); 3];
+    for round in 0..ROUNDS {
+        for k in 0..3 {
+            let i = (round + k) % 3;
+            let r = wrk(&targets[i].1, &[auth, "Connection: close"])?;
+            ensure!(r.non_2xx_per_s == 0.0, "{}: non-2xx under the limit on new connections", targets[i].1);
+            fresh[i].push(r);
+        }
+        eprintln!("new-connection round {}/{ROUNDS}", round + 1);
+    }
     drop(daemon);
     let bodies = small_bodies(dir, upstream, nginx_port, auth)?;
 
@@ -238,7 +251,9 @@ fn bench(dir: &Path) -> Result<String> {
     let p50 = quantile_from_metrics(&metrics, "limiter_http_time_to_503_seconds", 0.50);
     drop(daemon);
 
-    let mut text = report(&targets.map(|t| t.0), &under, &over_targets.map(|t| t.0), &over, p50, p99);
+    let names = targets.clone().map(|t| t.0);
+    let mut text = report(&names, &under, &over_targets.map(|t| t.0), &over, p50, p99);
+    text.push_str(&fresh_report(&names, &fresh));
     text.push_str(&bodies);
     text.push_str(&front_door(dir, upstream, auth)?);
     text.push_str(&counted(dir, upstream)?);
@@ -523,6 +538,31 @@ fn report(
         verdict(l503 >= n503),
         l503 / n503,
         verdict(p99.is_some_and(|p| p <= 0.001)),
+    ));
+    out
+}
+
+/// (1b): admitted requests, a new connection each.
+fn fresh_report(names: &[&str; 3], fresh: &[Vec<Run>]) -> String {
+    let med = |runs: &[Run], f: fn(&Run) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
+    let mut out = "\n(1b) Under the limit, a new connection per request (`Connection: close`), each answered 200\n\n\
+                   | path | requests/s | p50 ms | p99 ms |\n|---|---|---|---|\n"
+        .to_owned();
+    for (i, name) in names.iter().enumerate() {
+        out.push_str(&format!(
+            "| {name} | {} | {:.2} | {:.2} |\n",
+            spread(&fresh[i].iter().map(|r| r.rps).collect::<Vec<_>>()),
+            med(&fresh[i], |r| r.p50_ms),
+            med(&fresh[i], |r| r.p99_ms),
+        ));
+    }
+    let (l, n) = (med(&fresh[1], |r| r.rps), med(&fresh[2], |r| r.rps));
+    let (lp, np) = (med(&fresh[1], |r| r.p99_ms), med(&fresh[2], |r| r.p99_ms));
+    out.push_str(&format!(
+        "\nTarget: limiter's throughput >= nginx's: {} ({:.2}x); p99 no worse: {} ({lp:.2} ms vs {np:.2} ms).\n\n",
+        verdict(l >= n),
+        l / n,
+        verdict(lp <= np),
     ));
     out
 }
