@@ -1118,8 +1118,7 @@ fn coupled_shedding(short: bool) -> Row {
     row
 }
 
-/// 8. The adaptive limit: an upstream whose capacity steps down and up
-/// under a closed-loop overload, with critical and sheddable paths.
+/// 8. The adaptive limit: capacity steps under a closed-loop overload, with classes.
 fn adaptive(short: bool) -> Row {
     use limiter_tests::closed_loop::{ClosedLoop, window};
     let service_ms = 20u64;
