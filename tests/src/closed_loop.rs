@@ -158,7 +158,11 @@ pub fn window(answers: &[Answer], from: Duration, to: Duration, path: Option<usi
     ok.sort_unstable();
     refused.sort_unstable();
     let q = |v: &[Duration], q: f64| {
-        if v.is_empty() { Duration::ZERO } else { v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1] }
+        if v.is_empty() {
+            Duration::ZERO
+        } else {
+            v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1]
+        }
     };
     Window {
         ok: ok.len(),

@@ -122,7 +122,9 @@ fn a_learnt_limit_keeps_admitted_latency_near_the_service_time_and_follows_a_ste
     assert_eq!(learnt.failed, 0);
     assert!(doubled.goodput >= 0.8 * 2000.0 / S as f64 * f64::from(WORKERS), "doubled {doubled:?}");
     assert!(doubled.p99 <= Duration::from_millis(4 * S), "doubled {doubled:?}");
-    eprintln!("static {static_pool:?}\nlearnt in {took:?}: {learnt:?}\ndoubled, followed in {up:?}: {doubled:?}");
+    eprintln!(
+        "static {static_pool:?}\nlearnt in {took:?}: {learnt:?}\ndoubled, followed in {up:?}: {doubled:?}"
+    );
 
     // What an operator sees.
     let m = s.daemon.metrics();
@@ -154,12 +156,13 @@ fn a_learnt_limit_keeps_admitted_latency_near_the_service_time_and_follows_a_ste
 fn under_pressure_sheddable_requests_are_refused_first_and_critical_ones_last() {
     // A pool of 9 (20 - 11) before an upstream that queues nothing: the
     // pool is the only limit. 10 clients of each class.
-    let s = setup(
-        "classes",
-        "http.maxThreads = 20\nhttp.critical = /pay/\nhttp.sheddable = /search/\n",
-    );
+    let s = setup("classes", "http.maxThreads = 20\nhttp.critical = /pay/\nhttp.sheddable = /search/\n");
     s.upstream.set_capacity(100);
-    let paths = [format!("/search/work?ms={S}"), format!("/other/work?ms={S}"), format!("/api/x/../../pay/work?ms={S}")];
+    let paths = [
+        format!("/search/work?ms={S}"),
+        format!("/other/work?ms={S}"),
+        format!("/api/x/../../pay/work?ms={S}"),
+    ];
     let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
     let load = ClosedLoop::start(s.proxy, 30, &paths, BACKOFF);
     std::thread::sleep(secs(4));
@@ -172,8 +175,11 @@ fn under_pressure_sheddable_requests_are_refused_first_and_critical_ones_last() 
     assert!(critical.goodput > normal.goodput && normal.goodput > sheddable.goodput, "{text}");
     assert!(sheddable.refused > normal.refused && normal.refused > critical.refused, "{text}");
     let reasons = |p: usize| {
-        let mut r: Vec<String> =
-            answers.iter().filter(|a| a.path == p && a.status == 503).filter_map(|a| a.reason.clone()).collect();
+        let mut r: Vec<String> = answers
+            .iter()
+            .filter(|a| a.path == p && a.status == 503)
+            .filter_map(|a| a.reason.clone())
+            .collect();
         r.sort();
         r.dedup();
         r

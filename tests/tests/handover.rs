@@ -183,7 +183,10 @@ fn the_new_daemon_starts_from_the_adaptive_limit_the_old_one_learnt() {
         second.log().contains("starting from the limit the other daemon serving the gate learnt")
     });
     let started_at = limit(&second);
-    assert!(started_at <= 2.0 * learnt.max(6.0), "the second starts at {started_at}, the first learnt {learnt}");
+    assert!(
+        started_at <= 2.0 * learnt.max(6.0),
+        "the second starts at {started_at}, the first learnt {learnt}"
+    );
     assert_eq!(terminate(&mut first, Duration::from_secs(30)), Some(0));
     thread::sleep(Duration::from_secs(1));
     assert!(limit(&second) < 40.0, "the second keeps a learnt limit: {}", limit(&second));

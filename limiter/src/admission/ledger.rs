@@ -408,15 +408,17 @@ impl Locked<'_> {
     /// nothing).
     pub fn others_learnt(&self) -> Option<(u32, u32)> {
         let w = self.words();
-        self.others_records().map(|p| w[p + LEARNT].load(Ordering::Relaxed)).find(|&v| v != 0).map(|v| {
-            ((v >> 32) as u32, v as u32)
-        })
+        self.others_records()
+            .map(|p| w[p + LEARNT].load(Ordering::Relaxed))
+            .find(|&v| v != 0)
+            .map(|v| ((v >> 32) as u32, v as u32))
     }
 
     /// Publishes what this daemon's controller learnt (0, 0: nothing).
     pub fn publish_learnt(&self, limit: u32, base_us: u32) {
         if let Some(me) = self.ledger.record() {
-            self.words()[owner(me) + LEARNT].store((u64::from(limit) << 32) | u64::from(base_us), Ordering::Relaxed);
+            self.words()[owner(me) + LEARNT]
+                .store((u64::from(limit) << 32) | u64::from(base_us), Ordering::Relaxed);
         }
     }
 

@@ -26,8 +26,8 @@
 //! disappears when its count reaches zero, so memory is bounded by what is
 //! in flight, whatever the number of distinct tokens.
 
-pub mod ledger;
 pub mod adaptive;
+pub mod ledger;
 mod session;
 
 use std::{

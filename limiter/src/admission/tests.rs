@@ -3,7 +3,15 @@ use std::time::{Duration, Instant};
 use super::*;
 
 fn limits(normal: u32, per_session: u32, web: u32) -> Limits {
-    Limits { normal, debug_reserved: 3, per_session, web, dry_run: false, adaptive_min: None, critical_reserve: false }
+    Limits {
+        normal,
+        debug_reserved: 3,
+        per_session,
+        web,
+        dry_run: false,
+        adaptive_min: None,
+        critical_reserve: false,
+    }
 }
 
 fn normal() -> Ask<'static> {
@@ -308,7 +316,9 @@ fn the_adaptive_limit_is_the_normal_pool_s_limit_in_force() {
     let e = snap.adaptive.expect("on");
     assert_eq!(snap.normal_limit, e.limit);
     assert!(e.descents >= 1 && (e.latency - 0.1).abs() < 1e-6 && e.base_latency > 0.0, "{e:?}");
-    assert!(snap.adaptive_summary().is_some_and(|s| s.contains(&format!("adaptive limit {} of 20", e.limit))));
+    assert!(
+        snap.adaptive_summary().is_some_and(|s| s.contains(&format!("adaptive limit {} of 20", e.limit)))
+    );
     // Switched off by a reload: the static pool again.
     a.set_limits(limits(20, 0, 0));
     assert_eq!(a.snapshot().normal_limit, 20);

@@ -11,8 +11,9 @@
 use super::{
     Addr, Config, MIN_MAX_THREADS, Secret,
     values::{
-        absolute_path, access_log, boolean, int_at_least, int_in, interfaces, log_level, ms, on_off, parse_ports,
-        path_prefixes, prefixes, ratio, read_token, socket_addr, statuses, table_size, upstream, xdp_mode,
+        absolute_path, access_log, boolean, int_at_least, int_in, interfaces, log_level, ms, on_off,
+        parse_ports, path_prefixes, prefixes, ratio, read_token, socket_addr, statuses, table_size, upstream,
+        xdp_mode,
     },
 };
 

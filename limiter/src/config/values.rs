@@ -173,13 +173,21 @@ pub(super) fn path_prefixes(value: &str) -> Result<Vec<String>, String> {
         if !item.starts_with('/') {
             return Err(format!("`{item}` does not start with `/`"));
         }
-        if let Some(c) = item.chars().find(|c| matches!(c, '?' | '#' | '%' | ';' | '\\') || c.is_whitespace() || c.is_control()) {
-            return Err(format!("`{item}` holds `{}`, which a normalised path never does", c.escape_default()));
+        if let Some(c) = item
+            .chars()
+            .find(|c| matches!(c, '?' | '#' | '%' | ';' | '\\') || c.is_whitespace() || c.is_control())
+        {
+            return Err(format!(
+                "`{item}` holds `{}`, which a normalised path never does",
+                c.escape_default()
+            ));
         }
         let segments: Vec<&str> = item[1..].split('/').collect();
         let last = segments.len() - 1;
         if segments.iter().enumerate().any(|(i, s)| matches!(*s, "." | "..") || (s.is_empty() && i != last)) {
-            return Err(format!("`{item}` has an empty, `.` or `..` segment, which a normalised path never does"));
+            return Err(format!(
+                "`{item}` has an empty, `.` or `..` segment, which a normalised path never does"
+            ));
         }
         if out.iter().any(|o| o == item) {
             return Err(format!("`{item}` is listed twice"));

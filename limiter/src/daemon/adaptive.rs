@@ -18,7 +18,10 @@ const LOG_EVERY: Duration = Duration::from_secs(1);
 pub async fn run(proxy: Arc<Proxy>) {
     let admission = &proxy.admission;
     if let Some(limit) = admission.resume_from_peer() {
-        tracing::info!(limit, "adaptive limit: starting from the limit the other daemon serving the gate learnt");
+        tracing::info!(
+            limit,
+            "adaptive limit: starting from the limit the other daemon serving the gate learnt"
+        );
     }
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

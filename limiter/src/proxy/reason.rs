@@ -80,7 +80,17 @@ mod tests {
         let names: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
         assert_eq!(
             names,
-            ["normal", "debug", "web", "session", "sheddable", "critical", "breaker", "buffer_full", "upstream_full"]
+            [
+                "normal",
+                "debug",
+                "web",
+                "session",
+                "sheddable",
+                "critical",
+                "breaker",
+                "buffer_full",
+                "upstream_full"
+            ]
         );
         let texts: std::collections::BTreeSet<&str> = Reason::ALL.iter().map(|r| r.text()).collect();
         assert_eq!(texts.len(), Reason::ALL.len(), "each reason says its own 503");

@@ -385,8 +385,15 @@ mod tests {
 
     #[test]
     fn under_pressure_a_chunk_left_a_second_costs_the_stream_its_permit() {
-        let admission =
-            Admission::new(Limits { normal: 1, debug_reserved: 0, per_session: 0, web: 0, dry_run: false, adaptive_min: None, critical_reserve: false });
+        let admission = Admission::new(Limits {
+            normal: 1,
+            debug_reserved: 0,
+            per_session: 0,
+            web: 0,
+            dry_run: false,
+            adaptive_min: None,
+            critical_reserve: false,
+        });
         let permit = admission.admit(Ask::default()).unwrap();
         let (list, idle) = (Watchlist::default(), Duration::from_secs(60));
         let mut body = guard(Endless.boxed_unsync(), Some(permit), &list);

@@ -25,7 +25,8 @@ use tower_acc::{ConcurrencyLimitLayer, Gradient2, Vegas};
 type Body = BoxBody<Bytes, hyper::Error>;
 
 fn text(status: StatusCode, s: &'static str) -> Response<Body> {
-    let mut r = Response::new(Full::new(Bytes::from_static(s.as_bytes())).map_err(|never| match never {}).boxed());
+    let mut r =
+        Response::new(Full::new(Bytes::from_static(s.as_bytes())).map_err(|never| match never {}).boxed());
     *r.status_mut() = status;
     r
 }
@@ -50,13 +51,25 @@ fn main() {
         match algorithm.as_str() {
             "gradient2" => {
                 let algo = Gradient2::builder().min_limit(min).max_limit(max).build();
-                serve(listen, ServiceBuilder::new().load_shed().layer(ConcurrencyLimitLayer::new(algo)).service(forward))
-                    .await
+                serve(
+                    listen,
+                    ServiceBuilder::new()
+                        .load_shed()
+                        .layer(ConcurrencyLimitLayer::new(algo))
+                        .service(forward),
+                )
+                .await
             }
             "vegas" => {
                 let algo = Vegas::builder().max_limit(max).build();
-                serve(listen, ServiceBuilder::new().load_shed().layer(ConcurrencyLimitLayer::new(algo)).service(forward))
-                    .await
+                serve(
+                    listen,
+                    ServiceBuilder::new()
+                        .load_shed()
+                        .layer(ConcurrencyLimitLayer::new(algo))
+                        .service(forward),
+                )
+                .await
             }
             other => panic!("unknown algorithm {other}"),
         }
@@ -86,7 +99,9 @@ where
                     })
                 }
             });
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
         });
     }
 }

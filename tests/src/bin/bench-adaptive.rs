@@ -118,10 +118,17 @@ fn start(peer: Peer, upstream: SocketAddr, run: usize) -> Result<(Running, Socke
         Peer::Gradient2 | Peer::Vegas => {
             let port = free_port();
             let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
-            let bin = std::env::var("ACC_PROXY_BIN").context("ACC_PROXY_BIN (set by `cargo xtask bench adaptive`)")?;
+            let bin = std::env::var("ACC_PROXY_BIN")
+                .context("ACC_PROXY_BIN (set by `cargo xtask bench adaptive`)")?;
             let algorithm = if peer == Peer::Gradient2 { "gradient2" } else { "vegas" };
             let child = Command::new(bin)
-                .args([addr.to_string(), upstream.to_string(), algorithm.into(), MIN.to_string(), CEILING.to_string()])
+                .args([
+                    addr.to_string(),
+                    upstream.to_string(),
+                    algorithm.into(),
+                    MIN.to_string(),
+                    CEILING.to_string(),
+                ])
                 .stdout(Stdio::null())
                 .spawn()?;
             let deadline = Instant::now() + Duration::from_secs(5);
@@ -136,8 +143,11 @@ fn start(peer: Peer, upstream: SocketAddr, run: usize) -> Result<(Running, Socke
 
 /// Admitted concurrency over `[from, to)`: Σ latency of the 200s / time.
 fn admitted(answers: &[Answer], from: Duration, to: Duration) -> f64 {
-    let sum: f64 =
-        answers.iter().filter(|a| a.status == 200 && a.at >= from && a.at < to).map(|a| a.latency.as_secs_f64()).sum();
+    let sum: f64 = answers
+        .iter()
+        .filter(|a| a.status == 200 && a.at >= from && a.at < to)
+        .map(|a| a.latency.as_secs_f64())
+        .sum();
     sum / (to - from).as_secs_f64()
 }
 
@@ -240,11 +250,15 @@ fn measure(peer: Peer, run: usize) -> Result<Figures> {
         stall: first(&answers, stall_end, secs(35.0), secs(0.5), |g, _, _| g >= 0.8 * CAPACITY),
         before: admitted(&answers, secs(3.0), secs(10.0)),
         slow: admitted(&answers, secs(55.0), secs(65.0)),
-        back: first(&answers, secs(65.0), secs(73.0), secs(1.0), |g, p, _| g >= 0.9 * CAPACITY && p <= p99_ok),
+        back: first(&answers, secs(65.0), secs(73.0), secs(1.0), |g, p, _| {
+            g >= 0.9 * CAPACITY && p <= p99_ok
+        }),
         ..Figures::default()
     };
     if daemon.is_some() {
-        let within = |a: f64, b: f64| limits.iter().filter(move |(t, _)| (secs(a)..secs(b)).contains(t)).map(|(_, l)| *l);
+        let within = |a: f64, b: f64| {
+            limits.iter().filter(move |(t, _)| (secs(a)..secs(b)).contains(t)).map(|(_, l)| *l)
+        };
         let mean = |v: Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
         f.limit_steady = Some(mean(within(3.0, 10.0).collect()));
         f.limit_slow = Some(mean(within(55.0, 65.0).collect()));

@@ -1166,11 +1166,15 @@ fn adaptive(short: bool) -> Row {
     let followed = |from: Duration, ok: &dyn Fn(f64) -> bool| {
         limits.iter().find(|(t, l)| *t >= from && ok(*l)).map(|(t, _)| *t - from)
     };
-    for (i, (capacity, at)) in [(8.0, Duration::ZERO), (4.0, phase), (8.0, phase * 2)].into_iter().enumerate() {
+    for (i, (capacity, at)) in [(8.0, Duration::ZERO), (4.0, phase), (8.0, phase * 2)].into_iter().enumerate()
+    {
         let took = followed(at, &|l| l <= capacity * 2.0 && l >= capacity * 0.5);
         row.check(
             took.is_some_and(|t| t <= Duration::from_secs(5)),
-            format!("step {} to {capacity} at once: the limit within half and twice of it after {took:?}", i + 1),
+            format!(
+                "step {} to {capacity} at once: the limit within half and twice of it after {took:?}",
+                i + 1
+            ),
         );
         let settled = window(&answers, at + Duration::from_secs(2), at + phase, None);
         row.check(
@@ -1215,8 +1219,16 @@ fn main() -> ExitCode {
     // working on one; CI runs them all).
     let args: Vec<String> = std::env::args().collect();
     let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
-    let names =
-        ["overload", "flood", "upstream_faults", "hostile", "http2", "control_plane", "coupled_shedding", "adaptive"];
+    let names = [
+        "overload",
+        "flood",
+        "upstream_faults",
+        "hostile",
+        "http2",
+        "control_plane",
+        "coupled_shedding",
+        "adaptive",
+    ];
     let mut rows = Vec::new();
     for (s, name) in scenarios.into_iter().zip(names) {
         if only.as_ref().is_some_and(|w| !name.contains(w.as_str())) {

@@ -71,7 +71,16 @@ impl Sim {
     }
 
     fn with(c: Controller, seed: u64) -> Self {
-        Self { c, seed, in_flight: 0, queue: VecDeque::new(), serving: Vec::new(), ready: Vec::new(), now: 0, changes: Vec::new() }
+        Self {
+            c,
+            seed,
+            in_flight: 0,
+            queue: VecDeque::new(),
+            serving: Vec::new(),
+            ready: Vec::new(),
+            now: 0,
+            changes: Vec::new(),
+        }
     }
 
     fn uniform(&mut self) -> f64 {
@@ -173,7 +182,8 @@ fn goodput(secs: &[Second]) -> f64 {
 }
 
 fn p99(secs: &[Second]) -> u64 {
-    let all = Second { latencies: secs.iter().flat_map(|s| s.latencies.clone()).collect(), ..Second::default() };
+    let all =
+        Second { latencies: secs.iter().flat_map(|s| s.latencies.clone()).collect(), ..Second::default() };
     all.p99()
 }
 
@@ -220,7 +230,12 @@ fn under_a_sustained_loss_of_capacity_the_limit_stays_down_then_grows_back() {
         };
         let secs = sim.run(&s, 50);
         for (i, sec) in secs[13..40].iter().enumerate() {
-            assert!(sec.mean_limit() <= 5.0 * 1.6, "seed {seed}: second {}: limit {}", i + 13, sec.mean_limit());
+            assert!(
+                sec.mean_limit() <= 5.0 * 1.6,
+                "seed {seed}: second {}: limit {}",
+                i + 13,
+                sec.mean_limit()
+            );
             assert!(sec.p99() <= 80, "seed {seed}: second {}: p99 {}", i + 13, sec.p99());
         }
         // Back within 5 s of recovery.
@@ -270,9 +285,17 @@ fn a_single_stall_does_not_keep_the_limit_down() {
         let before = secs[5..10].iter().map(Second::mean_limit).sum::<f64>() / 5.0;
         // Goodput above 80 % within 2 s of the stall's end (10.5 s).
         for sec in &secs[12..] {
-            assert!(sec.answered >= 800, "seed {seed}: {:?}", secs.iter().map(|s| s.answered).collect::<Vec<_>>());
+            assert!(
+                sec.answered >= 800,
+                "seed {seed}: {:?}",
+                secs.iter().map(|s| s.answered).collect::<Vec<_>>()
+            );
         }
-        assert!(secs[12].mean_limit() >= before * 0.7, "seed {seed}: {} against {before}", secs[12].mean_limit());
+        assert!(
+            secs[12].mean_limit() >= before * 0.7,
+            "seed {seed}: {} against {before}",
+            secs[12].mean_limit()
+        );
     }
 }
 
@@ -315,7 +338,12 @@ fn a_controller_resumed_from_a_handover_starts_from_the_learnt_limit() {
     sim2.now = sim.now;
     let secs = sim2.run(&s, 5);
     for sec in &secs {
-        assert!(sec.max_limit() <= learnt.limit * 2, "{} after resuming at {}", sec.max_limit(), learnt.limit);
+        assert!(
+            sec.max_limit() <= learnt.limit * 2,
+            "{} after resuming at {}",
+            sec.max_limit(),
+            learnt.limit
+        );
         assert!(sec.p99() <= 80, "p99 {}", sec.p99());
     }
     // Fixed size: nothing it holds grows with what it has seen.
@@ -351,7 +379,6 @@ fn a_change_of_more_than_a_fifth_is_reported_and_no_other() {
     assert!(ch.first().is_some_and(|c| c.from == 197 && c.why == "queue"), "{ch:?}");
     assert!(ch.iter().any(|c| c.to <= 10), "{ch:?}");
     assert!(ch.len() < 60, "{} changes in 15 s: {ch:?}", ch.len());
-
 }
 
 /// Switched on in the middle of an overload the static pool let queue:
@@ -369,7 +396,12 @@ fn switched_on_during_an_overload_it_finds_the_queue_it_watched_form() {
         sim.c.set_enforcing(true);
         let on = sim.run(&s, 10);
         for sec in &on[5..] {
-            assert!(sec.p99() <= 80 && sec.answered >= 900, "seed {seed}: p99 {} ms, {} answered", sec.p99(), sec.answered);
+            assert!(
+                sec.p99() <= 80 && sec.answered >= 900,
+                "seed {seed}: p99 {} ms, {} answered",
+                sec.p99(),
+                sec.answered
+            );
         }
     }
 }

@@ -105,7 +105,15 @@ fn both_daemons_compute_one_session_key_and_count_it_together() {
     let (a, b) = (join(&fd).unwrap(), join(&fd).unwrap());
     assert_eq!(a.seed(), b.seed());
     assert_ne!(a.seed(), (0, 0));
-    let limits = Limits { normal: 10, debug_reserved: 3, per_session: 2, web: 3, dry_run: false, adaptive_min: None, critical_reserve: false };
+    let limits = Limits {
+        normal: 10,
+        debug_reserved: 3,
+        per_session: 2,
+        web: 3,
+        dry_run: false,
+        adaptive_min: None,
+        critical_reserve: false,
+    };
     let (x, y) = (Admission::with_ledger(limits, Some(a)), Admission::with_ledger(limits, Some(b)));
     let token = Ask { session: Some(b"Bearer T"), ..Ask::default() };
     let p1 = x.admit(token).unwrap();
@@ -122,7 +130,15 @@ fn both_daemons_compute_one_session_key_and_count_it_together() {
 fn two_daemons_together_never_admit_more_than_the_pools() {
     let fd = memory();
     let (a, b) = (join(&fd).unwrap(), join(&fd).unwrap());
-    let limits = Limits { normal: 4, debug_reserved: 1, per_session: 0, web: 2, dry_run: false, adaptive_min: None, critical_reserve: false };
+    let limits = Limits {
+        normal: 4,
+        debug_reserved: 1,
+        per_session: 0,
+        web: 2,
+        dry_run: false,
+        adaptive_min: None,
+        critical_reserve: false,
+    };
     let (x, y) = (Admission::with_ledger(limits, Some(a)), Admission::with_ledger(limits, Some(b)));
     let web = Ask { web: true, ..Ask::default() };
     let held = [x.admit(web).unwrap(), y.admit(Ask::default()).unwrap(), x.admit(Ask::default()).unwrap()];
@@ -150,7 +166,15 @@ fn two_daemons_together_never_admit_more_than_the_pools() {
 #[test]
 fn concurrent_admissions_in_two_daemons_never_overshoot() {
     let fd = memory();
-    let limits = Limits { normal: 8, debug_reserved: 0, per_session: 0, web: 0, dry_run: false, adaptive_min: None, critical_reserve: false };
+    let limits = Limits {
+        normal: 8,
+        debug_reserved: 0,
+        per_session: 0,
+        web: 0,
+        dry_run: false,
+        adaptive_min: None,
+        critical_reserve: false,
+    };
     let daemons = [join(&fd).unwrap(), join(&fd).unwrap()].map(|l| Admission::with_ledger(limits, Some(l)));
     let in_flight = std::sync::atomic::AtomicU32::new(0);
     let peak = std::sync::atomic::AtomicU32::new(0);
@@ -304,7 +328,15 @@ fn another_records_counts_are_read_as_at_most_2_pow_30() {
     let fd = memory();
     let (clock, _) = fake_clock();
     let (a, b) = (join_at(&fd, &clock), join_at(&fd, &clock));
-    let limits = Limits { normal: 4, debug_reserved: 0, per_session: 2, web: 0, dry_run: false, adaptive_min: None, critical_reserve: false };
+    let limits = Limits {
+        normal: 4,
+        debug_reserved: 0,
+        per_session: 2,
+        web: 0,
+        dry_run: false,
+        adaptive_min: None,
+        critical_reserve: false,
+    };
     let x = Admission::with_ledger(limits, Some(a));
     let p = x.admit(Ask::default()).unwrap();
     let w = b.mem.words();
