@@ -130,6 +130,10 @@ impl Limits {
 /// pressure (the classes' reserves apply).
 pub const PRESSURE: Duration = Duration::from_secs(1);
 
+/// What the adaptive controller learnt is written to the ledger again
+/// this often even when it has not changed.
+const REPUBLISH: Duration = Duration::from_millis(500);
+
 /// A request's class (`http.sheddable`, `http.critical`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Class {
@@ -273,6 +277,11 @@ pub struct Admission {
     /// The permits of the other daemon serving the same gate during a
     /// handover (`ledger`); taken after `inner`, published under its lock.
     ledger: Option<Arc<Ledger>>,
+    /// What [`Self::tick`] last published in the ledger (limit and base
+    /// latency in µs), and when: the ledger's lock is taken when that
+    /// changes, and at least every [`REPUBLISH`] (a record claimed again
+    /// starts empty).
+    published: Mutex<Option<((u32, u32), Instant)>>,
 }
 
 /// Counters and gauges, for metrics and dump.
@@ -411,6 +420,7 @@ impl Admission {
                 .as_ref()
                 .map_or_else(SessionKeys::default, |l| SessionKeys::with_seed(l.seed())),
             ledger,
+            published: Mutex::new(None),
         })
     }
 
@@ -434,17 +444,23 @@ impl Admission {
 
     /// Runs the adaptive controller (every few milliseconds, from a
     /// timer): `Some` when its limit moved by more than a fifth. Publishes
-    /// what it learnt in the ledger, and on its first call takes what the
-    /// other daemon serving the gate learnt, if it learnt anything.
+    /// what it learnt in the ledger when that changed (nothing while off).
     pub fn tick(&self, now: Instant) -> Option<adaptive::Change> {
         let mut inner = self.lock();
         let t = inner.micros(now);
         let change = inner.adaptive.tick(t);
         let learnt = inner.enforcing().map(Controller::estimates);
         drop(inner);
-        if let Some(shared) = self.shared() {
+        if let Some(ledger) = &self.ledger {
             let (limit, base) = learnt.map_or((0, 0.0), |e| (e.limit, e.base_latency));
-            shared.publish_learnt(limit, (base * 1e6).min(f64::from(u32::MAX)) as u32);
+            let learnt = (limit, (base * 1e6).min(f64::from(u32::MAX)) as u32);
+            let mut published = self.published.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if published
+                .is_none_or(|(was, at)| was != learnt || now.saturating_duration_since(at) >= REPUBLISH)
+            {
+                ledger.lock().publish_learnt(learnt.0, learnt.1);
+                *published = Some((learnt, now));
+            }
         }
         change
     }

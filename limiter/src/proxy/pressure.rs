@@ -21,8 +21,9 @@ use tokio::{
     time::Instant,
 };
 
-/// How long a refusal keeps the pools under pressure.
-pub const WINDOW: Duration = Duration::from_secs(1);
+/// How long a refusal keeps the pools under pressure: the window in which
+/// admission, too, keeps the classes' reserves.
+pub const WINDOW: Duration = crate::admission::PRESSURE;
 
 /// Under pressure, how long a client may leave the chunk it was handed
 /// (at most [`super::stream_guard::CHUNK`], 16 KiB) untaken before its

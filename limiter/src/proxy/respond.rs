@@ -49,8 +49,11 @@ pub(super) fn refuse_breaker(
 /// [`refuse_breaker`]).
 pub(super) fn refuse(proxy: &Proxy, reason: Reason, started: Instant) -> Response<ProxyBody> {
     proxy.counters.refusal_log.note(reason.as_str());
-    if let Reason::Admission(Refusal::Normal | Refusal::Debug) = reason {
-        // A pool is full: slow readers holding its permits are cut sooner.
+    if let Reason::Admission(r) = reason
+        && (r.of_pool() || r == Refusal::Debug)
+    {
+        // A pool is full (for a request of any class): slow readers
+        // holding its permits are cut sooner.
         proxy.pressure.refused();
     }
     let mut response = own(proxy, StatusCode::SERVICE_UNAVAILABLE, reason.text(), true);
