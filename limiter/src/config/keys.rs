@@ -505,6 +505,13 @@ pub static KEYS: &[Key] = &[
         set: plain!(|c, v| c.http.h2c = boolean(v)?),
     },
     Key {
+        name: "http.h1Engine",
+        default: DefaultValue::Value("hyper"),
+        reload: Reload::Restart,
+        doc: "what serves HTTP/1.1 clients: native (limiter's own parser, heads rewritten in place, bodies forwarded as bytes) or hyper",
+        set: plain!(|c, v| c.http.h1_engine = v.parse()?),
+    },
+    Key {
         name: "http.h2.maxConcurrentStreams",
         default: DefaultValue::Value("100"),
         reload: Reload::Live,

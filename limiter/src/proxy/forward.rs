@@ -324,32 +324,12 @@ enum Failure {
 /// dropped unrecorded for one of the client's.
 fn fail_to_proxy(failure: Failure, ticket: Option<Ticket>, proxy: &Proxy) -> Response<ProxyBody> {
     match failure {
-        Failure::Full(started) => {
-            // limiter's own cap, not the upstream's failure: the ticket is
-            // dropped unrecorded, and the client gets an admission 503.
-            drop(ticket);
-            proxy.counters.refused_upstream_full.fetch_add(1, Ordering::Relaxed);
-            respond::refuse(proxy, Reason::UpstreamFull, started)
-        }
-        Failure::Upstream(UpstreamError::Full) => fail_to_proxy(Failure::Full(Instant::now()), ticket, proxy),
-        Failure::Timeout => {
-            if let Some(t) = ticket {
-                t.record(false)
-            }
-            proxy.counters.upstream_timeouts.fetch_add(1, Ordering::Relaxed);
-            respond::own(
-                proxy,
-                StatusCode::GATEWAY_TIMEOUT,
-                "504 Gateway Timeout: the upstream did not answer in time\n",
-                true,
-            )
-        }
+        Failure::Full(started) => upstream_full(proxy, ticket, started),
+        Failure::Upstream(UpstreamError::Full) => upstream_full(proxy, ticket, Instant::now()),
+        Failure::Timeout => upstream_timeout(proxy, ticket),
         Failure::Upstream(UpstreamError::Send(e)) if e.is_user() => {
             // The client's body failed (aborted), or came too slowly (under
-            // http.minDataRate, or stalled past http.idleTimeoutMs): not
-            // the upstream's fault, not a result. The upstream request is
-            // dropped, and the permit with it.
-            drop(ticket);
+            // http.minDataRate, or stalled past http.idleTimeoutMs).
             tracing::debug!("request body failed: {e:?}");
             let cause = std::error::Error::source(&e);
             let timeout = if cause.is_some_and(|c| c.is::<TooSlow>()) {
@@ -359,47 +339,84 @@ fn fail_to_proxy(failure: Failure, ticket: Option<Ticket>, proxy: &Proxy) -> Res
             } else {
                 None
             };
-            match timeout {
-                Some(rule) => {
-                    proxy.counters.body_timeouts[rule.index()].fetch_add(1, Ordering::Relaxed);
-                    respond::body_timeout(proxy)
-                }
-                None => {
-                    proxy.counters.client_body_errors.fetch_add(1, Ordering::Relaxed);
-                    respond::own(
-                        proxy,
-                        StatusCode::BAD_REQUEST,
-                        "400 Bad Request: the request body failed\n",
-                        true,
-                    )
-                }
-            }
+            client_body_failed(proxy, ticket, timeout)
         }
         Failure::Upstream(e) => {
-            if let Some(t) = ticket {
-                t.record(false)
-            }
-            let (counter, text) = if matches!(e, UpstreamError::Connect(_)) {
-                (&proxy.counters.upstream_connect_errors, "502 Bad Gateway: cannot connect to the upstream\n")
-            } else {
-                (&proxy.counters.upstream_resets, "502 Bad Gateway: the upstream closed the connection\n")
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
             tracing::debug!("upstream request failed: {e:?}");
-            respond::own(proxy, StatusCode::BAD_GATEWAY, text, true)
+            upstream_failed(proxy, ticket, matches!(e, UpstreamError::Connect(_)))
         }
         Failure::ResponseBody(e) => {
-            // Nothing has reached the client yet: it can still be told.
-            proxy.counters.upstream_resets.fetch_add(1, Ordering::Relaxed);
             tracing::debug!("upstream response body failed before the client got it: {e}");
-            respond::own(
-                proxy,
-                StatusCode::BAD_GATEWAY,
-                "502 Bad Gateway: the upstream's response broke off\n",
-                true,
-            )
+            response_broke_off(proxy)
         }
     }
+}
+
+/// Every upstream connection allowed stayed busy: limiter's own cap, not
+/// the upstream's failure. The ticket is dropped unrecorded, and the
+/// client gets an admission 503 (its request's head came at `started`).
+pub(super) fn upstream_full(proxy: &Proxy, ticket: Option<Ticket>, started: Instant) -> Response<ProxyBody> {
+    drop(ticket);
+    proxy.counters.refused_upstream_full.fetch_add(1, Ordering::Relaxed);
+    respond::refuse(proxy, Reason::UpstreamFull, started)
+}
+
+/// No response head within `http.upstreamTimeoutMs`: a failure.
+pub(super) fn upstream_timeout(proxy: &Proxy, ticket: Option<Ticket>) -> Response<ProxyBody> {
+    if let Some(t) = ticket {
+        t.record(false)
+    }
+    proxy.counters.upstream_timeouts.fetch_add(1, Ordering::Relaxed);
+    respond::own(
+        proxy,
+        StatusCode::GATEWAY_TIMEOUT,
+        "504 Gateway Timeout: the upstream did not answer in time
+",
+        true,
+    )
+}
+
+/// The client's body failed or came too slowly (`timeout`: by which
+/// rule): not the upstream's fault, not a result. The upstream request is
+/// dropped, and the permit with it.
+pub(super) fn client_body_failed(
+    proxy: &Proxy,
+    ticket: Option<Ticket>,
+    timeout: Option<BodyTimeout>,
+) -> Response<ProxyBody> {
+    drop(ticket);
+    match timeout {
+        Some(rule) => {
+            proxy.counters.body_timeouts[rule.index()].fetch_add(1, Ordering::Relaxed);
+            respond::body_timeout(proxy)
+        }
+        None => {
+            proxy.counters.client_body_errors.fetch_add(1, Ordering::Relaxed);
+            respond::own(proxy, StatusCode::BAD_REQUEST, "400 Bad Request: the request body failed\n", true)
+        }
+    }
+}
+
+/// Connecting to the upstream failed (`connect`), or the connection failed
+/// before a whole response head: a failure, 502.
+pub(super) fn upstream_failed(proxy: &Proxy, ticket: Option<Ticket>, connect: bool) -> Response<ProxyBody> {
+    if let Some(t) = ticket {
+        t.record(false)
+    }
+    let (counter, text) = if connect {
+        (&proxy.counters.upstream_connect_errors, "502 Bad Gateway: cannot connect to the upstream\n")
+    } else {
+        (&proxy.counters.upstream_resets, "502 Bad Gateway: the upstream closed the connection\n")
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    respond::own(proxy, StatusCode::BAD_GATEWAY, text, true)
+}
+
+/// The response body broke off while read ahead: nothing has reached the
+/// client yet, it can still be told (the ticket recorded the response).
+pub(super) fn response_broke_off(proxy: &Proxy) -> Response<ProxyBody> {
+    proxy.counters.upstream_resets.fetch_add(1, Ordering::Relaxed);
+    respond::own(proxy, StatusCode::BAD_GATEWAY, "502 Bad Gateway: the upstream's response broke off\n", true)
 }
 
 pin_project_lite::pin_project! {

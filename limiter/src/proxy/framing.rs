@@ -82,6 +82,17 @@ enum Scan {
     Lost,
 }
 
+/// What [`Framing::body`] found in the bytes it was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyScan {
+    /// All of them are the body's, and it goes on.
+    More,
+    /// The body ends after this many of them.
+    Ended(usize),
+    /// hyper would refuse the body at one of them.
+    Refused,
+}
+
 /// Which header the current head line is, as far as matched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Name {
@@ -292,6 +303,38 @@ impl Framing {
             }
         }
         i
+    }
+
+    /// A scanner for one chunked body from its first chunk-size line: the
+    /// native engine relays such a body as the client framed it, and ends
+    /// it (or refuses it) exactly where hyper would.
+    pub fn chunked_body() -> Self {
+        Self { state: Scan::ChunkStart, ..Self::default() }
+    }
+
+    /// Scans the next bytes of a body begun with [`Framing::chunked_body`].
+    pub fn body(&mut self, buf: &mut [u8]) -> BodyScan {
+        let mut i = 0;
+        while i < buf.len() {
+            match self.state {
+                Scan::Head => return BodyScan::Ended(i),
+                Scan::Lost | Scan::Tunnel => return BodyScan::Refused,
+                Scan::ChunkData(n) => {
+                    let take = n.min((buf.len() - i) as u64);
+                    i += take as usize;
+                    self.state = if n == take { Scan::ChunkDataCr } else { Scan::ChunkData(n - take) };
+                }
+                _ => {
+                    self.step(buf, i);
+                    i += 1;
+                }
+            }
+        }
+        match self.state {
+            Scan::Head => BodyScan::Ended(i),
+            Scan::Lost | Scan::Tunnel => BodyScan::Refused,
+            _ => BodyScan::More,
+        }
     }
 
     /// The watch stopped where hyper refuses the stream: hyper must see

@@ -91,19 +91,21 @@ impl Bad {
 /// Checks the headers of a request head, whose names `seen` has counted;
 /// `Err` names the first that fails.
 pub fn check(headers: &HeaderMap, seen: &Seen) -> Result<(), Bad> {
-    if seen.hosts > 1
-        || (seen.hosts == 1 && !headers.get(header::HOST).is_some_and(|h| is_valid_host(h.as_bytes())))
-    {
+    let first = |name: &header::HeaderName| headers.get(name).map(header::HeaderValue::as_bytes);
+    check_lines(first(&header::HOST), first(&header::TRANSFER_ENCODING), seen)
+}
+
+/// [`check`] given the head's (first) `Host` and `Transfer-Encoding`
+/// values, however the head is held.
+pub fn check_lines(host: Option<&[u8]>, coding: Option<&[u8]>, seen: &Seen) -> Result<(), Bad> {
+    if seen.hosts > 1 || (seen.hosts == 1 && !host.is_some_and(is_valid_host)) {
         return Err(Bad::Host);
     }
     if seen.authorizations > 1 {
         return Err(Bad::Authorization);
     }
     if seen.codings > 1
-        || (seen.codings == 1
-            && !headers
-                .get(header::TRANSFER_ENCODING)
-                .is_some_and(|c| c.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked")))
+        || (seen.codings == 1 && !coding.is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked")))
     {
         return Err(Bad::TransferEncoding);
     }
@@ -141,12 +143,17 @@ pub fn target(
         {
             return Err(Bad::Host);
         }
-    } else if seen.hosts == 0 && version >= hyper::Version::HTTP_11 {
-        // HTTP/1.1 (RFC 9112 §3.2), and HTTP/2 with neither `:authority`
-        // nor `host`: the upstream would be told its own name.
-        return Err(Bad::Host);
+    } else {
+        origin_form_host(version >= hyper::Version::HTTP_11, seen)?;
     }
     Ok(())
+}
+
+/// A target without an authority (the origin form) on HTTP/1.1 and later
+/// needs a `Host`: HTTP/1.1 (RFC 9112 §3.2), and HTTP/2 with neither
+/// `:authority` nor `host`: the upstream would be told its own name.
+pub fn origin_form_host(http11: bool, seen: &Seen) -> Result<(), Bad> {
+    if seen.hosts == 0 && http11 { Err(Bad::Host) } else { Ok(()) }
 }
 
 /// Whether `value` is a valid `Host`: empty, or `host [":" port]`.

@@ -111,10 +111,15 @@ const FORWARDING_LENGTHS: u32 = {
     bits
 };
 
-static X_FORWARDED_FOR: &HeaderName = &FORWARDING[XFF_AT];
-static X_FORWARDED_PROTO: &HeaderName = &FORWARDING[PROTO_AT];
-static X_FORWARDED_HOST: &HeaderName = &FORWARDING[HOST_AT];
-static X_FORWARDED_PORT: &HeaderName = &FORWARDING[PORT_AT];
+/// Which member of [`FORWARDING`] `name` is (in any case), if any.
+pub fn forwarding_index(name: &[u8]) -> Option<usize> {
+    let len = name.len();
+    if len >= 32 || FORWARDING_LENGTHS & (1 << len) == 0 {
+        return None;
+    }
+    FORWARDING.iter().position(|h| name.eq_ignore_ascii_case(h.as_str().as_bytes()))
+}
+
 /// Names a web client (the web-client limit).
 static X_CLIENT_ID: HeaderName = HeaderName::from_static("x-client-id");
 
@@ -138,17 +143,24 @@ pub struct Seen {
 
 impl Seen {
     pub fn scan(headers: &HeaderMap) -> Self {
+        Self::of_names(headers.iter().map(|(name, _)| name.as_str().as_bytes()))
+    }
+
+    /// The same over the names of a head's lines, as the client wrote them
+    /// (any case): one line, one name.
+    pub fn of_names<'a>(names: impl Iterator<Item = &'a [u8]>) -> Self {
         let mut seen = Self::default();
-        for (name, _) in headers {
+        for name in names {
+            let is = |known: &HeaderName| name.eq_ignore_ascii_case(known.as_str().as_bytes());
             // Lengths first: most names are none of these.
-            match name.as_str().len() {
-                4 if name == header::HOST => seen.hosts = seen.hosts.saturating_add(1),
-                13 if name == header::AUTHORIZATION => {
+            match name.len() {
+                4 if is(&header::HOST) => seen.hosts = seen.hosts.saturating_add(1),
+                13 if is(&header::AUTHORIZATION) => {
                     seen.authorizations = seen.authorizations.saturating_add(1);
                 }
-                11 if name == X_CLIENT_ID => seen.client_id = true,
+                11 if is(&X_CLIENT_ID) => seen.client_id = true,
                 2 | 7 | 10 | 16 | 17 | 19 => {
-                    if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+                    if let Some(i) = HOP_BY_HOP.iter().position(is) {
                         seen.hop_by_hop |= 1 << i;
                         if i == TRANSFER_ENCODING_AT {
                             seen.codings = seen.codings.saturating_add(1);
@@ -157,15 +169,17 @@ impl Seen {
                 }
                 _ => {}
             }
-            let len = name.as_str().len();
-            if len < 32
-                && FORWARDING_LENGTHS & (1 << len) != 0
-                && let Some(i) = FORWARDING.iter().position(|h| h == name)
-            {
+            if let Some(i) = forwarding_index(name) {
                 seen.forwarding |= 1 << i;
             }
         }
         seen
+    }
+
+    /// Whether a hop-by-hop header is there (then [`is_hop_by_hop`] must
+    /// be asked of each line).
+    pub fn any_hop_by_hop(&self) -> bool {
+        self.hop_by_hop != 0
     }
 
     /// `X-Forwarded-For` or `Forwarded` is there: a client-sent chain.
@@ -214,14 +228,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, seen: &Seen, keep_upgrade: bool
     // Other headers `Connection` names (its usual `keep-alive` is one of
     // the fixed names: no lookup).
     let named: Vec<HeaderName> = if present(CONNECTION_AT) {
-        headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .filter(|t| !HOP_BY_HOP.iter().any(|h| t.eq_ignore_ascii_case(h.as_str())))
-            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+        connection_named(headers.get_all(header::CONNECTION).iter().map(HeaderValue::as_bytes))
+            .filter_map(|t| HeaderName::from_bytes(t).ok())
             .collect()
     } else {
         Vec::new()
@@ -240,6 +248,26 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, seen: &Seen, keep_upgrade: bool
     !named.is_empty()
 }
 
+/// The headers `Connection` lines name besides the fixed hop-by-hop ones
+/// (its usual `keep-alive` is one of those): the tokens of the lines that
+/// are text, trimmed.
+pub fn connection_named<'a>(values: impl Iterator<Item = &'a [u8]>) -> impl Iterator<Item = &'a [u8]> {
+    values
+        .filter(|v| v.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b)))
+        .flat_map(|v| v.split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| {
+            !t.is_empty() && !HOP_BY_HOP.iter().any(|h| t.eq_ignore_ascii_case(h.as_str().as_bytes()))
+        })
+}
+
+/// Whether a line named `name` goes as hop-by-hop: one of the fixed names,
+/// or one of `named` (what [`connection_named`] found).
+pub fn is_hop_by_hop(name: &[u8], named: &[&[u8]]) -> bool {
+    HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h.as_str().as_bytes()))
+        || named.iter().any(|n| name.eq_ignore_ascii_case(n))
+}
+
 /// Who sent a request, as the forwarding headers name it.
 #[derive(Clone, Copy, Debug)]
 pub struct Client {
@@ -251,16 +279,43 @@ pub struct Client {
     pub trusted: bool,
 }
 
+/// A head being made fit for the upstream, as the forwarding rules
+/// change it: a [`HeaderMap`] (hyper's engine), or the native engine's
+/// head written in one pass. Headers are named by their place in
+/// [`FORWARDING`].
+pub trait Rewrite {
+    /// The client's lines of this header go.
+    fn remove(&mut self, at: usize);
+    /// The header is `value`, whatever the client sent.
+    fn set(&mut self, at: usize, value: &HeaderValue);
+    /// The header is the client's lines joined by `, `, then `value`.
+    fn extend(&mut self, at: usize, value: Vec<u8>);
+}
+
+impl Rewrite for HeaderMap {
+    fn remove(&mut self, at: usize) {
+        HeaderMap::remove(self, &FORWARDING[at]);
+    }
+
+    fn set(&mut self, at: usize, value: &HeaderValue) {
+        self.insert(FORWARDING[at].clone(), value.clone());
+    }
+
+    fn extend(&mut self, at: usize, value: Vec<u8>) {
+        append(self, &FORWARDING[at], value);
+    }
+}
+
 /// Removes what `seen` found of the client's forwarding headers: all of
 /// them from an untrusted client, the path overrides from any.
-fn remove_client_forwarding(headers: &mut HeaderMap, seen: &Seen, trusted: bool) {
+fn remove_client_forwarding(headers: &mut impl Rewrite, seen: &Seen, trusted: bool) {
     let remove = if trusted { seen.forwarding & OVERRIDES } else { seen.forwarding };
     if remove == 0 {
         return;
     }
-    for (i, name) in FORWARDING.iter().enumerate() {
+    for i in 0..FORWARDING.len() {
         if remove & (1 << i) != 0 {
-            headers.remove(name);
+            headers.remove(i);
         }
     }
 }
@@ -312,7 +367,7 @@ impl Forwarding {
     /// Writes the forwarding headers for this connection's client, from
     /// what was written before when it can be (see the module's rules);
     /// `seen` is what [`Seen::scan`] found of the client's own.
-    pub fn apply(&self, headers: &mut HeaderMap, host: Option<&HeaderValue>, seen: &Seen) {
+    pub fn apply(&self, headers: &mut impl Rewrite, host: Option<&HeaderValue>, seen: &Seen) {
         let trusted = self.client.trusted;
         remove_client_forwarding(headers, seen, trusted);
         let (xff, without_host, port) = self.written.get_or_init(|| {
@@ -327,21 +382,21 @@ impl Forwarding {
         // A trusted forwarder's own say on how its client connected stays.
         let kept = |at: usize| trusted && seen.forwarding & (1 << at) != 0;
         if !kept(PROTO_AT) {
-            headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(self.client.proto.scheme()));
+            headers.set(PROTO_AT, &HeaderValue::from_static(self.client.proto.scheme()));
         }
         if !kept(PORT_AT) {
-            headers.insert(X_FORWARDED_PORT.clone(), port.clone());
+            headers.set(PORT_AT, port);
         }
         if !kept(HOST_AT)
             && let Some(h) = host
         {
-            headers.insert(X_FORWARDED_HOST.clone(), h.clone());
+            headers.set(HOST_AT, h);
         }
         if trusted && seen.chained() {
             // A chain to extend.
             let (xff, element) = forwarded_values(self.client, host);
-            append(headers, X_FORWARDED_FOR, xff);
-            append(headers, &header::FORWARDED, element);
+            headers.extend(XFF_AT, xff);
+            headers.extend(FORWARDED_AT, element);
             return;
         }
         let element = match host {
@@ -361,14 +416,14 @@ impl Forwarding {
         };
         match (xff, element) {
             (Some(xff), Some(element)) => {
-                headers.insert(X_FORWARDED_FOR.clone(), xff.clone());
-                headers.insert(header::FORWARDED, element);
+                headers.set(XFF_AT, xff);
+                headers.set(FORWARDED_AT, &element);
             }
             // A value that would not do as a header (it always does).
             _ => {
                 let (xff, element) = forwarded_values(self.client, host);
-                append(headers, X_FORWARDED_FOR, xff);
-                append(headers, &header::FORWARDED, element);
+                headers.extend(XFF_AT, xff);
+                headers.extend(FORWARDED_AT, element);
             }
         }
     }

@@ -49,6 +49,9 @@ pub enum Watch {
     /// client using the connection, and where it says it cut the
     /// connection for a flood of `RST_STREAM`.
     H2(Meter, Arc<AtomicU64>, Arc<AtomicBool>),
+    /// HTTP/1 served by the native engine, which frames the requests
+    /// itself and says whether it is between two of them.
+    Native { between_requests: bool },
 }
 
 impl Watch {
@@ -93,6 +96,9 @@ pub struct ClientIo<S = TcpStream> {
     closing: Option<Closing>,
     /// HTTP/1: told, as the reader goes, whether a head was cut short.
     flags: Option<Arc<H1Flags>>,
+    /// Bytes the native engine read and handed over to hyper, read again
+    /// (through the watch) before the socket.
+    prefix: Option<bytes::BytesMut>,
 }
 
 struct Blocked {
@@ -130,6 +136,26 @@ impl<S> ClientIo<S> {
             linger,
             closing: None,
             flags: None,
+            prefix: None,
+        }
+    }
+
+    /// The native engine's say on whether every request it read was read
+    /// whole (a lingering close then has nothing to protect).
+    pub fn set_between_requests(&mut self, between: bool) {
+        if let Watch::Native { between_requests } = &mut self.watch {
+            *between_requests = between;
+        }
+    }
+
+    /// Hands the connection from the native engine over to hyper: what the
+    /// engine read and did not serve is read again first, and everything
+    /// passes the framing watch from here on, as on hyper's path.
+    pub fn hand_over(&mut self, read: bytes::BytesMut, flags: Arc<H1Flags>) {
+        self.watch = Watch::h1();
+        self.flags = Some(flags);
+        if !read.is_empty() {
+            self.prefix = Some(read);
         }
     }
 
@@ -214,7 +240,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for ClientIo<S> {
             return Poll::Ready(Ok(()));
         }
         let before = buf.filled().len();
-        ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
+        if let Some(prefix) = &mut self.prefix {
+            let n = prefix.len().min(buf.remaining());
+            buf.put_slice(&prefix.split_to(n));
+            if prefix.is_empty() {
+                self.prefix = None;
+            }
+        } else {
+            ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
+        }
         let this = &mut *self;
         let fresh = &mut buf.filled_mut()[before..];
         if !fresh.is_empty() {
@@ -234,6 +268,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for ClientIo<S> {
                     }
                     buf.set_filled(before + passed);
                 }
+                Watch::Native { .. } => {}
                 Watch::H2(meter, activity, reset_flood) => {
                     let before = meter.active_frames;
                     let fed = meter.feed(fresh);
@@ -297,7 +332,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for ClientIo<S> {
         let linger = self.linger;
         // Nothing of a next request has come (HTTP/1 only: an HTTP/2
         // client's frames keep coming after a GOAWAY).
-        let between_requests = matches!(&self.watch, Watch::Framing(f) if f.between_requests());
+        let between_requests = match &self.watch {
+            Watch::Framing(f) => f.between_requests(),
+            Watch::Native { between_requests } => *between_requests,
+            Watch::H2(..) => false,
+        };
         let this = &mut *self;
         let closing = this.closing.get_or_insert(Closing { deadline: None, drained: 0, fin_sent: false });
         if !closing.fin_sent {

@@ -35,6 +35,8 @@
 //! - [`shield`], [`budget`]: bodies received before admission and
 //!   responses read ahead, within the memory budget;
 //! - [`forward`]: the request to the upstream and its response back;
+//! - [`native`]: the native HTTP/1.1 engine (`http.h1Engine = native`),
+//!   which serves HTTP/1.1 without hyper and calls the same rules;
 //! - [`upstream`]: each worker's pool of keep-alive upstream connections,
 //!   and the cap on all of them;
 //! - [`respond`], [`reason`]: the responses the proxy writes itself (503s,
@@ -64,6 +66,7 @@ pub mod h2_meter;
 pub mod head;
 pub mod headers;
 pub mod io;
+pub mod native;
 pub mod path;
 pub mod pipeline;
 pub mod pressure;

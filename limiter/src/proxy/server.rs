@@ -33,6 +33,7 @@ use super::{
     headers::Client,
     headers::Forwarding,
     io::{ClientIo, H1Flags, Watch},
+    native,
     proto::Proto,
     refusal_log::ResetEnd,
     streams::Streams,
@@ -123,6 +124,8 @@ pub async fn serve(
     shutdown: watch::Receiver<bool>,
 ) {
     let pool = proxy.pool();
+    let native = (proxy.tuning().h1_engine == crate::config::H1Engine::Native)
+        .then(|| native::upstream::Pool::new(proxy.upstream().to_owned(), proxy.upstreams.clone()));
     // Connections are counted, not joined: nothing on the accept path
     // wakes up when one ends.
     let open = Arc::new(Open::default());
@@ -152,9 +155,10 @@ pub async fn serve(
             Ok((stream, addr)) => {
                 let counted = Open::track(&open);
                 let (proxy, pool, shutdown) = (proxy.clone(), pool.clone(), shutdown.clone());
+                let native = native.clone();
                 let port = if secure { tls_port } else { plain_port };
                 tokio::spawn(async move {
-                    connection(stream, (addr, port), secure, proxy, pool, shutdown).await;
+                    connection(stream, (addr, port), secure, proxy, (pool, native), shutdown).await;
                     drop(counted);
                 });
             }
@@ -308,7 +312,7 @@ async fn connection(
     (addr, port): (SocketAddr, u16),
     secure: bool,
     proxy: Arc<Proxy>,
-    pool: Arc<Pool>,
+    (pool, native): (Arc<Pool>, Option<Arc<native::upstream::Pool>>),
     shutdown: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
@@ -317,8 +321,13 @@ async fn connection(
     c.connections_total.fetch_add(1, Ordering::Relaxed);
     let tuning = proxy.tuning();
     let trusted = tuning.trusted_forwarders.iter().any(|p| p.contains(addr.ip().to_canonical()));
-    let conn =
-        |proto| Conn { client: Client { addr, proto, port, trusted }, proxy: proxy.clone(), pool, shutdown };
+    let conn = |proto| Conn {
+        client: Client { addr, proto, port, trusted },
+        proxy: proxy.clone(),
+        pool,
+        native,
+        shutdown,
+    };
     let flags = Arc::new(H1Flags::default());
     // Cleartext HTTP/1 inline; TLS and HTTP/2, whose futures are several
     // times larger, boxed: this future is moved into its task on every
@@ -362,27 +371,33 @@ async fn connection(
         } else {
             None
         };
-        if let Some((status, reason)) = refused
-            && proxy.access_log.enabled()
-        {
-            proxy.access_log.log(crate::access_log::Entry {
-                ts: std::time::SystemTime::now(),
-                client: addr,
-                proto: if secure { Proto::H1Tls } else { Proto::H1 }.as_str(),
-                method: hyper::Method::from_bytes(b"-").expect("a token"),
-                path: "-".to_owned(),
-                status: status.as_u16(),
-                reason: Some(reason),
-                bytes_in: 0,
-                bytes_out: 0,
-                ms: 0.0,
-                upstream_ms: None,
-                session: None,
-            });
+        if let Some((status, reason)) = refused {
+            log_refused_head(&proxy, addr, secure, status, reason);
         }
         tracing::debug!(peer = %addr, "client connection ended: {e}");
     }
     c.connections_open.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// The access log's line for a head that never became a request.
+fn log_refused_head(proxy: &Proxy, addr: SocketAddr, secure: bool, status: StatusCode, reason: &'static str) {
+    if !proxy.access_log.enabled() {
+        return;
+    }
+    proxy.access_log.log(crate::access_log::Entry {
+        ts: std::time::SystemTime::now(),
+        client: addr,
+        proto: if secure { Proto::H1Tls } else { Proto::H1 }.as_str(),
+        method: hyper::Method::from_bytes(b"-").expect("a token"),
+        path: "-".to_owned(),
+        status: status.as_u16(),
+        reason: Some(reason),
+        bytes_in: 0,
+        bytes_out: 0,
+        ms: 0.0,
+        upstream_ms: None,
+        session: None,
+    });
 }
 
 /// The TLS handshake, within `http.tls.handshakeTimeoutMs` and holding no
@@ -436,6 +451,9 @@ struct Conn {
     client: Client,
     proxy: Arc<Proxy>,
     pool: Arc<Pool>,
+    /// The worker's native upstream connections, when the native engine
+    /// serves HTTP/1.1 (`http.h1Engine`).
+    native: Option<Arc<native::upstream::Pool>>,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -447,16 +465,65 @@ impl Conn {
     }
 }
 
-/// One HTTP/1 connection, cleartext or TLS.
+/// One HTTP/1 connection, cleartext or TLS: served by the native engine
+/// when it is on (hyper takes over what it hands over), by hyper
+/// otherwise.
 async fn serve_h1<S>(stream: S, conn: Conn, flags: Arc<H1Flags>) -> Result<(), hyper::Error>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let tuning = conn.start();
-    let Conn { client, proxy, pool, shutdown } = conn;
-    let io = client_io(stream, Watch::h1(), &tuning, &proxy).with_flags(flags.clone());
+    let fwd = Arc::new(Forwarding::new(conn.client));
+    let Some(raw) = conn.native.clone() else {
+        let io = client_io(stream, Watch::h1(), &tuning, &conn.proxy).with_flags(flags.clone());
+        return serve_hyper_h1(io, conn, flags, fwd).await;
+    };
+    let io = client_io(stream, Watch::Native { between_requests: true }, &tuning, &conn.proxy);
+    let served = native::Conn {
+        proxy: &conn.proxy,
+        pool: &raw,
+        client: conn.client,
+        fwd: &fwd,
+        shutdown: conn.shutdown.clone(),
+    };
+    match native::serve(io, served).await {
+        native::Ended::Closed => Ok(()),
+        native::Ended::HeadTimeout { mid_head } => {
+            // As hyper's header timeout is counted and logged (see
+            // `connection`).
+            conn.proxy.counters.header_timeouts.fetch_add(1, Ordering::Relaxed);
+            if mid_head {
+                let secure = conn.client.proto == Proto::H1Tls;
+                log_refused_head(
+                    &conn.proxy,
+                    conn.client.addr,
+                    secure,
+                    StatusCode::REQUEST_TIMEOUT,
+                    "header_timeout",
+                );
+            }
+            Ok(())
+        }
+        native::Ended::HandOver(mut io, read) => {
+            io.hand_over(read, flags.clone());
+            Box::pin(serve_hyper_h1(*io, conn, flags, fwd)).await
+        }
+    }
+}
+
+/// One HTTP/1 connection served by hyper.
+async fn serve_hyper_h1<S>(
+    io: ClientIo<S>,
+    conn: Conn,
+    flags: Arc<H1Flags>,
+    fwd: Arc<Forwarding>,
+) -> Result<(), hyper::Error>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let tuning = conn.proxy.tuning();
+    let Conn { client, proxy, pool, shutdown, .. } = conn;
     let asked = flags;
-    let fwd = Arc::new(Forwarding::new(client));
     let service = {
         let (proxy, asked) = (proxy.clone(), asked.clone());
         service_fn(move |req| {
@@ -544,7 +611,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let tuning = conn.start();
-    let Conn { client, proxy, pool, shutdown } = conn;
+    let Conn { client, proxy, pool, shutdown, .. } = conn;
     let watch = Watch::h2(streams.activity.clone(), streams.reset_flood.clone());
     let io = client_io(stream, watch, &tuning, &proxy);
     let fwd = Arc::new(Forwarding::new(client));

@@ -112,9 +112,9 @@ pub struct Upstreams {
     /// Connections open or connecting: the slots held.
     open: AtomicUsize,
     /// Connects in progress.
-    connecting: AtomicUsize,
+    pub(super) connecting: AtomicUsize,
     /// A slot was freed.
-    freed: Notify,
+    pub(super) freed: Notify,
     /// Each worker's pool, for room made at the cap.
     pools: Mutex<Vec<Weak<Pool>>>,
     /// Connects that succeeded, and that failed (timeouts included).
@@ -156,7 +156,7 @@ impl Upstreams {
     }
 
     /// A slot under the cap, if one is free.
-    fn slot(self: &Arc<Self>) -> Option<Slot> {
+    pub(super) fn slot(self: &Arc<Self>) -> Option<Slot> {
         let limit = self.limit();
         self.open
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| (n < limit).then_some(n + 1))
@@ -187,7 +187,7 @@ impl Upstreams {
 /// One place under the cap: held by a connect in progress, then by its
 /// connection's driver task until the connection ends.
 #[derive(Debug)]
-struct Slot(Arc<Upstreams>);
+pub(super) struct Slot(Arc<Upstreams>);
 
 impl Drop for Slot {
     fn drop(&mut self) {
