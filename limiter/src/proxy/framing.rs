@@ -85,10 +85,12 @@ enum Scan {
 /// What [`Framing::body`] found in the bytes it was given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BodyScan {
-    /// All of them are the body's, and it goes on.
-    More,
-    /// The body ends after this many of them.
-    Ended(usize),
+    /// All of them are the body's, and it goes on; the first `keep` are
+    /// not of its trailer section.
+    More { keep: usize },
+    /// The body ends after `used` of them; the first `keep` are not of its
+    /// trailer section.
+    Ended { used: usize, keep: usize },
     /// hyper would refuse the body at one of them.
     Refused,
 }
@@ -313,11 +315,18 @@ impl Framing {
     }
 
     /// Scans the next bytes of a body begun with [`Framing::chunked_body`].
+    /// What it reports to keep is the body less its trailer section
+    /// (trailer lines and the final CRLF): hyper drops trailers towards
+    /// the upstream (and towards the client, once the `Trailer` header has
+    /// gone as hop-by-hop), so a relay ends the kept bytes with a CRLF of
+    /// its own.
     pub fn body(&mut self, buf: &mut [u8]) -> BodyScan {
         let mut i = 0;
+        // Where the trailer section began in these bytes, if it did.
+        let mut trailers = self.in_trailers().then_some(0);
         while i < buf.len() {
             match self.state {
-                Scan::Head => return BodyScan::Ended(i),
+                Scan::Head => break,
                 Scan::Lost | Scan::Tunnel => return BodyScan::Refused,
                 Scan::ChunkData(n) => {
                     let take = n.min((buf.len() - i) as u64);
@@ -327,14 +336,23 @@ impl Framing {
                 _ => {
                     self.step(buf, i);
                     i += 1;
+                    if trailers.is_none() && self.in_trailers() {
+                        trailers = Some(i);
+                    }
                 }
             }
         }
+        let keep = trailers.unwrap_or(i).min(i);
         match self.state {
-            Scan::Head => BodyScan::Ended(i),
+            Scan::Head => BodyScan::Ended { used: i, keep },
             Scan::Lost | Scan::Tunnel => BodyScan::Refused,
-            _ => BodyScan::More,
+            _ => BodyScan::More { keep },
         }
+    }
+
+    /// After the last chunk: its trailer lines or the final CRLF.
+    fn in_trailers(&self) -> bool {
+        matches!(self.state, Scan::TrailerStart | Scan::Trailer | Scan::TrailerLf | Scan::EndLf)
     }
 
     /// The watch stopped where hyper refuses the stream: hyper must see

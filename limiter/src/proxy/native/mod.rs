@@ -100,13 +100,25 @@ where
         match exchange(&mut io, &mut buf, &c, &tuning, head).await {
             Next::KeepAlive => {}
             Next::Close { between } => {
-                io.set_between_requests(between);
+                io.set_between_requests(between && whole_requests(&buf));
                 let _ = io.shutdown().await;
                 return Ended::Closed;
             }
             Next::Gone => return Ended::Closed,
         }
     }
+}
+
+/// Whether what is left of the client's bytes is whole requests (none
+/// begun and not finished): a close then has nothing to linger for.
+fn whole_requests(buf: &[u8]) -> bool {
+    if buf.is_empty() {
+        return true;
+    }
+    let mut watch = super::framing::Framing::default();
+    let mut copy = buf.to_vec();
+    watch.feed(&mut copy);
+    watch.between_requests()
 }
 
 /// Why no head was read.
@@ -209,8 +221,8 @@ const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
 /// What the connection does after an exchange.
 enum Next {
     KeepAlive,
-    /// Close after what was written (a lingering close; `between`: every
-    /// request the client sent was read whole).
+    /// Close after what was written (a lingering close; `between`: the
+    /// request was read whole, so nothing lingers unless more came).
     Close {
         between: bool,
     },
@@ -317,11 +329,7 @@ where
             if let Some(l) = logged {
                 l.done(c, status, None, upstream_time, body_in, bytes_out);
             }
-            if keep_alive && !*c.shutdown.borrow() {
-                Next::KeepAlive
-            } else {
-                Next::Close { between: buf.is_empty() }
-            }
+            if keep_alive && !*c.shutdown.borrow() { Next::KeepAlive } else { Next::Close { between: true } }
         }
         Sent::Failed(failure) => {
             let response = relay::fail_to_proxy(failure, relay.ticket.take(), proxy, started);
@@ -369,7 +377,7 @@ where
     }
     match written {
         Err(_) => Next::Gone,
-        Ok(()) if close || !read_whole => Next::Close { between: read_whole && buf.is_empty() },
+        Ok(()) if close || !read_whole => Next::Close { between: read_whole },
         Ok(()) => Next::KeepAlive,
     }
 }

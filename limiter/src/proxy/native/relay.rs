@@ -54,6 +54,9 @@ pub enum BodyError {
 pub struct Received {
     /// Its bytes in the buffer, right after the head.
     in_buf: usize,
+    /// Of those, what goes to the upstream (a chunked body's trailer
+    /// section does not: it ends with a CRLF of the relay's own).
+    keep: usize,
     /// All of it is there.
     whole: bool,
     /// Of a streamed body: the length still to come, or the scanner of its
@@ -74,7 +77,15 @@ enum Rest {
 
 impl Received {
     pub fn none() -> Self {
-        Self { in_buf: 0, whole: true, rest: Rest::None, _reservation: None, bytes: 0, consumed: false }
+        Self {
+            in_buf: 0,
+            keep: 0,
+            whole: true,
+            rest: Rest::None,
+            _reservation: None,
+            bytes: 0,
+            consumed: false,
+        }
     }
 
     /// The body was read to its end.
@@ -115,6 +126,7 @@ where
                 let in_buf = there.min(n);
                 return Ok(Received {
                     in_buf: in_buf as usize,
+                    keep: in_buf as usize,
                     whole: in_buf == n,
                     rest: Rest::Length(n - in_buf),
                     _reservation: None,
@@ -130,6 +142,7 @@ where
             }
             Ok(Received {
                 in_buf: n as usize,
+                keep: n as usize,
                 whole: true,
                 rest: Rest::None,
                 _reservation: Some(reservation),
@@ -142,29 +155,40 @@ where
             let mut scanned = 0usize;
             let mut reservation = None;
             loop {
+                let keep;
                 let fresh = &mut buf[head.len + scanned..];
                 let n = fresh.len();
-                match scan.body(fresh) {
-                    BodyScan::Ended(k) => {
-                        let in_buf = scanned + k;
-                        if !take_more(budget, &mut reservation, k as u64, t.buffer_memory_bytes) {
-                            return Err(BodyError::BudgetSpent);
-                        }
-                        return Ok(Received {
-                            in_buf,
-                            whole: true,
-                            rest: Rest::None,
-                            _reservation: reservation,
-                            bytes: in_buf as u64,
-                            consumed: false,
-                        });
+                let (counted, ended) = match scan.body(fresh) {
+                    BodyScan::Ended { used, keep: k } => {
+                        keep = scanned + k;
+                        scanned += used;
+                        (used, true)
+                    }
+                    BodyScan::More { keep: k } => {
+                        keep = scanned + k;
+                        scanned += n;
+                        (n, false)
                     }
                     BodyScan::Refused => return Err(BodyError::Client("malformed chunked body")),
-                    BodyScan::More => scanned += n,
+                };
+                if ended {
+                    if !take_more(budget, &mut reservation, counted as u64, t.buffer_memory_bytes) {
+                        return Err(BodyError::BudgetSpent);
+                    }
+                    return Ok(Received {
+                        in_buf: scanned,
+                        keep,
+                        whole: true,
+                        rest: Rest::None,
+                        _reservation: reservation,
+                        bytes: scanned as u64,
+                        consumed: false,
+                    });
                 }
                 if (scanned as u64) > limit {
                     return Ok(Received {
                         in_buf: scanned,
+                        keep,
                         whole: false,
                         rest: Rest::Chunked(scan),
                         _reservation: reservation,
@@ -172,7 +196,7 @@ where
                         consumed: false,
                     });
                 }
-                if !take_more(budget, &mut reservation, n as u64, t.buffer_memory_bytes) {
+                if !take_more(budget, &mut reservation, counted as u64, t.buffer_memory_bytes) {
                     return Err(BodyError::BudgetSpent);
                 }
                 read_before(io, buf, deadline).await?;
@@ -206,6 +230,18 @@ pub fn consume(buf: &mut BytesMut, head: &Head, received: &Received) {
     if received.whole && !received.consumed {
         buf.advance((head.len + received.in_buf).min(buf.len()));
     }
+}
+
+/// A body read ahead up to this size goes out in the same write as its
+/// head (a copy is cheaper than a second system call); a larger one in a
+/// write of its own.
+const ONE_WRITE: usize = 16 * 1024;
+
+/// Why one attempt at the upstream did not get the request there.
+enum Attempt {
+    /// A pooled connection turned out closed: once more, on another.
+    Again,
+    Failed(Failure),
 }
 
 /// How a request's exchange with the upstream ended.
@@ -285,37 +321,62 @@ where
         let t = self.tuning;
         let mut out = Vec::with_capacity(self.head.upstream.len() + 64);
         out.extend_from_slice(&self.head.upstream);
-        if self.head.body == Framed::Chunked {
+        let chunked = self.head.body == Framed::Chunked;
+        if chunked {
             out.extend_from_slice(b"transfer-encoding: chunked\r\n");
         }
         out.extend_from_slice(b"\r\n");
         let body_at = self.head.len;
-        out.extend_from_slice(&self.buf[body_at..body_at + self.received.in_buf]);
+        out.extend_from_slice(&self.buf[body_at..body_at + self.received.keep]);
         let streamed = !self.received.whole;
+        if chunked && !streamed {
+            // The trailer section, dropped, as hyper drops it.
+            out.extend_from_slice(b"\r\n");
+        }
 
         let mut attempt = 0;
         let (mut conn, response) = loop {
             attempt += 1;
-            let mut conn = match self.pool.get(t.connect_timeout, t.idle_timeout).await {
-                Ok(conn) => conn,
-                Err(GetError::Full) => return Sent::Failed(Failure::Full),
-                Err(GetError::Connect(_)) => return Sent::Failed(Failure::Connect),
-            };
-            let may_retry = conn.reused && !streamed && attempt == 1 && retryable(&self.head.method);
-            if timed(t.idle_timeout, conn.stream.write_all(&out)).await.is_err() {
-                if may_retry {
-                    continue;
+            // Until the response head, a client that closes its connection
+            // gives its permit back (as hyper cancels the request); one that
+            // streams its body is watched by that stream instead.
+            let to_upstream = async {
+                let mut conn = match self.pool.get(t.connect_timeout, t.idle_timeout).await {
+                    Ok(conn) => conn,
+                    Err(GetError::Full) => return Err(Attempt::Failed(Failure::Full)),
+                    Err(GetError::Connect(_)) => return Err(Attempt::Failed(Failure::Connect)),
+                };
+                let may_retry = conn.reused && !streamed && attempt == 1 && retryable(&self.head.method);
+                if timed(t.idle_timeout, conn.stream.write_all(&out)).await.is_err() {
+                    return Err(if may_retry { Attempt::Again } else { Attempt::Failed(Failure::Upstream) });
                 }
-                return Sent::Failed(Failure::Upstream);
-            }
+                Ok((conn, may_retry))
+            };
+            let sent = if streamed {
+                to_upstream.await
+            } else {
+                tokio::select! {
+                    sent = to_upstream => sent,
+                    () = client_gone(self.io, self.buf) => return Sent::Gone,
+                }
+            };
+            let (mut conn, may_retry) = match sent {
+                Ok(sent) => sent,
+                Err(Attempt::Again) => continue,
+                Err(Attempt::Failed(failure)) => return Sent::Failed(failure),
+            };
             if streamed && let Err(failure) = self.stream_request_body(&mut conn).await {
                 return Sent::Failed(failure);
             }
-            let sent = Instant::now();
-            match read_response_head(&mut conn, self.head.method == hyper::Method::HEAD, t).await {
+            let sent_at = Instant::now();
+            let head_request = self.head.method == hyper::Method::HEAD;
+            let answer = tokio::select! {
+                answer = read_response_head(&mut conn, head_request, t) => answer,
+                () = client_gone(self.io, self.buf) => return Sent::Gone,
+            };
+            match answer {
                 Ok(head) => {
-                    let took = sent.elapsed();
-                    self.upstream_time = Some(took);
+                    self.upstream_time = Some(sent_at.elapsed());
                     break (conn, head);
                 }
                 Err(HeadError::NothingCame) if may_retry => continue,
@@ -347,6 +408,7 @@ where
         // What the first write sent is behind.
         self.buf.advance(self.head.len + self.received.in_buf);
         self.received.in_buf = 0;
+        self.received.keep = 0;
         self.received.consumed = true;
         let mut since = tokio::time::Instant::now();
         let mut rate_bytes = 0u64;
@@ -386,25 +448,29 @@ where
                 }
             }
             let take = match &mut self.received.rest {
-                Rest::None => 0,
+                Rest::None => (0, 0, false),
                 Rest::Length(left) => {
                     let take = (*left).min(self.buf.len() as u64);
                     *left -= take;
-                    take as usize
+                    (take as usize, take as usize, false)
                 }
                 Rest::Chunked(scan) => match scan.body(&mut self.buf[..]) {
-                    BodyScan::More => self.buf.len(),
-                    BodyScan::Ended(k) => {
+                    BodyScan::More { keep } => (self.buf.len(), keep, false),
+                    BodyScan::Ended { used, keep } => {
                         self.received.rest = Rest::None;
-                        k
+                        (used, keep, true)
                     }
                     BodyScan::Refused => return Err(Failure::ClientBody(None)),
                 },
             };
-            if timed(t.idle_timeout, conn.stream.write_all(&self.buf[..take])).await.is_err() {
+            let (used, keep, ended) = take;
+            if timed(t.idle_timeout, conn.stream.write_all(&self.buf[..keep])).await.is_err() {
                 return Err(Failure::Upstream);
             }
-            self.buf.advance(take);
+            if ended && timed(t.idle_timeout, conn.stream.write_all(b"\r\n")).await.is_err() {
+                return Err(Failure::Upstream);
+            }
+            self.buf.advance(used);
         }
     }
 
@@ -417,46 +483,67 @@ where
         let mut reusable = !head.upstream_closes;
         self.status = head.status.as_u16();
         // Read ahead, if it fits.
-        let whole: Option<Vec<u8>> = match head.body {
-            response::Framed::None => Some(Vec::new()),
+        let budget = &self.proxy.budget;
+        let ahead: Option<Ahead> = match head.body {
+            response::Framed::None => {
+                Some(Ahead { body: BytesMut::new(), chunked: false, _reservation: None })
+            }
             response::Framed::Length(n) if limit > 0 && n <= limit => {
-                match read_length(&mut conn, n, t, &self.proxy.budget).await {
-                    Ok(Some(body)) => Some(body),
-                    Ok(None) => None,
+                match read_length(&mut conn, n, t, budget).await {
+                    Ok(ahead) => ahead,
                     Err(()) => return Sent::Failed(Failure::ResponseBody),
                 }
             }
-            response::Framed::Chunked if limit > 0 => match read_chunked(&mut conn, limit, t).await {
-                Ok(body) => body,
+            response::Framed::Chunked if limit > 0 => match read_chunked(&mut conn, t, budget).await {
+                Ok(ahead) => ahead,
                 Err(()) => return Sent::Failed(Failure::ResponseBody),
             },
-            response::Framed::Close if limit > 0 => match read_to_close(&mut conn, limit, t).await {
-                Ok(body) => {
-                    if body.is_some() {
+            response::Framed::Close if limit > 0 => match read_to_close(&mut conn, t, budget).await {
+                Ok(ahead) => {
+                    if ahead.is_some() {
                         reusable = false;
                     }
-                    body
+                    ahead
                 }
                 Err(()) => return Sent::Failed(Failure::ResponseBody),
             },
             _ => None,
         };
         self.proxy.counters.status(head.status);
-        if let Some(body) = whole {
+        if let Some(ahead) = ahead {
             // The upstream has delivered its last byte: its thread is free.
             self.permit = None;
             if reusable {
                 self.pool.put(conn);
             }
+            let body = &ahead.body;
             let to = if head.body == response::Framed::None {
                 ToClient::Empty
+            } else if ahead.chunked {
+                ToClient::Chunked
             } else {
                 ToClient::Length(body.len() as u64)
             };
             response::finish(&mut client_head, to, self.close);
-            client_head.extend_from_slice(&body);
+            let mut tail: &[u8] = &[];
+            if ahead.chunked {
+                if !body.is_empty() {
+                    client_head.extend_from_slice(format!("{:x}\r\n", body.len()).as_bytes());
+                    client_head.extend_from_slice(body);
+                    client_head.extend_from_slice(b"\r\n");
+                }
+                client_head.extend_from_slice(b"0\r\n\r\n");
+            } else if body.len() <= ONE_WRITE {
+                client_head.extend_from_slice(body);
+            } else {
+                tail = body;
+            }
             self.bytes_out = body.len() as u64;
-            return match self.io.write_all(&client_head).await {
+            let mut written = self.io.write_all(&client_head).await;
+            if written.is_ok() && !tail.is_empty() {
+                written = self.io.write_all(tail).await;
+            }
+            return match written {
                 Ok(()) => Sent::Done { keep_alive: !self.close },
                 Err(_) => Sent::Gone,
             };
@@ -515,18 +602,19 @@ where
     async fn stream_chunked(&mut self, conn: &mut upstream::Conn, p: &Pressure) -> Result<(), ()> {
         let mut scan = Framing::chunked_body();
         loop {
-            let (take, ended) = match scan.body(&mut conn.buf[..]) {
-                BodyScan::More => (conn.buf.len(), false),
-                BodyScan::Ended(k) => (k, true),
+            let (used, keep, ended) = match scan.body(&mut conn.buf[..]) {
+                BodyScan::More { keep } => (conn.buf.len(), keep, false),
+                BodyScan::Ended { used, keep } => (used, keep, true),
                 BodyScan::Refused => return Err(()),
             };
-            if take > 0 {
-                guarded_write(self.io, &conn.buf[..take], p, self.proxy).await?;
-                self.bytes_out += take as u64;
-                conn.buf.advance(take);
+            if keep > 0 {
+                guarded_write(self.io, &conn.buf[..keep], p, self.proxy).await?;
+                self.bytes_out += keep as u64;
             }
+            conn.buf.advance(used);
             if ended {
-                return Ok(());
+                // Without the trailer section, as hyper's server sends it.
+                return guarded_write(self.io, b"\r\n", p, self.proxy).await;
             }
             read_upstream(conn, self.tuning.idle_timeout).await?;
         }
@@ -617,58 +705,99 @@ async fn timed<T, E>(limit: Duration, f: impl Future<Output = Result<T, E>>) -> 
     }
 }
 
-/// Reads a body of length `n` ahead of the client, if the budget has room
-/// (`None`: it has not, stream it).
+/// A response body read ahead of the client, holding its share of
+/// `http.bufferMemoryBytes` until it has been written.
+struct Ahead {
+    body: BytesMut,
+    /// It had trailers: it goes in chunks (hyper's server sends a body with
+    /// trailers so, even without them).
+    chunked: bool,
+    _reservation: Option<Reservation>,
+}
+
+/// Reads a body of length `n` ahead of the client, as the budget allows
+/// (`None`: it ran out, stream it with what was read).
 async fn read_length(
     conn: &mut upstream::Conn,
     n: u64,
     t: &Tuning,
     budget: &Arc<Budget>,
-) -> Result<Option<Vec<u8>>, ()> {
-    let Some(_reservation) = budget.reserve(n, t.buffer_memory_bytes) else { return Ok(None) };
+) -> Result<Option<Ahead>, ()> {
+    let mut reservation = None;
     let n = n as usize;
-    while conn.buf.len() < n {
+    let mut counted = 0usize;
+    loop {
+        let there = conn.buf.len().min(n);
+        if !take_more(budget, &mut reservation, (there - counted) as u64, t.buffer_memory_bytes) {
+            return Ok(None);
+        }
+        counted = there;
+        if there == n {
+            break;
+        }
         read_upstream(conn, t.idle_timeout).await?;
     }
-    let body = conn.buf.split_to(n).to_vec();
-    Ok(Some(body))
+    let body = conn.buf.split_to(n);
+    Ok(Some(Ahead { body, chunked: false, _reservation: reservation }))
 }
 
 /// Reads a chunked body ahead of the client if it ends within `limit`
-/// bytes (decoded for the client, which gets its length); `None`: it does
-/// not, stream it (what was read stays in the buffer).
-async fn read_chunked(conn: &mut upstream::Conn, limit: u64, t: &Tuning) -> Result<Option<Vec<u8>>, ()> {
+/// bytes and the budget; `None`: it does not, stream it (what was read
+/// stays in the buffer).
+async fn read_chunked(
+    conn: &mut upstream::Conn,
+    t: &Tuning,
+    budget: &Arc<Budget>,
+) -> Result<Option<Ahead>, ()> {
     let mut scan = Framing::chunked_body();
     let mut scanned = 0usize;
+    let mut reservation = None;
     loop {
         let fresh = &mut conn.buf[scanned..];
         let n = fresh.len();
         match scan.body(fresh) {
-            BodyScan::Ended(k) => {
-                let raw = conn.buf.split_to(scanned + k);
-                return Ok(Some(dechunk(&raw)));
+            BodyScan::Ended { used, keep } => {
+                let raw = conn.buf.split_to(scanned + used);
+                // Trailer lines, not only the final CRLF.
+                let trailers = used - keep > 2;
+                return Ok(Some(Ahead { body: dechunk(&raw), chunked: trailers, _reservation: reservation }));
             }
             BodyScan::Refused => return Err(()),
-            BodyScan::More => scanned += n,
+            BodyScan::More { .. } => scanned += n,
         }
-        if scanned as u64 > limit {
+        if scanned as u64 > t.response_buffer_bytes
+            || !take_more(budget, &mut reservation, n as u64, t.buffer_memory_bytes)
+        {
             return Ok(None);
         }
         read_upstream(conn, t.idle_timeout).await?;
     }
 }
 
-/// Reads a body that ends with the connection, if it does within `limit`.
-async fn read_to_close(conn: &mut upstream::Conn, limit: u64, t: &Tuning) -> Result<Option<Vec<u8>>, ()> {
+/// Reads a body that ends with the connection, if it does within the
+/// buffer and the budget.
+async fn read_to_close(
+    conn: &mut upstream::Conn,
+    t: &Tuning,
+    budget: &Arc<Budget>,
+) -> Result<Option<Ahead>, ()> {
+    let mut reservation = None;
+    let mut counted = 0usize;
     loop {
-        if conn.buf.len() as u64 > limit {
+        if conn.buf.len() as u64 > t.response_buffer_bytes
+            || !take_more(budget, &mut reservation, (conn.buf.len() - counted) as u64, t.buffer_memory_bytes)
+        {
             return Ok(None);
         }
+        counted = conn.buf.len();
         if conn.buf.capacity() - conn.buf.len() < 4096 {
             conn.buf.reserve(upstream::BUF);
         }
         match timed(t.idle_timeout, conn.stream.read_buf(&mut conn.buf)).await {
-            Ok(0) => return Ok(Some(conn.buf.split().to_vec())),
+            Ok(0) => {
+                let body = conn.buf.split();
+                return Ok(Some(Ahead { body, chunked: false, _reservation: reservation }));
+            }
             Ok(_) => {}
             Err(()) => return Err(()),
         }
@@ -678,8 +807,8 @@ async fn read_to_close(conn: &mut upstream::Conn, limit: u64, t: &Tuning) -> Res
 /// The data of a chunked body the scanner found whole (trailers dropped,
 /// as hyper's server drops them from a response whose `Trailer` header
 /// went with the hop-by-hop ones).
-fn dechunk(mut raw: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(raw.len());
+fn dechunk(mut raw: &[u8]) -> BytesMut {
+    let mut out = BytesMut::with_capacity(raw.len());
     loop {
         let Some(eol) = memchr::memchr(b'\n', raw) else { return out };
         let line = &raw[..eol];
@@ -708,9 +837,10 @@ async fn guarded_write<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    let since = tokio::time::Instant::now();
     tokio::select! {
         written = io.write_all(bytes) => written.map_err(|_| ()),
-        () = patience_lost(pressure) => {
+        () = patience_lost(pressure, since) => {
             proxy.counters.slow_readers.fetch_add(1, Ordering::Relaxed);
             tracing::debug!("HTTP/1 response left untaken under pressure: its upstream response and permit dropped");
             Err(())
@@ -718,20 +848,43 @@ where
     }
 }
 
-/// Resolves once the pools have been under pressure for [`PATIENCE`] of
-/// this wait.
-async fn patience_lost(pressure: &Pressure) {
+/// Resolves once the pools are under pressure and bytes have waited
+/// since `since` for [`PATIENCE`].
+async fn patience_lost(pressure: &Pressure, since: tokio::time::Instant) {
     loop {
         let began = pressure.began();
         tokio::pin!(began);
         began.as_mut().enable();
-        if pressure.on(tokio::time::Instant::now()) {
-            tokio::time::sleep(PATIENCE).await;
-            if pressure.on(tokio::time::Instant::now()) {
+        let now = tokio::time::Instant::now();
+        if pressure.on(now) {
+            if since + PATIENCE <= now {
                 return;
             }
+            tokio::time::sleep_until(since + PATIENCE).await;
         } else {
             began.await;
+        }
+    }
+}
+
+/// Resolves if the client closes its connection (or it fails) while its
+/// request waits for the upstream. Bytes it sends meanwhile (a pipelined
+/// request) are kept in `buf`, up to a head's worth; then it is no longer
+/// watched.
+async fn client_gone<S>(io: &mut ClientIo<S>, buf: &mut BytesMut)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    loop {
+        if buf.len() >= 64 * 1024 {
+            return std::future::pending().await;
+        }
+        if buf.capacity() - buf.len() < 1024 {
+            buf.reserve(4096);
+        }
+        match io.read_buf(buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
         }
     }
 }

@@ -94,6 +94,7 @@ pub fn parse(buf: &[u8], fwd: &Forwarding, tuning: &Tuning) -> Parsed {
     }
     let mut host = None;
     let mut coding = None;
+    let mut last_coding: Option<&[u8]> = None;
     let mut length: Option<&[u8]> = None;
     let mut lengths = 0;
     let mut session = None;
@@ -114,9 +115,16 @@ pub fn parse(buf: &[u8], fwd: &Forwarding, tuning: &Tuning) -> Parsed {
                 lengths += 1;
                 length = Some(h.value);
             }
-            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => coding = coding.or(Some(h.value)),
+            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+                coding = coding.or(Some(h.value));
+                last_coding = Some(h.value);
+            }
             _ => {}
         }
+    }
+    if last_coding.is_some_and(|c| !last_is_chunked(c)) {
+        // hyper refuses it (400) before limiter's own check (501).
+        return Parsed::HandOver;
     }
     if let Err(bad) =
         head::check_lines(host, coding, &seen).and_then(|()| head::origin_form_host(true, &seen))
@@ -157,6 +165,17 @@ pub fn parse(buf: &[u8], fwd: &Forwarding, tuning: &Tuning) -> Parsed {
         close,
         upstream,
     }))
+}
+
+/// Whether a `Transfer-Encoding` value's last coding is `chunked`, as
+/// hyper reads it (and the framing watch with it): the last piece after a
+/// comma, trimmed, without case; a value with a byte beyond ASCII is not.
+fn last_is_chunked(value: &[u8]) -> bool {
+    value.is_ascii()
+        && value
+            .rsplit(|&b| b == b',')
+            .next()
+            .is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked"))
 }
 
 /// The head the upstream gets: the request line in HTTP/1.1, the client's
