@@ -253,11 +253,17 @@ pub struct Framing {
     /// Heads seen, and heads poisoned for carrying both framing headers.
     pub heads: u64,
     pub poisoned: u64,
+    /// Bytes of chunk extensions in a body scanned by [`Framing::body`].
+    extension_bytes: u64,
 }
+
+/// hyper refuses a body whose chunk extensions (the bytes after each `;`,
+/// up to the CR) reach this many bytes in all.
+const CHUNK_EXTENSIONS_LIMIT: u64 = 16 * 1024;
 
 impl Default for Framing {
     fn default() -> Self {
-        Self { state: Scan::Head, head: HeadScan::default(), heads: 0, poisoned: 0 }
+        Self { state: Scan::Head, head: HeadScan::default(), heads: 0, poisoned: 0, extension_bytes: 0 }
     }
 }
 
@@ -334,8 +340,17 @@ impl Framing {
                     self.state = if n == take { Scan::ChunkDataCr } else { Scan::ChunkData(n - take) };
                 }
                 _ => {
+                    let in_extension = matches!(self.state, Scan::ChunkExt(_));
                     self.step(buf, i);
                     i += 1;
+                    if in_extension && matches!(self.state, Scan::ChunkExt(_)) {
+                        // hyper's bound on a body's chunk extensions.
+                        self.extension_bytes += 1;
+                        if self.extension_bytes >= CHUNK_EXTENSIONS_LIMIT {
+                            self.state = Scan::Lost;
+                            return BodyScan::Refused;
+                        }
+                    }
                     if trailers.is_none() && self.in_trailers() {
                         trailers = Some(i);
                     }

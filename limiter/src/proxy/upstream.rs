@@ -117,6 +117,8 @@ pub struct Upstreams {
     pub(super) freed: Notify,
     /// Each worker's pool, for room made at the cap.
     pools: Mutex<Vec<Weak<Pool>>>,
+    /// Each worker's pool of the native engine, likewise.
+    pub(super) native_pools: Mutex<Vec<Weak<super::native::upstream::Pool>>>,
     /// Connects that succeeded, and that failed (timeouts included).
     pub connects_ok: AtomicU64,
     pub connects_failed: AtomicU64,

@@ -98,7 +98,13 @@ where
         };
         served += 1;
         match exchange(&mut io, &mut buf, &c, &tuning, head).await {
-            Next::KeepAlive => {}
+            Next::KeepAlive => {
+                if buf.is_empty() && buf.capacity() > READ_BUF * 4 {
+                    // A body was held here: an idle connection keeps no
+                    // more than a head's worth.
+                    buf = BytesMut::with_capacity(READ_BUF);
+                }
+            }
             Next::Close { between } => {
                 io.set_between_requests(between && whole_requests(&buf));
                 let _ = io.shutdown().await;
@@ -164,7 +170,7 @@ where
                 Parsed::Head(head) => return Ok(head),
                 Parsed::Partial => {}
                 Parsed::HandOver => return Err(NoHead::HandOver),
-                Parsed::Bad(bad) => {
+                Parsed::Bad(bad, head_request) => {
                     let proxy = c.proxy;
                     proxy.counters.requests_by_proto[c.client.proto.index()].fetch_add(1, Ordering::Relaxed);
                     proxy.counters.bad_heads[bad.index()].fetch_add(1, Ordering::Relaxed);
@@ -172,7 +178,7 @@ where
                     let started = Instant::now();
                     let response = respond::own(proxy, bad.status(), bad.text(), true);
                     let logged = Logged::from_head(c, buf, None, started);
-                    let (bytes, _, body_len) = response::own(response).await;
+                    let (bytes, _, body_len) = response::own(response, head_request).await;
                     let _ = io.write_all(&bytes).await;
                     logged.done(c, bad.status().as_u16(), None, None, 0, body_len);
                     let _ = io.shutdown().await;
@@ -366,7 +372,7 @@ where
 {
     let status = response.status().as_u16();
     let refused = response.body().meta.refused;
-    let (bytes, close, body_len) = response::own(response).await;
+    let (bytes, close, body_len) = response::own(response, head.method == hyper::Method::HEAD).await;
     let read_whole = received.is_some_and(relay::Received::whole);
     if let Some(received) = received {
         relay::consume(buf, head, received);

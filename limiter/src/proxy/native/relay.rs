@@ -67,12 +67,15 @@ pub struct Received {
     bytes: u64,
     /// The buffer went past it already.
     consumed: bool,
+    /// It came with trailer fields (dropped, but they make its length
+    /// unknown to hyper's client).
+    trailers: bool,
 }
 
 enum Rest {
     None,
     Length(u64),
-    Chunked(Framing),
+    Chunked(Framing, Trailers),
 }
 
 impl Received {
@@ -85,6 +88,7 @@ impl Received {
             _reservation: None,
             bytes: 0,
             consumed: false,
+            trailers: false,
         }
     }
 
@@ -132,11 +136,18 @@ where
                     _reservation: None,
                     bytes: in_buf,
                     consumed: false,
+                    trailers: false,
                 });
             }
             let reservation = budget.reserve(n, t.buffer_memory_bytes).ok_or(BodyError::BudgetSpent)?;
             let want = head.len + n as usize;
-            buf.reserve(want.saturating_sub(buf.len()));
+            if buf.capacity() < want {
+                // Exactly what the body needs (a reserve could double it,
+                // and the budget counts the body, not its slack).
+                let mut exact = BytesMut::with_capacity(want);
+                exact.extend_from_slice(buf);
+                *buf = exact;
+            }
             while buf.len() < want {
                 read_before(io, buf, deadline).await?;
             }
@@ -148,6 +159,7 @@ where
                 _reservation: Some(reservation),
                 bytes: n,
                 consumed: false,
+                trailers: false,
             })
         }
         Framed::Chunked => {
@@ -175,6 +187,11 @@ where
                     if !take_more(budget, &mut reservation, counted as u64, t.buffer_memory_bytes) {
                         return Err(BodyError::BudgetSpent);
                     }
+                    let mut trailers = Trailers::default();
+                    let section = &buf[head.len + keep..head.len + scanned];
+                    if trailers.push(section).and_then(|()| trailers.check()).is_err() {
+                        return Err(BodyError::Client("trailers hyper would refuse"));
+                    }
                     return Ok(Received {
                         in_buf: scanned,
                         keep,
@@ -183,6 +200,7 @@ where
                         _reservation: reservation,
                         bytes: scanned as u64,
                         consumed: false,
+                        trailers: trailers.any(),
                     });
                 }
                 if (scanned as u64) > limit {
@@ -190,10 +208,16 @@ where
                         in_buf: scanned,
                         keep,
                         whole: false,
-                        rest: Rest::Chunked(scan),
+                        rest: Rest::Chunked(scan, {
+                            let mut trailers = Trailers::default();
+                            // What of the trailer section came already.
+                            let _ = trailers.push(&buf[head.len + keep..head.len + scanned]);
+                            trailers
+                        }),
                         _reservation: reservation,
                         bytes: scanned as u64,
                         consumed: false,
+                        trailers: false,
                     });
                 }
                 if !take_more(budget, &mut reservation, counted as u64, t.buffer_memory_bytes) {
@@ -214,7 +238,7 @@ async fn read_before<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    if buf.capacity() - buf.len() < 4096 {
+    if buf.capacity() == buf.len() {
         buf.reserve(16 * 1024);
     }
     match tokio::time::timeout_at(deadline, io.read_buf(buf)).await {
@@ -306,6 +330,12 @@ pub struct Exchange<'a, S> {
     pub upstream_time: Option<Duration>,
 }
 
+/// Methods hyper's client sends without a body of unknown length
+/// ("GET, HEAD, and CONNECT almost never have bodies").
+fn body_dropped(method: &hyper::Method) -> bool {
+    *method == hyper::Method::GET || *method == hyper::Method::HEAD
+}
+
 /// A safe method: a request that can be sent again on a fresh connection
 /// when a pooled one turns out closed before any of its response came.
 fn retryable(method: &hyper::Method) -> bool {
@@ -322,16 +352,27 @@ where
         let mut out = Vec::with_capacity(self.head.upstream.len() + 64);
         out.extend_from_slice(&self.head.upstream);
         let chunked = self.head.body == Framed::Chunked;
-        if chunked {
-            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-        }
-        out.extend_from_slice(b"\r\n");
-        let body_at = self.head.len;
-        out.extend_from_slice(&self.buf[body_at..body_at + self.received.keep]);
-        let streamed = !self.received.whole;
-        if chunked && !streamed {
-            // The trailer section, dropped, as hyper drops it.
+        let mut streamed = !self.received.whole;
+        if chunked && (streamed || self.received.trailers) && body_dropped(&self.head.method) {
+            // As hyper's client sends a GET or HEAD whose body's length it
+            // does not know: without it. What the client still sends of
+            // it is not read: the connection closes after the response.
             out.extend_from_slice(b"\r\n");
+            if streamed {
+                self.close = true;
+                streamed = false;
+            }
+        } else {
+            if chunked {
+                out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+            }
+            out.extend_from_slice(b"\r\n");
+            let body_at = self.head.len;
+            out.extend_from_slice(&self.buf[body_at..body_at + self.received.keep]);
+            if chunked && !streamed {
+                // The trailer section, dropped, as hyper drops it.
+                out.extend_from_slice(b"\r\n");
+            }
         }
 
         let mut attempt = 0;
@@ -454,14 +495,20 @@ where
                     *left -= take;
                     (take as usize, take as usize, false)
                 }
-                Rest::Chunked(scan) => match scan.body(&mut self.buf[..]) {
-                    BodyScan::More { keep } => (self.buf.len(), keep, false),
-                    BodyScan::Ended { used, keep } => {
-                        self.received.rest = Rest::None;
-                        (used, keep, true)
+                Rest::Chunked(scan, trailers) => {
+                    let (used, keep, ended) = match scan.body(&mut self.buf[..]) {
+                        BodyScan::More { keep } => (self.buf.len(), keep, false),
+                        BodyScan::Ended { used, keep } => (used, keep, true),
+                        BodyScan::Refused => return Err(Failure::ClientBody(None)),
+                    };
+                    if trailers.push(&self.buf[keep..used]).is_err() || (ended && trailers.check().is_err()) {
+                        return Err(Failure::ClientBody(None));
                     }
-                    BodyScan::Refused => return Err(Failure::ClientBody(None)),
-                },
+                    if ended {
+                        self.received.rest = Rest::None;
+                    }
+                    (used, keep, ended)
+                }
             };
             let (used, keep, ended) = take;
             if timed(t.idle_timeout, conn.stream.write_all(&self.buf[..keep])).await.is_err() {
@@ -601,12 +648,17 @@ where
 
     async fn stream_chunked(&mut self, conn: &mut upstream::Conn, p: &Pressure) -> Result<(), ()> {
         let mut scan = Framing::chunked_body();
+        let mut trailers = Trailers::default();
         loop {
             let (used, keep, ended) = match scan.body(&mut conn.buf[..]) {
                 BodyScan::More { keep } => (conn.buf.len(), keep, false),
                 BodyScan::Ended { used, keep } => (used, keep, true),
                 BodyScan::Refused => return Err(()),
             };
+            trailers.push(&conn.buf[keep..used])?;
+            if ended {
+                trailers.check()?;
+            }
             if keep > 0 {
                 guarded_write(self.io, &conn.buf[..keep], p, self.proxy).await?;
                 self.bytes_out += keep as u64;
@@ -752,18 +804,26 @@ async fn read_chunked(
     let mut scan = Framing::chunked_body();
     let mut scanned = 0usize;
     let mut reservation = None;
+    let mut trailers = Trailers::default();
     loop {
         let fresh = &mut conn.buf[scanned..];
         let n = fresh.len();
         match scan.body(fresh) {
             BodyScan::Ended { used, keep } => {
+                trailers.push(&conn.buf[scanned + keep..scanned + used])?;
+                trailers.check()?;
                 let raw = conn.buf.split_to(scanned + used);
-                // Trailer lines, not only the final CRLF.
-                let trailers = used - keep > 2;
-                return Ok(Some(Ahead { body: dechunk(&raw), chunked: trailers, _reservation: reservation }));
+                return Ok(Some(Ahead {
+                    body: dechunk(&raw),
+                    chunked: trailers.any(),
+                    _reservation: reservation,
+                }));
             }
             BodyScan::Refused => return Err(()),
-            BodyScan::More { .. } => scanned += n,
+            BodyScan::More { keep } => {
+                trailers.push(&conn.buf[scanned + keep..scanned + n])?;
+                scanned += n;
+            }
         }
         if scanned as u64 > t.response_buffer_bytes
             || !take_more(budget, &mut reservation, n as u64, t.buffer_memory_bytes)
@@ -800,6 +860,56 @@ async fn read_to_close(
             }
             Ok(_) => {}
             Err(()) => return Err(()),
+        }
+    }
+}
+
+/// A chunked body's trailer section (its trailer lines and final CRLF), held
+/// to be checked as hyper checks it when it decodes the body: at most
+/// [`TRAILER_BYTES`] in all, at most [`TRAILER_LINES`] lines, each one a
+/// field httparse reads (a bare LF inside a line makes two fields of one
+/// line, which hyper refuses). A relay that drops the section still fails
+/// the body where hyper would.
+#[derive(Default)]
+struct Trailers(Vec<u8>);
+
+/// hyper's bounds on a body's trailers.
+const TRAILER_BYTES: usize = 16 * 1024;
+const TRAILER_LINES: usize = 100;
+
+impl Trailers {
+    fn push(&mut self, section: &[u8]) -> Result<(), ()> {
+        if section.is_empty() {
+            return Ok(());
+        }
+        self.0.extend_from_slice(section);
+        // hyper counts the final CRLF only when there were trailer lines.
+        if self.any() && self.0.len() >= TRAILER_BYTES { Err(()) } else { Ok(()) }
+    }
+
+    /// Trailer lines, not only the final CRLF.
+    fn any(&self) -> bool {
+        self.0.len() > 2
+    }
+
+    fn check(&self) -> Result<(), ()> {
+        if !self.any() {
+            return Ok(());
+        }
+        let lines = memchr::memmem::find_iter(&self.0, b"\r\n").count().saturating_sub(1);
+        if lines > TRAILER_LINES {
+            return Err(());
+        }
+        let mut fields = vec![httparse::EMPTY_HEADER; lines];
+        match httparse::parse_headers(&self.0, &mut fields) {
+            Ok(httparse::Status::Complete((_, fields))) => {
+                let valid = fields.iter().all(|f| {
+                    hyper::header::HeaderName::from_bytes(f.name.as_bytes()).is_ok()
+                        && hyper::header::HeaderValue::from_bytes(f.value).is_ok()
+                });
+                if valid { Ok(()) } else { Err(()) }
+            }
+            _ => Err(()),
         }
     }
 }

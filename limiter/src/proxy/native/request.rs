@@ -61,8 +61,9 @@ pub enum Parsed {
     Partial,
     /// A head to serve.
     Head(Box<Head>),
-    /// A head refused before admission (its answer closes the connection).
-    Bad(Bad),
+    /// A head refused before admission (its answer closes the connection;
+    /// `true`: it was a `HEAD`, answered without a body).
+    Bad(Bad, bool),
     /// Not this engine's to serve: hyper takes the connection over.
     HandOver,
 }
@@ -122,14 +123,10 @@ pub fn parse(buf: &[u8], fwd: &Forwarding, tuning: &Tuning) -> Parsed {
             _ => {}
         }
     }
+    // The framing first: what hyper refuses as it parses the head, it
+    // refuses before any of limiter's own checks.
     if last_coding.is_some_and(|c| !last_is_chunked(c)) {
-        // hyper refuses it (400) before limiter's own check (501).
         return Parsed::HandOver;
-    }
-    if let Err(bad) =
-        head::check_lines(host, coding, &seen).and_then(|()| head::origin_form_host(true, &seen))
-    {
-        return Parsed::Bad(bad);
     }
     let body = match (coding, length) {
         (None, None) => Framed::None,
@@ -148,6 +145,11 @@ pub fn parse(buf: &[u8], fwd: &Forwarding, tuning: &Tuning) -> Parsed {
         // it refuses the conflict.
         _ => return Parsed::HandOver,
     };
+    if let Err(bad) =
+        head::check_lines(host, coding, &seen).and_then(|()| head::origin_form_host(true, &seen))
+    {
+        return Parsed::Bad(bad, method == hyper::Method::HEAD);
+    }
     let path = target.split('?').next().unwrap_or(target);
     let debug = is_debug_path(path);
     let class = if debug { Class::Normal } else { class_of(path, &tuning.critical, &tuning.sheddable) };

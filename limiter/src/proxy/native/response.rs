@@ -185,10 +185,11 @@ pub fn finish(head: &mut Vec<u8>, to: ToClient, close: bool) {
     head.extend_from_slice(b"\r\n");
 }
 
-/// A response of the proxy's own (its body is whole), as bytes; its
-/// end-of-body hooks have run. Returns whether it closes the connection,
-/// and its body's length.
-pub async fn own(response: Response<ProxyBody>) -> (Vec<u8>, bool, u64) {
+/// A response of the proxy's own (its body is whole), as bytes (to a
+/// `HEAD`: without the body, its length kept); its end-of-body hooks have
+/// run. Returns whether it closes the connection, and the body's length
+/// sent.
+pub async fn own(response: Response<ProxyBody>, head: bool) -> (Vec<u8>, bool, u64) {
     let (parts, body) = response.into_parts();
     // The proxy's own bodies are whole: this resolves at once.
     let body: Bytes = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
@@ -210,6 +211,9 @@ pub async fn own(response: Response<ProxyBody>) -> (Vec<u8>, bool, u64) {
     }
     date_line(&mut out);
     finish(&mut out, ToClient::Length(body.len() as u64), close);
+    if head {
+        return (out, close, 0);
+    }
     out.extend_from_slice(&body);
     (out, close, body.len() as u64)
 }

@@ -3,8 +3,9 @@
 //! (`http.maxUpstreamConnections`, [`Upstreams`]). A request takes the
 //! most recently returned connection (its socket is the warmest), or
 //! connects within `http.connectTimeoutMs` while the cap allows; at the cap
-//! it waits for one to come back until the same timeout, then is refused
-//! with `upstream_full` as on hyper's path.
+//! it closes an idle one of another worker's to take its place, or waits
+//! for one to come back until the same timeout, then is refused with
+//! `upstream_full` as on hyper's path.
 //!
 //! An idle connection the upstream closed is noticed without a system
 //! call: its socket turned readable while it sat in the list (a FIN, or
@@ -64,11 +65,26 @@ const MAX_IDLE: usize = 1024;
 
 impl Pool {
     pub fn new(addr: String, shared: Arc<Upstreams>) -> Arc<Self> {
-        Arc::new(Self { addr, shared, idle: Mutex::default(), returned: Notify::new() })
+        let pool =
+            Arc::new(Self { addr, shared: shared.clone(), idle: Mutex::default(), returned: Notify::new() });
+        lock(&shared.native_pools).push(Arc::downgrade(&pool));
+        pool
+    }
+
+    /// At the cap: closes an idle connection of another worker's, so that
+    /// its slot serves this one (hyper's pools lend theirs instead; a
+    /// plain socket belongs to its worker's event loop). Whether one was.
+    fn close_one_elsewhere(&self) -> bool {
+        let pools: Vec<Arc<Pool>> = {
+            let mut pools = lock(&self.shared.native_pools);
+            pools.retain(|p| p.strong_count() > 0);
+            pools.iter().filter_map(std::sync::Weak::upgrade).collect()
+        };
+        pools.iter().filter(|p| !std::ptr::eq(p.as_ref(), self)).any(|p| lock(&p.idle).pop().is_some())
     }
 
     fn take_idle(&self, idle_timeout: Duration) -> Option<Conn> {
-        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut idle = lock(&self.idle);
         let now = Instant::now();
         while let Some(i) = idle.pop() {
             if now.duration_since(i.since) >= idle_timeout || !still_open(&i.conn.stream) {
@@ -97,6 +113,11 @@ impl Pool {
                 return Ok(conn);
             }
             if let Some(slot) = self.shared.slot() {
+                return self.connect(slot, deadline).await;
+            }
+            if self.close_one_elsewhere()
+                && let Some(slot) = self.shared.slot()
+            {
                 return self.connect(slot, deadline).await;
             }
             tokio::select! {
@@ -136,13 +157,17 @@ impl Pool {
         if !conn.buf.is_empty() {
             return;
         }
-        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut idle = lock(&self.idle);
         if idle.len() < MAX_IDLE {
             idle.push(Idle { conn, since: Instant::now() });
         }
         drop(idle);
         self.returned.notify_one();
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The read buffer of a new connection.
