@@ -114,16 +114,23 @@ pub fn build_daemon(release: bool) -> Result<PathBuf> {
     Ok(root().join("target").join(if release { "release" } else { "debug" }).join("limiter"))
 }
 
-/// Runs the soak suite against the release daemon.
+/// Runs the soak suite against the release daemon: the short version (the
+/// test suite's) on the default HTTP/1.1 engine, the long one on each
+/// engine in turn.
 fn soak(short: bool) -> Result<()> {
     let bin = build_daemon(true)?;
-    let mut cmd = cargo();
-    cmd.args(["run", "--release", "--package", "limiter-tests", "--bin", "soak", "--"])
-        .env("LIMITER_BIN", &bin);
-    if short {
-        cmd.arg("--short");
+    let engines: &[&str] = if short { &["native"] } else { &["native", "hyper"] };
+    for engine in engines {
+        let mut cmd = cargo();
+        cmd.args(["run", "--release", "--package", "limiter-tests", "--bin", "soak", "--"])
+            .args(["--h1-engine", engine])
+            .env("LIMITER_BIN", &bin);
+        if short {
+            cmd.arg("--short");
+        }
+        status(&format!("the soak suite (HTTP/1.1 engine {engine})"), &mut cmd)?;
     }
-    status("the soak suite", &mut cmd)
+    Ok(())
 }
 
 /// Builds the release binary and packs the tarball; returns its path.
