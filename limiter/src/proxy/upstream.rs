@@ -104,7 +104,7 @@ pub struct Timeouts {
 }
 
 /// Every worker's upstream connections together, and their cap.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Upstreams {
     /// `http.maxUpstreamConnections` in force (`http.maxThreads` when the
     /// key is 0).
@@ -117,8 +117,9 @@ pub struct Upstreams {
     pub(super) freed: Notify,
     /// Each worker's pool, for room made at the cap.
     pools: Mutex<Vec<Weak<Pool>>>,
-    /// Each worker's pool of the native engine, likewise.
-    pub(super) native_pools: Mutex<Vec<Weak<super::native::upstream::Pool>>>,
+    /// Other pools of plain connections (the native engine's, one per
+    /// worker), for room made at the cap.
+    other_pools: Mutex<Vec<Weak<dyn IdleList>>>,
     /// Connects that succeeded, and that failed (timeouts included).
     pub connects_ok: AtomicU64,
     pub connects_failed: AtomicU64,
@@ -188,8 +189,48 @@ impl Upstreams {
 
 /// One place under the cap: held by a connect in progress, then by its
 /// connection's driver task until the connection ends.
-#[derive(Debug)]
+/// A pool of idle connections that can give one up: its slot then serves
+/// another pool's request at the cap.
+pub trait IdleList: Send + Sync {
+    /// Closes one idle connection; whether there was one.
+    fn close_one(&self) -> bool;
+}
+
+impl Upstreams {
+    /// Lists `pool` among those [`Upstreams::close_idle_elsewhere`] asks.
+    pub(super) fn register(&self, pool: Weak<dyn IdleList>) {
+        self.other_pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(pool);
+    }
+
+    /// Closes an idle connection of a listed pool other than `mine`;
+    /// whether one was.
+    pub(super) fn close_idle_elsewhere(&self, mine: *const ()) -> bool {
+        let pools: Vec<Arc<dyn IdleList>> = {
+            let mut pools = self.other_pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            pools.retain(|p| p.strong_count() > 0);
+            pools.iter().filter_map(Weak::upgrade).collect()
+        };
+        pools.iter().filter(|p| !std::ptr::eq(Arc::as_ptr(p).cast::<()>(), mine)).any(|p| p.close_one())
+    }
+}
+
+impl std::fmt::Debug for Upstreams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstreams")
+            .field("limit", &self.limit)
+            .field("open", &self.open)
+            .field("connecting", &self.connecting)
+            .finish_non_exhaustive()
+    }
+}
+
 pub(super) struct Slot(Arc<Upstreams>);
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Slot")
+    }
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {

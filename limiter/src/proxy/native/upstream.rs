@@ -21,7 +21,7 @@ use std::{
 use bytes::BytesMut;
 use tokio::{io::Interest, net::TcpStream, sync::Notify};
 
-use super::super::upstream::{Slot, Upstreams};
+use super::super::upstream::{IdleList, Slot, Upstreams};
 
 /// One upstream connection and what was read from it past the last
 /// response (nothing, on a connection that may be reused).
@@ -67,20 +67,9 @@ impl Pool {
     pub fn new(addr: String, shared: Arc<Upstreams>) -> Arc<Self> {
         let pool =
             Arc::new(Self { addr, shared: shared.clone(), idle: Mutex::default(), returned: Notify::new() });
-        lock(&shared.native_pools).push(Arc::downgrade(&pool));
+        let weak: std::sync::Weak<dyn IdleList> = Arc::downgrade(&pool) as std::sync::Weak<dyn IdleList>;
+        shared.register(weak);
         pool
-    }
-
-    /// At the cap: closes an idle connection of another worker's, so that
-    /// its slot serves this one (hyper's pools lend theirs instead; a
-    /// plain socket belongs to its worker's event loop). Whether one was.
-    fn close_one_elsewhere(&self) -> bool {
-        let pools: Vec<Arc<Pool>> = {
-            let mut pools = lock(&self.shared.native_pools);
-            pools.retain(|p| p.strong_count() > 0);
-            pools.iter().filter_map(std::sync::Weak::upgrade).collect()
-        };
-        pools.iter().filter(|p| !std::ptr::eq(p.as_ref(), self)).any(|p| lock(&p.idle).pop().is_some())
     }
 
     fn take_idle(&self, idle_timeout: Duration) -> Option<Conn> {
@@ -115,7 +104,10 @@ impl Pool {
             if let Some(slot) = self.shared.slot() {
                 return self.connect(slot, deadline).await;
             }
-            if self.close_one_elsewhere()
+            // At the cap: an idle connection of another worker's is closed
+            // so that its slot serves this one (hyper's pools lend theirs
+            // instead; a plain socket belongs to its worker's event loop).
+            if self.shared.close_idle_elsewhere(std::ptr::from_ref(self).cast())
                 && let Some(slot) = self.shared.slot()
             {
                 return self.connect(slot, deadline).await;
@@ -168,6 +160,12 @@ impl Pool {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl IdleList for Pool {
+    fn close_one(&self) -> bool {
+        lock(&self.idle).pop().is_some()
+    }
 }
 
 /// The read buffer of a new connection.
