@@ -6,6 +6,10 @@
 //!
 //! (a) accepted connections per second: no gate / gate with a limit far
 //!     above the load / iptables connlimit with the same limit;
+//! (a2) the same three with one HTTP request per connection: requests per
+//!     second a minimal HTTP/1.1 server answers (it reads the request head,
+//!     writes a fixed 200 with `Connection: close` and closes), so the
+//!     gate's share is shown as a server sees it;
 //! (b) refused attempts per second against a full port: gate / iptables
 //!     connlimit REJECT with tcp-reset / a port with no listener (the floor
 //!     cost of any RST);
@@ -20,8 +24,8 @@
 
 use std::{
     fs,
-    io::ErrorKind,
-    net::{SocketAddr, TcpListener},
+    io::{self, ErrorKind, Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -69,16 +73,11 @@ fn main() -> Result<()> {
 
     // (a) accept rate, limit far above the load.
     let rounds = std::env::var("BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(ROUNDS);
-    let mut accept: [Vec<f64>; 3] = Default::default();
-    for round in 0..rounds {
-        // Rotate the order so no configuration always runs first.
-        for k in 0..3 {
-            let which = (round + k) % 3;
-            let sb = [&plain, &gated, &iptables][which];
-            accept[which].push(accept_rate(sb, addr)?);
-        }
-        eprintln!("accept round {}/{ROUNDS} done", round + 1);
-    }
+    let accept = interleaved(rounds, "accept", [&plain, &gated, &iptables], addr, accept_rate)?;
+
+    // (a2) request rate, one HTTP request per connection, in sandboxes of
+    // its own.
+    let requests = http_rates(rounds, addr)?;
 
     // (b) refusal rate against a full port (limit 1, one connection held).
     fs::write(
@@ -151,7 +150,7 @@ fn main() -> Result<()> {
     let (veth, veth_leaked) = across_veth(rounds)?;
     let frames = xdp_cost()?;
 
-    let mut report = report(&accept, &refuse, &leaked, &cost);
+    let mut report = report(&accept, &requests, &refuse, &leaked, &cost);
     report.push_str(&veth_report(&veth, &veth_leaked, &frames));
     print!("{report}");
     limiter_tests::bench::write_section(
@@ -195,37 +194,144 @@ fn connlimit(sb: &Sandbox, limit: u32) -> Result<()> {
     Ok(())
 }
 
+/// `measure` in each of three sandboxes (in this order in the returned
+/// vectors), `rounds` times, the order rotated each round so no
+/// configuration always runs first.
+fn interleaved(
+    rounds: usize,
+    what: &str,
+    boxes: [&Sandbox; 3],
+    addr: SocketAddr,
+    measure: fn(&Sandbox, SocketAddr) -> Result<f64>,
+) -> Result<[Vec<f64>; 3]> {
+    let mut rates: [Vec<f64>; 3] = Default::default();
+    for round in 0..rounds {
+        for k in 0..3 {
+            let which = (round + k) % 3;
+            rates[which].push(measure(boxes[which], addr)?);
+        }
+        eprintln!("{what} round {}/{rounds} done", round + 1);
+    }
+    Ok(rates)
+}
+
 /// Clients connect and reset as fast as they can while one thread accepts
 /// and closes; returns accepted connections per second.
 fn accept_rate(sb: &Sandbox, addr: SocketAddr) -> Result<f64> {
+    serve_rate(sb, addr, |_| Ok(()), reset_on_close)
+}
+
+/// A reset on close: no TIME_WAIT, so ephemeral ports never run out.
+fn reset_on_close(s: &socket2::Socket) {
+    let _ = s.set_linger(Some(Duration::ZERO));
+}
+
+/// (a2): no gate, the gate with a limit far above the load, and iptables
+/// connlimit with the same limit, each in a fresh sandbox: the server
+/// closes first, and the TIME_WAIT sockets that leaves behind (for a
+/// minute) must not reach the sandboxes the other parts measure.
+fn http_rates(rounds: usize, addr: SocketAddr) -> Result<[Vec<f64>; 3]> {
+    let boxes = [Sandbox::new()?, Sandbox::new()?, Sandbox::new()?];
+    let _gate = Daemon::start(&boxes[1].config(&format!("{PORT}:{HIGH_LIMIT}"), ""), &[])?;
+    connlimit(&boxes[2], HIGH_LIMIT)?;
+    interleaved(rounds, "request", [&boxes[0], &boxes[1], &boxes[2]], addr, request_rate)
+}
+
+/// Clients send one HTTP request per connection as fast as they can while
+/// one thread accepts and answers each; returns requests answered per
+/// second.
+fn request_rate(sb: &Sandbox, addr: SocketAddr) -> Result<f64> {
+    serve_rate(sb, addr, answer, one_request)
+}
+
+/// (a2)'s request, and the fixed response the server gives every one.
+const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+const RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok";
+
+/// The server's side of one (a2) connection: reads the request head, writes
+/// the response; the caller's drop then closes, server first.
+fn answer(mut s: TcpStream) -> io::Result<()> {
+    // Accepted sockets are blocking (O_NONBLOCK is not inherited); the
+    // timeout only guards against a client that never sends.
+    s.set_read_timeout(Some(Duration::from_secs(1)))?;
+    let mut head = [0u8; 1024];
+    let mut len = 0;
+    while !head[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+        if len == head.len() {
+            return Err(io::Error::new(ErrorKind::InvalidData, "request head too long"));
+        }
+        match s.read(&mut head[len..])? {
+            0 => return Err(ErrorKind::UnexpectedEof.into()),
+            n => len += n,
+        }
+    }
+    s.write_all(RESPONSE)
+}
+
+/// The client's side of one (a2) connection: sends the request and reads
+/// the whole response, to the server's close. It polls for the response
+/// instead of sleeping in `read`: a sleeping client leaves a CPU idle, and
+/// how soon it is woken then sets the rate (the rounds scattered by half
+/// and more on this machine); polling keeps the run CPU-bound, as (a) is.
+fn one_request(s: &socket2::Socket) {
+    let mut s = s;
+    if s.set_nonblocking(true).is_err() || s.write_all(REQUEST).is_err() {
+        return;
+    }
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let mut buf = [0u8; 256];
+    loop {
+        match s.read(&mut buf) {
+            Ok(n) if n > 0 => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < deadline => thread::yield_now(),
+            _ => return,
+        }
+    }
+}
+
+/// Clients connect (and do `on_connect` with each connection) as fast as
+/// they can while one thread accepts and `serve`s each; returns the
+/// connections served per second.
+fn serve_rate(
+    sb: &Sandbox,
+    addr: SocketAddr,
+    serve: fn(TcpStream) -> io::Result<()>,
+    on_connect: fn(&socket2::Socket),
+) -> Result<f64> {
     let listener = sb.listen(&addr.to_string(), 4096);
     let stop = Arc::new(AtomicBool::new(false));
-    let accepted = Arc::new(AtomicU64::new(0));
+    let served = Arc::new(AtomicU64::new(0));
     let server = {
-        let (stop, accepted) = (stop.clone(), accepted.clone());
+        let (stop, served) = (stop.clone(), served.clone());
         listener.set_nonblocking(true)?;
-        thread::spawn(move || accept_loop(&listener, &stop, &accepted))
+        thread::spawn(move || accept_loop(&listener, &stop, &served, serve))
     };
     let started = Instant::now();
-    let clients = spawn_clients(sb, addr, stop.clone(), |s| {
-        // A reset on close: no TIME_WAIT, so ephemeral ports never run out.
-        let _ = s.set_linger(Some(Duration::ZERO));
-    });
+    let clients = spawn_clients(sb, addr, stop.clone(), on_connect);
     thread::sleep(Duration::from_secs_f64(SECONDS));
     stop.store(true, Ordering::Relaxed);
     let elapsed = started.elapsed().as_secs_f64();
     let (ok, _) = join(clients);
     server.join().expect("server thread");
     ensure!(ok > 0, "no connection succeeded");
-    Ok(accepted.load(Ordering::Relaxed) as f64 / elapsed)
+    Ok(served.load(Ordering::Relaxed) as f64 / elapsed)
 }
 
-fn accept_loop(listener: &TcpListener, stop: &AtomicBool, accepted: &AtomicU64) {
+/// Accepts and `serve`s connections one after another until `stop`,
+/// counting those served without error. (Its thread owns the listener, so
+/// a client still waiting in its queue then gets a reset, not a hang.)
+fn accept_loop(
+    listener: &TcpListener,
+    stop: &AtomicBool,
+    served: &AtomicU64,
+    serve: fn(TcpStream) -> io::Result<()>,
+) {
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((s, _)) => {
-                drop(s);
-                accepted.fetch_add(1, Ordering::Relaxed);
+                if serve(s).is_ok() {
+                    served.fetch_add(1, Ordering::Relaxed);
+                }
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => thread::yield_now(),
             Err(_) => {}
@@ -368,8 +474,15 @@ fn ratio(v: &[f64]) -> String {
     format!("{:.3} ({min:.3}-{max:.3})", median(v))
 }
 
-fn report(accept: &[Vec<f64>; 3], refuse: &[Vec<f64>; 3], leaked: &[u64; 3], cost: &[Cost]) -> String {
+fn report(
+    accept: &[Vec<f64>; 3],
+    requests: &[Vec<f64>; 3],
+    refuse: &[Vec<f64>; 3],
+    leaked: &[u64; 3],
+    cost: &[Cost],
+) -> String {
     let (gate_r, ipt_r) = (paired(&accept[1], &accept[0]), paired(&accept[2], &accept[0]));
+    let (http_gate_r, http_ipt_r) = (paired(&requests[1], &requests[0]), paired(&requests[2], &requests[0]));
     let (rgate_r, ript_r) = (paired(&refuse[0], &refuse[2]), paired(&refuse[1], &refuse[2]));
     let gate_vs_ipt = paired(&refuse[0], &refuse[1]);
     let gate = median(&gate_r);
@@ -388,6 +501,22 @@ fn report(accept: &[Vec<f64>; 3], refuse: &[Vec<f64>; 3], leaked: &[u64; 3], cos
     out.push_str(&format!("| limiter gate | {} | {} |\n", spread(&accept[1]), ratio(&gate_r)));
     out.push_str(&format!("| iptables connlimit | {} | {} |\n\n", spread(&accept[2]), ratio(&ipt_r)));
     out.push_str(&format!("Target: gate >= 0.97 of no gate: {} ({gate:.3}).\n\n", verdict(gate >= 0.97)));
+    out.push_str(
+        "(a2) HTTP requests/s, one request per connection, limit far above the load (the accepting side \
+         a minimal HTTP/1.1 server: it reads the request head, writes a fixed 200 with Content-Length and \
+         Connection: close, and closes)\n\n",
+    );
+    out.push_str("| configuration | requests/s | ratio to no gate |\n|---|---|---|\n");
+    out.push_str(&format!("| no gate | {} | 1.00 |\n", spread(&requests[0])));
+    out.push_str(&format!("| limiter gate | {} | {} |\n", spread(&requests[1]), ratio(&http_gate_r)));
+    out.push_str(&format!("| iptables connlimit | {} | {} |\n\n", spread(&requests[2]), ratio(&http_ipt_r)));
+    out.push_str(&format!(
+        "What it shows: the gate's share of a connection's cost as a server sees it, once the connection \
+         carries a request and its response: the gate keeps {:.3} of no gate's request rate here, against \
+         {gate:.3} of the bare accept rate in (a). A server doing real work per request would dilute it \
+         further.\n\n",
+        median(&http_gate_r)
+    ));
     out.push_str("(b) refused attempts/s against a full port\n\n");
     out.push_str(
         "| configuration | refused/s | ratio to floor | let through past the limit |\n|---|---|---|---|\n",
