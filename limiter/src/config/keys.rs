@@ -506,7 +506,7 @@ pub static KEYS: &[Key] = &[
     },
     Key {
         name: "http.h1Engine",
-        default: DefaultValue::Value("hyper"),
+        default: DefaultValue::Value("native"),
         reload: Reload::Restart,
         doc: "what serves HTTP/1.1 clients: native (limiter's own parser, heads rewritten in place, bodies forwarded as bytes) or hyper",
         set: plain!(|c, v| c.http.h1_engine = v.parse()?),

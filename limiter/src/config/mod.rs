@@ -150,9 +150,9 @@ pub enum XdpModeChoice {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum H1Engine {
     /// limiter's own ([`crate::proxy::native`]).
+    #[default]
     Native,
     /// hyper's HTTP/1 server and client.
-    #[default]
     Hyper,
 }
 

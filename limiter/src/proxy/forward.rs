@@ -188,7 +188,7 @@ fn request_filter(
     if to.h2.is_some() {
         join_cookies(&mut parts.headers);
     }
-    to.fwd.apply(&mut parts.headers, host.as_ref(), &seen);
+    to.fwd.apply(&mut parts.headers, host.as_ref().map(HeaderValue::as_bytes), &seen);
     parts.version = hyper::Version::HTTP_11;
     ControlFlow::Continue(())
 }

@@ -321,7 +321,7 @@ fn remove_client_forwarding(headers: &mut impl Rewrite, seen: &Seen, trusted: bo
 }
 
 /// This client's own `X-Forwarded-For` entry and `Forwarded` element.
-fn forwarded_values(client: Client, host: Option<&HeaderValue>) -> (Vec<u8>, Vec<u8>) {
+fn forwarded_values(client: Client, host: Option<&[u8]>) -> (Vec<u8>, Vec<u8>) {
     let ip = client.addr.ip().to_canonical();
     let mut xff = Vec::with_capacity(40);
     push_ip(&mut xff, ip);
@@ -337,7 +337,7 @@ fn forwarded_values(client: Client, host: Option<&HeaderValue>) -> (Vec<u8>, Vec
     }
     element.extend_from_slice(b";proto=");
     element.extend_from_slice(client.proto.scheme().as_bytes());
-    if let Some(host) = host.map(HeaderValue::as_bytes).filter(|h| !h.is_empty()) {
+    if let Some(host) = host.filter(|h| !h.is_empty()) {
         element.extend_from_slice(b";host=");
         push_quoted(&mut element, host);
     }
@@ -367,7 +367,7 @@ impl Forwarding {
     /// Writes the forwarding headers for this connection's client, from
     /// what was written before when it can be (see the module's rules);
     /// `seen` is what [`Seen::scan`] found of the client's own.
-    pub fn apply(&self, headers: &mut impl Rewrite, host: Option<&HeaderValue>, seen: &Seen) {
+    pub fn apply(&self, headers: &mut impl Rewrite, host: Option<&[u8]>, seen: &Seen) {
         let trusted = self.client.trusted;
         remove_client_forwarding(headers, seen, trusted);
         let (xff, without_host, port) = self.written.get_or_init(|| {
@@ -379,6 +379,7 @@ impl Forwarding {
             )
         });
         let host = host.filter(|h| !h.is_empty());
+        let hosted = host.and_then(|h| self.host_values(h));
         // A trusted forwarder's own say on how its client connected stays.
         let kept = |at: usize| trusted && seen.forwarding & (1 << at) != 0;
         if !kept(PROTO_AT) {
@@ -388,7 +389,7 @@ impl Forwarding {
             headers.set(PORT_AT, port);
         }
         if !kept(HOST_AT)
-            && let Some(h) = host
+            && let Some((h, _)) = &hosted
         {
             headers.set(HOST_AT, h);
         }
@@ -399,20 +400,9 @@ impl Forwarding {
             headers.extend(FORWARDED_AT, element);
             return;
         }
-        let element = match host {
-            None => without_host.clone(),
-            Some(h) => {
-                let mut last = self.with_host.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                match &*last {
-                    Some((seen, element)) if seen == h => Some(element.clone()),
-                    _ => {
-                        let (_, element) = forwarded_values(self.client, Some(h));
-                        let element = HeaderValue::from_maybe_shared(bytes::Bytes::from(element)).ok();
-                        *last = element.clone().map(|e| (h.clone(), e));
-                        element
-                    }
-                }
-            }
+        let element = match (host, hosted) {
+            (None, _) => without_host.clone(),
+            (Some(_), hosted) => hosted.map(|(_, element)| element),
         };
         match (xff, element) {
             (Some(xff), Some(element)) => {
@@ -426,6 +416,22 @@ impl Forwarding {
                 headers.extend(FORWARDED_AT, element);
             }
         }
+    }
+
+    /// A `Host` as a value and its `Forwarded` element: the last host's,
+    /// kept, when it is the same (it usually is, on one connection).
+    fn host_values(&self, host: &[u8]) -> Option<(HeaderValue, HeaderValue)> {
+        let mut last = self.with_host.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((value, element)) = &*last
+            && value.as_bytes() == host
+        {
+            return Some((value.clone(), element.clone()));
+        }
+        let value = HeaderValue::from_bytes(host).ok()?;
+        let (_, element) = forwarded_values(self.client, Some(host));
+        let element = HeaderValue::from_maybe_shared(bytes::Bytes::from(element)).ok()?;
+        *last = Some((value.clone(), element.clone()));
+        Some((value, element))
     }
 }
 
@@ -550,7 +556,7 @@ mod tests {
     fn forwarded(c: Client, prior: &[(&str, &str)], host: Option<&'static str>) -> HeaderMap {
         let mut h = map(prior);
         let seen = Seen::scan(&h);
-        Forwarding::new(c).apply(&mut h, host.map(HeaderValue::from_static).as_ref(), &seen);
+        Forwarding::new(c).apply(&mut h, host.map(str::as_bytes), &seen);
         h
     }
 
@@ -628,7 +634,7 @@ mod tests {
             for (prior, host) in cases {
                 let mut cached = map(prior);
                 let seen = Seen::scan(&cached);
-                fwd.apply(&mut cached, host.map(HeaderValue::from_static).as_ref(), &seen);
+                fwd.apply(&mut cached, host.map(str::as_bytes), &seen);
                 assert_eq!(cached, forwarded(c, prior, host), "{prior:?} {host:?} trusted: {trusted}");
             }
         }

@@ -170,14 +170,15 @@ where
                 Parsed::Head(head) => return Ok(head),
                 Parsed::Partial => {}
                 Parsed::HandOver => return Err(NoHead::HandOver),
-                Parsed::Bad(bad, head_request) => {
+                Parsed::Bad(bad, method, target) => {
                     let proxy = c.proxy;
                     proxy.counters.requests_by_proto[c.client.proto.index()].fetch_add(1, Ordering::Relaxed);
                     proxy.counters.bad_heads[bad.index()].fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(peer = %c.client.addr, kind = bad.kind(), "request head refused before admission");
                     let started = Instant::now();
                     let response = respond::own(proxy, bad.status(), bad.text(), true);
-                    let logged = Logged::from_head(c, buf, None, started);
+                    let head_request = method == hyper::Method::HEAD;
+                    let logged = Logged::new(method, &buf[target], None, started);
                     let (bytes, _, body_len) = response::own(response, head_request).await;
                     let _ = io.write_all(&bytes).await;
                     logged.done(c, bad.status().as_u16(), None, None, 0, body_len);
@@ -243,7 +244,7 @@ async fn exchange<S>(
     buf: &mut BytesMut,
     c: &Conn<'_>,
     tuning: &Arc<Tuning>,
-    head: Box<Head>,
+    mut head: Box<Head>,
 ) -> Next
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -251,7 +252,10 @@ where
     let proxy = c.proxy;
     let started = Instant::now();
     proxy.counters.requests_by_proto[c.client.proto.index()].fetch_add(1, Ordering::Relaxed);
-    let logged = proxy.access_log.enabled().then(|| Logged::from_head(c, buf, Some(&head), started));
+    let logged = proxy.access_log.enabled().then(|| {
+        let session = head.session.clone().map(|r| proxy.admission.session_tag(&buf[r]));
+        Logged::new(head.method.clone(), &buf[head.target.clone()], session, started)
+    });
     fn ask<'b>(head: &Head, buf: &'b [u8]) -> Ask<'b> {
         Ask {
             debug: head.debug,
@@ -311,10 +315,12 @@ where
         }
     };
 
+    let upstream = std::mem::take(&mut head.upstream);
     let mut relay = relay::Exchange {
         io,
         buf,
         head: &head,
+        upstream,
         received,
         proxy,
         pool: c.pool,
@@ -433,16 +439,14 @@ struct Logged {
 }
 
 impl Logged {
-    fn from_head(c: &Conn<'_>, buf: &[u8], head: Option<&Head>, started: Instant) -> Self {
-        let (method, path, session) = match head {
-            Some(h) => (
-                h.method.clone(),
-                String::from_utf8_lossy(&buf[h.target.clone()]).into_owned(),
-                h.session.clone().map(|r| c.proxy.admission.session_tag(&buf[r])),
-            ),
-            None => (hyper::Method::GET, "-".to_owned(), None),
-        };
-        Self { ts: SystemTime::now(), started, method, path, session }
+    fn new(method: hyper::Method, target: &[u8], session: Option<u32>, started: Instant) -> Self {
+        Self {
+            ts: SystemTime::now(),
+            started,
+            method,
+            path: String::from_utf8_lossy(target).into_owned(),
+            session,
+        }
     }
 
     fn done(

@@ -315,6 +315,8 @@ pub struct Exchange<'a, S> {
     pub io: &'a mut ClientIo<S>,
     pub buf: &'a mut BytesMut,
     pub head: &'a Head,
+    /// The head for the upstream ([`Head::upstream`], moved out of it).
+    pub upstream: Vec<u8>,
     pub received: Received,
     pub proxy: &'a Proxy,
     pub pool: &'a Pool,
@@ -349,8 +351,9 @@ where
 {
     pub async fn run(&mut self) -> Sent {
         let t = self.tuning;
-        let mut out = Vec::with_capacity(self.head.upstream.len() + 64);
-        out.extend_from_slice(&self.head.upstream);
+        // The head as written for the upstream, taken (not copied): the
+        // body's first bytes go in the same write.
+        let mut out = std::mem::take(&mut self.upstream);
         let chunked = self.head.body == Framed::Chunked;
         let mut streamed = !self.received.whole;
         if chunked && (streamed || self.received.trailers) && body_dropped(&self.head.method) {

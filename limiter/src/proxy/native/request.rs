@@ -62,8 +62,9 @@ pub enum Parsed {
     /// A head to serve.
     Head(Box<Head>),
     /// A head refused before admission (its answer closes the connection;
-    /// `true`: it was a `HEAD`, answered without a body).
-    Bad(Bad, bool),
+    /// a `HEAD`'s has no body): why, its method and its target (in the
+    /// buffer).
+    Bad(Bad, hyper::Method, Range<usize>),
     /// Not this engine's to serve: hyper takes the connection over.
     HandOver,
 }
@@ -148,7 +149,7 @@ pub fn parse(buf: &[u8], fwd: &Forwarding, tuning: &Tuning) -> Parsed {
     if let Err(bad) =
         head::check_lines(host, coding, &seen).and_then(|()| head::origin_form_host(true, &seen))
     {
-        return Parsed::Bad(bad, method == hyper::Method::HEAD);
+        return Parsed::Bad(bad, method, at(target.as_bytes())..at(target.as_bytes()) + target.len());
     }
     let path = target.split('?').next().unwrap_or(target);
     let debug = is_debug_path(path);
@@ -197,8 +198,7 @@ fn upstream_head(
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let mut rewrite = Lines { headers, drop: 0, extended: [None, None], tail: Vec::new() };
-    let host = host.and_then(|h| HeaderValue::from_bytes(h).ok());
-    fwd.apply(&mut rewrite, host.as_ref(), seen);
+    fwd.apply(&mut rewrite, host, seen);
     let named: Vec<&[u8]> = if seen.any_hop_by_hop() {
         connection_named(
             headers.iter().filter(|h| h.name.eq_ignore_ascii_case("connection")).map(|h| h.value),
