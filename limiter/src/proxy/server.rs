@@ -486,7 +486,9 @@ where
         fwd: &fwd,
         shutdown: conn.shutdown.clone(),
     };
-    match native::serve(io, served).await {
+    // Boxed: the connection's future, copied into its task on every
+    // accept, stays small; the engine's state is made once, on the heap.
+    match Box::pin(native::serve(io, served)).await {
         native::Ended::Closed => Ok(()),
         native::Ended::HeadTimeout { mid_head } => {
             // As hyper's header timeout is counted and logged (see

@@ -189,11 +189,12 @@ impl Upstreams {
 
 /// One place under the cap: held by a connect in progress, then by its
 /// connection's driver task until the connection ends.
-/// A pool of idle connections that can give one up: its slot then serves
-/// another pool's request at the cap.
+/// A worker's pool of plain idle connections (the native engine's), which
+/// another worker's may take one from at the cap.
 pub trait IdleList: Send + Sync {
-    /// Closes one idle connection; whether there was one.
-    fn close_one(&self) -> bool;
+    /// Gives up one idle connection, its socket taken out of this
+    /// worker's event loop.
+    fn give_one(&self) -> Option<Box<dyn std::any::Any + Send>>;
 }
 
 impl Upstreams {
@@ -202,15 +203,22 @@ impl Upstreams {
         self.other_pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(pool);
     }
 
-    /// Closes an idle connection of a listed pool other than `mine`;
-    /// whether one was.
-    pub(super) fn close_idle_elsewhere(&self, mine: *const ()) -> bool {
+    /// An idle connection of a listed pool other than `mine`, if one has
+    /// any.
+    pub(super) fn take_idle_elsewhere(&self, mine: *const ()) -> Option<Box<dyn std::any::Any + Send>> {
         let pools: Vec<Arc<dyn IdleList>> = {
             let mut pools = self.other_pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             pools.retain(|p| p.strong_count() > 0);
             pools.iter().filter_map(Weak::upgrade).collect()
         };
-        pools.iter().filter(|p| !std::ptr::eq(Arc::as_ptr(p).cast::<()>(), mine)).any(|p| p.close_one())
+        let found = pools
+            .iter()
+            .filter(|p| !std::ptr::eq(Arc::as_ptr(p).cast::<()>(), mine))
+            .find_map(|p| p.give_one());
+        if found.is_some() {
+            self.borrowed.fetch_add(1, Ordering::Relaxed);
+        }
+        found
     }
 }
 

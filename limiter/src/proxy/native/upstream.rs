@@ -3,7 +3,8 @@
 //! (`http.maxUpstreamConnections`, [`Upstreams`]). A request takes the
 //! most recently returned connection (its socket is the warmest), or
 //! connects within `http.connectTimeoutMs` while the cap allows; at the cap
-//! it closes an idle one of another worker's to take its place, or waits
+//! it takes an idle one of another worker's (its socket moved to this
+//! worker's event loop: two `epoll_ctl` calls, no new connection), or waits
 //! for one to come back until the same timeout, then is refused with
 //! `upstream_full` as on hyper's path.
 //!
@@ -104,13 +105,18 @@ impl Pool {
             if let Some(slot) = self.shared.slot() {
                 return self.connect(slot, deadline).await;
             }
-            // At the cap: an idle connection of another worker's is closed
-            // so that its slot serves this one (hyper's pools lend theirs
-            // instead; a plain socket belongs to its worker's event loop).
-            if self.shared.close_idle_elsewhere(std::ptr::from_ref(self).cast())
-                && let Some(slot) = self.shared.slot()
+            // At the cap: an idle connection of another worker's, its
+            // socket moved from that worker's event loop to this one's.
+            if let Some(conn) = self.shared.take_idle_elsewhere(std::ptr::from_ref(self).cast())
+                && let Ok(moved) = conn.downcast::<Moving>()
+                && let Ok(stream) = TcpStream::from_std(moved.stream)
             {
-                return self.connect(slot, deadline).await;
+                return Ok(Conn {
+                    stream,
+                    buf: BytesMut::with_capacity(BUF),
+                    reused: true,
+                    _slot: moved.slot,
+                });
             }
             tokio::select! {
                 () = &mut returned => {}
@@ -162,9 +168,23 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// An idle connection on its way to another worker: a plain socket, out
+/// of any event loop, and its slot under the cap.
+struct Moving {
+    stream: std::net::TcpStream,
+    slot: Slot,
+}
+
 impl IdleList for Pool {
-    fn close_one(&self) -> bool {
-        lock(&self.idle).pop().is_some()
+    fn give_one(&self) -> Option<Box<dyn std::any::Any + Send>> {
+        let idle = lock(&self.idle).pop()?;
+        let Conn { stream, _slot: slot, .. } = idle.conn;
+        // Closed meanwhile, or not movable: dropped (its slot freed).
+        if !still_open(&stream) {
+            return None;
+        }
+        let stream = stream.into_std().ok()?;
+        Some(Box::new(Moving { stream, slot }))
     }
 }
 
