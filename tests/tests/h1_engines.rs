@@ -67,8 +67,9 @@
 //!   rewrites heads in place keeps the wire order.
 //!   `H1_ENGINES_STRICT_ORDER=1` compares the order as sent.
 //!
-//! Cases, all in this file: [`FRAMING_CORPUS`] (the streams of
-//! `limiter/src/proxy/framing/differential.rs`, as they are and with a
+//! Cases: [`FRAMING_CORPUS`] (the framing watch's corpus,
+//! `limiter/src/proxy/framing/corpus.rs`, which its own differential test
+//! reads too, as they are and with a
 //! `Host` added to each HTTP/1.1 head so that they reach the upstream),
 //! [`http_rs_cases`] (the raw requests of `tests/tests/http.rs`'s
 //! refusal, smuggling, hop-by-hop and forwarding tests), [`crafted`] (a
@@ -249,42 +250,12 @@ impl Case {
     }
 }
 
-/// `limiter/src/proxy/framing/differential.rs`'s `CORPUS`, copied.
-const FRAMING_CORPUS: &[&[u8]] = &[
-    b"POST /r0 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\n\
-      GET /r1 HTTP/1.1\r\nContent-Length: 68\r\n\r\n\
-      POST /r2 HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
-    b"POST /r0 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX: y\n\r\n\
-      GET /r1 HTTP/1.1\r\nContent-Length: 68\r\n\r\n\
-      POST /r2 HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
-    b"POST /r0 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\n\
-      POST /r1 HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
-    b"POST /r0 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX: a\nY: b\r\n\r\nGET /r1 HTTP/1.1\r\n\r\n",
-    b"POST /r0 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nContent-Length: 3\r\n\
-      Transfer-Encoding: chunked\r\n\r\nGET /r1 HTTP/1.1\r\n\r\n",
-    b"POST /r0 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\n\r\nGET /r1 HTTP/1.1\r\n\r\n",
-    b"POST /r0 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5;ext\nhello\r\n0\r\n\r\nGET /r1 HTTP/1.1\r\n\r\n",
-    b"POST /r0 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\n0\r\n\r\nGET /r1 HTTP/1.1\r\n\r\n",
-    b"POST /r0 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5 \t;a=\"b c\";d\r\nhello\r\n\
-      000A\r\n0123456789\r\n00;x\r\n\r\nGET /r1 HTTP/1.1\r\n\r\n",
-    b"POST /r0 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5 5\r\nhello\r\n0\r\n\r\n",
-    b"POST /r0 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n;x\r\n\r\nGET /r1 HTTP/1.1\r\n\r\n",
-    b"POST /r0 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n10000000000000000\r\nx\r\n0\r\n\r\n",
-    b"POST /r0 HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\nhelloGET /r1 HTTP/1.1\r\n\r\n",
-    b"POST /r0 HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 4\r\n\r\nhelloGET /r1 HTTP/1.1\r\n\r\n",
-    b"POST /r0 HTTP/1.1\r\nContent-Length:  005 \t\r\ncontent-length: 5\r\n\r\nhelloGET /r1 HTTP/1.1\r\n\r\n",
-    b"POST /r0 HTTP/1.1\r\nContent-Length: 18446744073709551616\r\n\r\nhello",
-    b"POST /r0 HTTP/1.1\r\nTransfer-Encoding: gzip\r\ntransfer-encoding: gzip , CHUNKED \r\n\r\n\
-      0\r\n\r\nGET /r1 HTTP/1.1\r\n\r\n",
-    b"POST /r0 HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\nGET /r1 HTTP/1.1\r\n\r\n",
-    b"POST /r0 HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n\r\n0\r\n\r\n",
-    b"GET /r0 HTTP/1.1\nHost: t\n\nPOST /r1 HTTP/1.1\nContent-Length: 3\nTransfer-Encoding: chunked\n\n0\r\n\r\n",
-    b"POST /r0 HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding : chunked\r\n\r\nabc",
-    b"POST /r0 HTTP/1.1\r\nX: a\r\n chunked\r\nContent-Length: 3\r\n\r\nabc",
-    b"POST /r0 HTTP/1.1\r\nX: a\rContent-Length: 3\r\n\r\nabcGET /r1 HTTP/1.1\r\n\r\n",
-    b"\r\n\nGET /r0 HTTP/1.1\r\n\r\n\r\n\nPOST /r1 HTTP/1.1\nContent-Length: 2\n\n\r\n\r\nGET /r2 HTTP/1.1\r\n\r\n",
-    b"GET /r0 HTTP/1.1\r\nUpgrade: x\r\nContent-Length: 3\r\n\r\nabcGET /r1 HTTP/1.1\r\n\r\n",
-];
+/// The framing watch's corpus (`limiter/src/proxy/framing/corpus.rs`),
+/// the one list both differential tests read.
+mod framing_corpus {
+    include!("../../limiter/src/proxy/framing/corpus.rs");
+}
+use framing_corpus::CORPUS as FRAMING_CORPUS;
 
 /// `bytes` with `Host: t` after each HTTP/1.1 request line (ended by CRLF
 /// or by a bare LF), so that the proxy forwards what it accepts.

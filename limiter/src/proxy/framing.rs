@@ -581,6 +581,8 @@ fn after_size(size: u64, b: u8) -> Scan {
 }
 
 #[cfg(test)]
+mod corpus;
+#[cfg(test)]
 mod differential;
 #[cfg(test)]
 mod tests;

@@ -169,7 +169,7 @@ pub(super) fn handle(
 /// The breaker's answer at a request's head, taking no probe: `Some` with
 /// the time until a probe may be tried if it refuses. Diagnostics pass an
 /// open breaker unless `breaker.bypassDebug = false`, and never probe.
-fn breaker_at_head(proxy: &Proxy, debug: bool, tuning: &Tuning) -> Option<u64> {
+pub(super) fn breaker_at_head(proxy: &Proxy, debug: bool, tuning: &Tuning) -> Option<u64> {
     if !debug {
         return proxy.breaker.would_refuse();
     }

@@ -49,12 +49,13 @@ use super::{
     Proxy, Tuning,
     headers::{Client, Forwarding},
     io::ClientIo,
+    pipeline::breaker_at_head,
     reason::Reason,
     respond,
 };
 use crate::{
     admission::Ask,
-    breaker::{Decision, State, ticket::Ticket},
+    breaker::{Decision, ticket::Ticket},
 };
 
 /// How a connection served by the native engine ended.
@@ -410,22 +411,6 @@ fn body_failed(proxy: &Proxy, e: &BodyError, c: &Conn<'_>) -> hyper::Response<su
             tracing::debug!(peer = %c.client.addr, "request body failed before admission: {why}");
             respond::own(proxy, StatusCode::BAD_REQUEST, "400 Bad Request: the request body failed\n", true)
         }
-    }
-}
-
-/// The breaker's answer at a request's head, taking no probe (as on
-/// hyper's path: diagnostics pass an open breaker unless
-/// `breaker.bypassDebug = false`, and never probe).
-fn breaker_at_head(proxy: &Proxy, debug: bool, tuning: &Tuning) -> Option<u64> {
-    if !debug {
-        return proxy.breaker.would_refuse();
-    }
-    if tuning.bypass_debug || proxy.breaker.state() == State::Closed {
-        return None;
-    }
-    match proxy.breaker.admit_passive() {
-        Decision::Refuse { retry_after_ms } => Some(retry_after_ms),
-        Decision::Admit(_) => None,
     }
 }
 

@@ -199,14 +199,7 @@ fn upstream_head(
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let mut rewrite = Lines { headers, drop: 0, extended: [None, None], tail: Vec::new() };
     fwd.apply(&mut rewrite, host, seen);
-    let named: Vec<&[u8]> = if seen.any_hop_by_hop() {
-        connection_named(
-            headers.iter().filter(|h| h.name.eq_ignore_ascii_case("connection")).map(|h| h.value),
-        )
-        .collect()
-    } else {
-        Vec::new()
-    };
+    let named = named_by_connection(headers, seen);
     let mut extended = rewrite.extended;
     for h in headers {
         let name = h.name.as_bytes();
@@ -229,6 +222,16 @@ fn upstream_head(
     }
     out.extend_from_slice(&rewrite.tail);
     out
+}
+
+/// The headers a head's `Connection` lines name (see
+/// [`connection_named`]); none to look for without a hop-by-hop line.
+pub(super) fn named_by_connection<'h>(headers: &[httparse::Header<'h>], seen: &Seen) -> Vec<&'h [u8]> {
+    if !seen.any_hop_by_hop() {
+        return Vec::new();
+    }
+    connection_named(headers.iter().filter(|h| h.name.eq_ignore_ascii_case("connection")).map(|h| h.value))
+        .collect()
 }
 
 fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {

@@ -10,7 +10,7 @@ use hyper::{Response, StatusCode};
 
 use super::super::{
     body::ProxyBody,
-    headers::{Seen, connection_named, is_hop_by_hop},
+    headers::{Seen, is_hop_by_hop},
 };
 
 /// As many header lines as hyper's HTTP/1 client reads.
@@ -111,14 +111,7 @@ pub fn parse(buf: &[u8], head: bool) -> Parsed {
     if body == Framed::Close {
         upstream_closes = true;
     }
-    let named: Vec<&[u8]> = if seen.any_hop_by_hop() {
-        connection_named(
-            headers.iter().filter(|h| h.name.eq_ignore_ascii_case("connection")).map(|h| h.value),
-        )
-        .collect()
-    } else {
-        Vec::new()
-    };
+    let named = super::request::named_by_connection(headers, &seen);
     let mut client = Vec::with_capacity(len + 64);
     client.extend_from_slice(b"HTTP/1.1 ");
     client.extend_from_slice(status.as_str().as_bytes());
