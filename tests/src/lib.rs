@@ -32,6 +32,7 @@ pub mod closed_loop;
 pub mod counted;
 pub mod h2raw;
 pub mod in_process;
+pub mod jetty;
 pub mod nginx;
 pub mod packet;
 pub mod peer;
@@ -42,6 +43,7 @@ pub mod shed_load;
 pub mod tls;
 pub mod upstream;
 pub mod user;
+pub mod wire;
 
 use anyhow::{Context as _, Result, bail, ensure};
 use nix::{

@@ -119,7 +119,7 @@ pub fn build_daemon(release: bool) -> Result<PathBuf> {
 /// engine in turn.
 fn soak(short: bool) -> Result<()> {
     let bin = build_daemon(true)?;
-    let engines: &[&str] = if short { &["native"] } else { &["native", "hyper"] };
+    let engines: &[&str] = if short { &["hyper"] } else { &["hyper", "native"] };
     for engine in engines {
         let mut cmd = cargo();
         cmd.args(["run", "--release", "--package", "limiter-tests", "--bin", "soak", "--"])

@@ -88,6 +88,12 @@ pub const PROGRAMS: &[Program] = &[
     // What BENCHMARKS.md tells a reader to run on the kept counted outputs.
     debian("callgrind_annotate", "valgrind"),
     debian("strace", "strace"),
+    // The real upstream the smuggling and pool tests put behind limiter:
+    // Debian's Jetty 9.4 (its jars in /usr/share/java, and the Java runtime
+    // it depends on runs it), and the compiler of its one servlet
+    // (tests/jetty/LimiterUpstream.java).
+    debian("java", "jetty9"),
+    debian("javac", "default-jdk-headless"),
     // `cargo xtask test` and `bench http --before` build older revisions
     // in a git worktree.
     debian("git", "git"),

@@ -506,9 +506,9 @@ pub static KEYS: &[Key] = &[
     },
     Key {
         name: "http.h1Engine",
-        default: DefaultValue::Value("native"),
+        default: DefaultValue::Value("hyper"),
         reload: Reload::Restart,
-        doc: "what serves HTTP/1.1 clients: native (limiter's own parser, heads rewritten in place, bodies forwarded as bytes) or hyper",
+        doc: "what serves HTTP/1.1 clients: hyper, or native (limiter's own parser, heads rewritten in place, bodies forwarded as bytes; not safe: it relays a client's chunked framing)",
         set: plain!(|c, v| c.http.h1_engine = v.parse()?),
     },
     Key {

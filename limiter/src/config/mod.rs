@@ -150,9 +150,11 @@ pub enum XdpModeChoice {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum H1Engine {
     /// limiter's own ([`crate::proxy::native`]).
-    #[default]
     Native,
-    /// hyper's HTTP/1 server and client.
+    /// hyper's HTTP/1 server and client: the default while the native
+    /// engine relays a client's chunked framing as it came (a request
+    /// smuggled in it reaches the upstream unadmitted).
+    #[default]
     Hyper,
 }
 

@@ -18,6 +18,13 @@
 //!   Jetty decodes a request coding, so it is refused with 501 (RFC 9112
 //!   §6.1 allows it).
 //!
+//! - `Connection`: it may name headers an intermediary drops (RFC 9110
+//!   §7.6.1), never the message's own framing or routing. A `Connection`
+//!   line naming `Content-Length`, `Transfer-Encoding` or `Host` is
+//!   refused (400): obeying it would forward a body without its length
+//!   (the upstream then reads the body as the next request) or a request
+//!   without its authority.
+//!
 //! - The request target and its authority (RFC 9112 §3.2, RFC 9113
 //!   §8.3.1): an HTTP/1.1 request without `Host` is refused (400); an
 //!   authority in the target (HTTP/1 absolute form, HTTP/2 `:authority`)
@@ -48,11 +55,15 @@ pub enum Bad {
     /// A request target this method cannot have (the authority form
     /// outside CONNECT, `*` outside OPTIONS).
     Target,
+    /// A `Connection` line naming `Content-Length`, `Transfer-Encoding`
+    /// or `Host`.
+    Connection,
 }
 
 impl Bad {
     /// Every kind, in the order metrics list them.
-    pub const ALL: [Bad; 4] = [Bad::Host, Bad::Authorization, Bad::TransferEncoding, Bad::Target];
+    pub const ALL: [Bad; 5] =
+        [Bad::Host, Bad::Authorization, Bad::TransferEncoding, Bad::Target, Bad::Connection];
 
     /// The `kind` label of `limiter_http_bad_requests_total`.
     pub fn kind(self) -> &'static str {
@@ -61,12 +72,13 @@ impl Bad {
             Self::Authorization => "authorization",
             Self::TransferEncoding => "transfer_encoding",
             Self::Target => "target",
+            Self::Connection => "connection",
         }
     }
 
     pub fn status(self) -> StatusCode {
         match self {
-            Self::Host | Self::Authorization | Self::Target => StatusCode::BAD_REQUEST,
+            Self::Host | Self::Authorization | Self::Target | Self::Connection => StatusCode::BAD_REQUEST,
             Self::TransferEncoding => StatusCode::NOT_IMPLEMENTED,
         }
     }
@@ -79,6 +91,9 @@ impl Bad {
             Self::Target => "400 Bad Request: this method cannot have this request target\n",
             Self::Authorization => "400 Bad Request: more than one Authorization header\n",
             Self::TransferEncoding => "501 Not Implemented: only the chunked transfer coding is supported\n",
+            Self::Connection => {
+                "400 Bad Request: Connection names a header that frames or routes the request (Content-Length, Transfer-Encoding or Host)\n"
+            }
         }
     }
 
@@ -92,7 +107,21 @@ impl Bad {
 /// `Err` names the first that fails.
 pub fn check(headers: &HeaderMap, seen: &Seen) -> Result<(), Bad> {
     let first = |name: &header::HeaderName| headers.get(name).map(header::HeaderValue::as_bytes);
-    check_lines(first(&header::HOST), first(&header::TRANSFER_ENCODING), seen)
+    check_lines(first(&header::HOST), first(&header::TRANSFER_ENCODING), seen)?;
+    if seen.connection() {
+        check_connection(headers.get_all(header::CONNECTION).iter().map(header::HeaderValue::as_bytes))?;
+    }
+    Ok(())
+}
+
+/// Refuses `Connection` lines that name `Content-Length`,
+/// `Transfer-Encoding` or `Host` (in any case, anywhere in any line).
+pub fn check_connection<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> Result<(), Bad> {
+    let framing = |token: &[u8]| {
+        let token = token.trim_ascii();
+        [&b"content-length"[..], b"transfer-encoding", b"host"].iter().any(|n| token.eq_ignore_ascii_case(n))
+    };
+    if values.any(|v| v.split(|&b| b == b',').any(framing)) { Err(Bad::Connection) } else { Ok(()) }
 }
 
 /// [`check`] given the head's (first) `Host` and `Transfer-Encoding`
@@ -314,6 +343,16 @@ mod tests {
             checked(map(&[("transfer-encoding", b"gzip"), ("transfer-encoding", b"chunked")])),
             Err(Bad::TransferEncoding)
         );
+        for named in [&b"Content-Length"[..], b"keep-alive, content-length", b"TRANSFER-ENCODING", b" host "]
+        {
+            let h = map(&[("host", b"app"), ("connection", named)]);
+            assert_eq!(checked(h), Err(Bad::Connection), "{named:?}");
+        }
+        let twice = map(&[("host", b"app"), ("connection", b"keep-alive"), ("connection", b"Host")]);
+        assert_eq!(checked(twice), Err(Bad::Connection), "a second line");
+        for fine in [&b"keep-alive"[..], b"close", b"x-secret, upgrade", b"content-lengths", b"hosts"] {
+            assert_eq!(checked(map(&[("host", b"app"), ("connection", fine)])), Ok(()), "{fine:?}");
+        }
         // The first failing check names the refusal.
         assert_eq!(
             checked(map(&[("host", b"a b"), ("authorization", b"x"), ("authorization", b"y")])),
@@ -357,7 +396,7 @@ mod tests {
     #[test]
     fn kinds_are_listed_once_each() {
         let kinds: Vec<&str> = Bad::ALL.iter().map(|b| b.kind()).collect();
-        assert_eq!(kinds, ["host", "authorization", "transfer_encoding", "target"]);
+        assert_eq!(kinds, ["host", "authorization", "transfer_encoding", "target", "connection"]);
         assert!(Bad::ALL.iter().enumerate().all(|(i, b)| b.index() == i));
     }
 }

@@ -187,6 +187,11 @@ impl Seen {
         self.forwarding & (1 << XFF_AT | 1 << FORWARDED_AT) != 0
     }
 
+    /// A `Connection` header is there.
+    pub fn connection(&self) -> bool {
+        self.hop_by_hop & (1 << CONNECTION_AT) != 0
+    }
+
     /// An `Upgrade` header is there (an upgrade request, or one refused).
     pub fn upgrade(&self) -> bool {
         self.hop_by_hop & (1 << UPGRADE_AT) != 0

@@ -146,8 +146,10 @@ pub fn parse(buf: &[u8], fwd: &Forwarding, tuning: &Tuning) -> Parsed {
         // it refuses the conflict.
         _ => return Parsed::HandOver,
     };
-    if let Err(bad) =
-        head::check_lines(host, coding, &seen).and_then(|()| head::origin_form_host(true, &seen))
+    let connection = headers.iter().filter(|h| h.name.eq_ignore_ascii_case("connection")).map(|h| h.value);
+    if let Err(bad) = head::check_lines(host, coding, &seen)
+        .and_then(|()| head::check_connection(connection))
+        .and_then(|()| head::origin_form_host(true, &seen))
     {
         return Parsed::Bad(bad, method, at(target.as_bytes())..at(target.as_bytes()) + target.len());
     }
