@@ -131,8 +131,7 @@ pub fn http_config(dir: &Path, upstream: Option<SocketAddr>, extra: &str) -> (Pa
     let listen: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let upstream = upstream.map(|u| format!("http.upstream = {u}\n")).unwrap_or_default();
     let text = format!(
-        "{}kernel.enabled = false\nadmin.listen = 127.0.0.1:{admin}\nadmin.socket = {}\nhttp.listen = {listen}\n{upstream}{extra}",
-        crate::harness_keys(),
+        "kernel.enabled = false\nadmin.listen = 127.0.0.1:{admin}\nadmin.socket = {}\nhttp.listen = {listen}\n{upstream}{extra}",
         dir.join("admin.sock").display()
     );
     let path = dir.join("limiter.ini");

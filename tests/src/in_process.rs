@@ -46,9 +46,8 @@ impl InProcess {
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("limiter.ini");
         let base = format!(
-            "{}kernel.enabled = false\nadmin.listen = 127.0.0.1:0\nadmin.socket = {}\nhttp.listen = 127.0.0.1:0\n\
+            "kernel.enabled = false\nadmin.listen = 127.0.0.1:0\nadmin.socket = {}\nhttp.listen = 127.0.0.1:0\n\
              http.workers = 1\nhttp.upstream = {upstream}\n",
-            crate::harness_keys(),
             dir.join("admin.sock").display()
         );
         std::fs::write(&file, format!("{base}{extra}")).unwrap();

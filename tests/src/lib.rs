@@ -164,8 +164,7 @@ impl Sandbox {
         let path = self.dir.join("limiter.ini");
         let [admin, listen] = free_ports();
         let text = format!(
-            "{}kernel.ports = {ports}\nkernel.pinPath = {}\nkernel.cgroup = {}\nkernel.netns = {}\nadmin.listen = 127.0.0.1:{admin}\nadmin.socket = {}\nhttp.listen = 127.0.0.1:{listen}\n{extra}",
-            harness_keys(),
+            "kernel.ports = {ports}\nkernel.pinPath = {}\nkernel.cgroup = {}\nkernel.netns = {}\nadmin.listen = 127.0.0.1:{admin}\nadmin.socket = {}\nhttp.listen = 127.0.0.1:{listen}\n{extra}",
             self.pin_path.display(),
             self.cgroup.display(),
             self.netns_path.display(),
@@ -308,24 +307,6 @@ fn home_cgroup() -> Result<PathBuf> {
     let rel =
         text.lines().find_map(|l| l.strip_prefix("0::")).context("no cgroup v2 line in /proc/self/cgroup")?;
     Ok(cgroup_root().join(rel.trim_start_matches('/')))
-}
-
-/// Keys every configuration the harness writes begins with: those
-/// `--h1-engine` gave the soak ([`set_harness_keys`]), else
-/// `LIMITER_TEST_KEYS` (`;` between keys), so that the whole suite can run
-/// on either HTTP/1.1 engine (`LIMITER_TEST_KEYS="http.h1Engine = hyper"`).
-pub fn harness_keys() -> String {
-    let keys =
-        HARNESS_KEYS.get().cloned().or_else(|| std::env::var("LIMITER_TEST_KEYS").ok()).unwrap_or_default();
-    keys.split(';').map(str::trim).filter(|k| !k.is_empty()).map(|k| format!("{k}\n")).collect()
-}
-
-static HARNESS_KEYS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-
-/// Sets [`harness_keys`] for this process (once, before any configuration
-/// is written).
-pub fn set_harness_keys(keys: String) {
-    let _ = HARNESS_KEYS.set(keys);
 }
 
 /// A port free on the host's loopback right now.

@@ -25,6 +25,48 @@ pub struct Message {
     /// Lowercased names, values trimmed.
     pub headers: Vec<(String, Vec<u8>)>,
     pub body: Vec<u8>,
+    /// Its framing is the one way limiter writes it (see [`canonical`]).
+    pub canonical: bool,
+}
+
+/// Whether a message's framing is written as limiter writes it: at most
+/// one framing field, either `content-length` of plain decimal digits or
+/// `transfer-encoding: chunked`, and for a chunked body size lines of
+/// lower-case hex digits without leading zeros or extensions, no trailer
+/// fields, and no empty chunk before the last.
+fn canonical(headers: &[(String, Vec<u8>)], raw_body: &[u8]) -> bool {
+    let framing: Vec<&(String, Vec<u8>)> =
+        headers.iter().filter(|(n, _)| n == "content-length" || n == "transfer-encoding").collect();
+    match framing.as_slice() {
+        [] => raw_body.is_empty(),
+        [(n, v)] if n == "content-length" => {
+            !v.is_empty() && v.iter().all(u8::is_ascii_digit) && (v.len() == 1 || v[0] != b'0')
+        }
+        [(n, v)] if n == "transfer-encoding" && v == b"chunked" => {
+            let mut rest = raw_body;
+            loop {
+                let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") else { return false };
+                let size = &rest[..eol];
+                let valid = !size.is_empty()
+                    && size.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+                    && (size.len() == 1 || size[0] != b'0');
+                if !valid {
+                    return false;
+                }
+                let n =
+                    usize::from_str_radix(std::str::from_utf8(size).unwrap_or("x"), 16).unwrap_or(usize::MAX);
+                rest = &rest[eol + 2..];
+                if n == 0 {
+                    return rest == b"\r\n";
+                }
+                if rest.len() < n + 2 || &rest[n..n + 2] != b"\r\n" {
+                    return false;
+                }
+                rest = &rest[n + 2..];
+            }
+        }
+        _ => false,
+    }
 }
 
 impl Message {
@@ -124,6 +166,7 @@ fn message(s: &[u8], mut at: usize, rules: &dyn Rules) -> Result<Option<(Message
         headers.push(field(&line, rules.obs_fold())?);
     }
     let mut body = Vec::new();
+    let body_start = at;
     match rules.framing(&headers)? {
         Framing::None => {}
         Framing::Length(n) => {
@@ -176,7 +219,8 @@ fn message(s: &[u8], mut at: usize, rules: &dyn Rules) -> Result<Option<(Message
         },
     }
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    Ok(Some((Message { method: text(method), target: text(target), headers, body }, at)))
+    let canonical = canonical(&headers, &s[body_start..at]);
+    Ok(Some((Message { method: text(method), target: text(target), headers, body, canonical }, at)))
 }
 
 /// `name: value`; a lenient reader also takes spaces before the colon.
@@ -312,7 +356,15 @@ pub struct Capture {
 }
 
 impl Capture {
+    /// A capture upstream that serves what the lenient reader finds.
     pub fn start() -> Self {
+        Self::reading(lenient)
+    }
+
+    /// A capture upstream that serves what `reader` finds (the strict
+    /// reader: a strict upstream, which answers 400 and closes at the first
+    /// byte it refuses).
+    pub fn reading(reader: fn(&[u8]) -> Read) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the capture upstream");
         let addr = listener.local_addr().expect("its address");
         let connections: Arc<Mutex<Vec<Stream>>> = Arc::default();
@@ -326,7 +378,7 @@ impl Capture {
                     list.lock().expect("not poisoned").push(bytes.clone());
                     let _ = thread::Builder::new()
                         .name("capture-conn".into())
-                        .spawn(move || serve(stream, &bytes));
+                        .spawn(move || serve(stream, &bytes, reader));
                 }
             })
             .expect("the capture upstream's thread");
@@ -345,7 +397,7 @@ impl Capture {
     }
 }
 
-fn serve(mut stream: TcpStream, bytes: &Mutex<Vec<u8>>) {
+fn serve(mut stream: TcpStream, bytes: &Mutex<Vec<u8>>, reader: fn(&[u8]) -> Read) {
     let mut answered = 0;
     let mut buf = [0u8; 16 * 1024];
     loop {
@@ -358,7 +410,7 @@ fn serve(mut stream: TcpStream, bytes: &Mutex<Vec<u8>>) {
             b.extend_from_slice(&buf[..n]);
             b.clone()
         };
-        let read = lenient(&all);
+        let read = reader(&all);
         for m in &read.messages[answered..] {
             let body = format!("served {} {} {}\n", m.method, m.target, m.body.len());
             let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len());
@@ -387,6 +439,17 @@ POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r
         assert_eq!(strict(plain), lenient(plain));
         assert_eq!(strict(plain).messages.len(), 3);
         assert_eq!(strict(plain).messages[2].body, b"abc");
+        assert!(strict(plain).messages.iter().all(|m| m.canonical));
+        for odd in [
+            &b"POST /a HTTP/1.1\r\nContent-Length: 03\r\n\r\nabc"[..],
+            b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3;x\r\nabc\r\n0\r\n\r\n",
+            b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n03\r\nabc\r\n0\r\n\r\n",
+            b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nA\r\n0123456789\r\n0\r\n\r\n",
+            b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX: 1\r\n\r\n",
+        ] {
+            let m = &strict(odd).messages[0];
+            assert!(!m.canonical, "{odd:?}");
+        }
         let bare_lf = b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\nGET /hidden HTTP/1.1\r\nHost: x\r\n\r\n";
         assert_eq!(strict(bare_lf).messages.len(), 0, "strict refuses the bare LF");
         assert_eq!(lenient(bare_lf).messages.len(), 2, "lenient reads on, and finds the hidden one");

@@ -62,14 +62,14 @@ fn large_and_endless_heads_are_cut_and_piled_up_connections_cannot_keep_a_probe_
     // idle connection, which is closed.
     // (Each probe's connection is kept, so the next one finds no slot free.)
     let mut probes = Vec::new();
-    for probe in 0..3 {
+    for (probe, oldest) in held.iter_mut().take(3).enumerate() {
         let mut s = limiter_tests::client::connect(d.admin);
         s.write_all(healthz.as_bytes()).unwrap();
         let reply = limiter_tests::client::read_reply(&mut s).expect("the probe's answer");
         probes.push(s);
         assert_eq!(reply.status, 200, "probe {probe} past {MAX_CONNECTIONS} idle connections");
         assert!(
-            limiter_tests::client::closed_by_server(&mut held[probe]),
+            limiter_tests::client::closed_by_server(oldest),
             "the oldest idle connection ({probe}) gave its slot"
         );
     }

@@ -115,22 +115,16 @@ pub fn build_daemon(release: bool) -> Result<PathBuf> {
 }
 
 /// Runs the soak suite against the release daemon: the short version (the
-/// test suite's) on the default HTTP/1.1 engine, the long one on each
-/// engine in turn.
+/// test suite's), or the long one.
 fn soak(short: bool) -> Result<()> {
     let bin = build_daemon(true)?;
-    let engines: &[&str] = if short { &["hyper"] } else { &["hyper", "native"] };
-    for engine in engines {
-        let mut cmd = cargo();
-        cmd.args(["run", "--release", "--package", "limiter-tests", "--bin", "soak", "--"])
-            .args(["--h1-engine", engine])
-            .env("LIMITER_BIN", &bin);
-        if short {
-            cmd.arg("--short");
-        }
-        status(&format!("the soak suite (HTTP/1.1 engine {engine})"), &mut cmd)?;
+    let mut cmd = cargo();
+    cmd.args(["run", "--release", "--package", "limiter-tests", "--bin", "soak", "--"])
+        .env("LIMITER_BIN", &bin);
+    if short {
+        cmd.arg("--short");
     }
-    Ok(())
+    status("the soak suite", &mut cmd)
 }
 
 /// Builds the release binary and packs the tarball; returns its path.

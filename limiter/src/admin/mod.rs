@@ -27,12 +27,10 @@ pub mod origin;
 mod slots;
 pub mod socket;
 
-use std::{convert::Infallible, sync::Arc};
+use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::Full;
-use hyper::{Method, Request, Response, StatusCode, body::Incoming, header, service::service_fn};
-use hyper_util::rt::TokioIo;
+use hyper::{Method, Request, Response, StatusCode, header};
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     net::{TcpListener, UnixListener},
@@ -44,6 +42,7 @@ use crate::{
     breaker::{self, Mode},
     config::Secret,
     kernel::KernelError,
+    proxy::http1::plain,
 };
 
 /// What the admin listener asks of the daemon.
@@ -70,8 +69,6 @@ pub trait Control: Send + Sync + 'static {
     /// (`admin.listen`, `admin.metricsListen`).
     fn configured_addr(&self, scope: Scope) -> std::net::SocketAddr;
 }
-
-type Body = Full<Bytes>;
 
 /// What a listener serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,7 +154,12 @@ pub async fn serve(
                 let (control, slots) = (control.clone(), slots.clone());
                 tokio::spawn(async move {
                     let in_service = slot.clone();
-                    let service = service_fn(move |req| {
+                    let limits = plain::Limits {
+                        header_timeout: HEADER_TIMEOUT,
+                        max_head: MAX_HEAD_BYTES,
+                        max_body: MAX_HEAD_BYTES,
+                    };
+                    let connection = plain::serve(stream, limits, move |req| {
                         let busy = in_service.busy();
                         let answer = handle(req, control.clone(), scope, local);
                         async move {
@@ -166,11 +168,6 @@ pub async fn serve(
                             answer
                         }
                     });
-                    let connection = hyper::server::conn::http1::Builder::new()
-                        .timer(hyper_util::rt::TokioTimer::new())
-                        .header_read_timeout(HEADER_TIMEOUT)
-                        .max_buf_size(MAX_HEAD_BYTES)
-                        .serve_connection(TokioIo::new(stream), service);
                     tokio::select! {
                         _ = connection => {}
                         () = slot.evicted() => {}
@@ -189,11 +186,11 @@ async fn off_runtime<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) 
 }
 
 async fn handle(
-    req: Request<Incoming>,
+    req: Request<Bytes>,
     control: Arc<dyn Control>,
     scope: Scope,
     local: Option<std::net::SocketAddr>,
-) -> Result<Response<Body>, Infallible> {
+) -> Response<Bytes> {
     // `admin.metricsListen` serves read-only pages to scrapers that may
     // name it by a DNS name: its Host is not checked, a page's Origin is.
     // No browser reaches the admin socket.
@@ -205,7 +202,7 @@ async fn handle(
         _ => Ok(()),
     };
     if let Err(foreign) = checked {
-        return Ok(reply(StatusCode::FORBIDDEN, "text/plain", foreign.explain().into()));
+        return reply(StatusCode::FORBIDDEN, "text/plain", foreign.explain().into());
     }
     // Every local user can reach admin.listen: without a token it tells
     // what any scraper may know, and steers nothing.
@@ -213,23 +210,23 @@ async fn handle(
         && control.token().is_none()
         && !matches!(req.uri().path(), "/metrics" | "/healthz")
     {
-        return Ok(reply(
+        return reply(
             StatusCode::FORBIDDEN,
             "text/plain",
             "admin.listen serves GET /metrics and /healthz only without admin.tokenFile: use the admin \
              socket (admin.socket; limiter reload, dump and top do), or set admin.tokenFile\n"
                 .into(),
-        ));
+        );
     }
     if scope == Scope::MetricsOnly && !matches!(req.uri().path(), "/metrics" | "/healthz") {
-        return Ok(reply(
+        return reply(
             StatusCode::NOT_FOUND,
             "text/plain",
             "admin.metricsListen serves GET /metrics and /healthz only\n".into(),
-        ));
+        );
     }
     if scope == Scope::MetricsOnly && req.method() != Method::GET {
-        return Ok(reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n".into()));
+        return reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n".into());
     }
     if scope == Scope::Full
         && req.uri().path() != "/healthz"
@@ -240,7 +237,7 @@ async fn handle(
         response
             .headers_mut()
             .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer realm=\"limiter\""));
-        return Ok(response);
+        return response;
     }
     let json = |status, body: String| reply(status, "application/json", body);
     let breaker = |mode| match control.breaker(mode) {
@@ -249,7 +246,7 @@ async fn handle(
             reply(StatusCode::NOT_FOUND, "text/plain", "no proxy, so no breaker (no http.upstream)\n".into())
         }
     };
-    let response = match (req.method(), req.uri().path()) {
+    match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => {
             let c = control.clone();
             match off_runtime(move || c.metrics()).await {
@@ -303,16 +300,15 @@ async fn handle(
             "text/plain",
             "not found: try /metrics, /status or /healthz\n".into(),
         ),
-    };
-    Ok(response)
+    }
 }
 
 fn to_json<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_string(value).expect("admin bodies serialise")
 }
 
-fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::from(body));
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
     response

@@ -505,13 +505,6 @@ pub static KEYS: &[Key] = &[
         set: plain!(|c, v| c.http.h2c = boolean(v)?),
     },
     Key {
-        name: "http.h1Engine",
-        default: DefaultValue::Value("hyper"),
-        reload: Reload::Restart,
-        doc: "what serves HTTP/1.1 clients: hyper, or native (limiter's own parser, heads rewritten in place, bodies forwarded as bytes; not safe: it relays a client's chunked framing)",
-        set: plain!(|c, v| c.http.h1_engine = v.parse()?),
-    },
-    Key {
         name: "http.h2.maxConcurrentStreams",
         default: DefaultValue::Value("100"),
         reload: Reload::Live,
@@ -615,6 +608,19 @@ pub(super) enum Lookup {
     Daemon(&'static Key, Option<u16>),
     /// The business runtime's (ignored).
     Runtime,
+}
+
+/// Keys the daemon no longer has, and why: a file that still sets one is
+/// not refused (it worked with the release before), but warned about,
+/// naming the key. Each is removed a release after it retired.
+pub const RETIRED: &[(&str, &str)] = &[(
+    "http.h1Engine",
+    "limiter has one HTTP/1.x engine (its own; hyper's HTTP/1 server is gone), so there is nothing to choose: remove the key",
+)];
+
+/// Why `name` is a retired key, if it is one.
+pub fn retired(name: &str) -> Option<&'static str> {
+    RETIRED.iter().find(|(k, _)| *k == name).map(|(_, why)| *why)
 }
 
 /// Finds `name` in the table. `Err` says why a name in the daemon's

@@ -47,7 +47,12 @@ impl Config {
             let err =
                 |message| ConfigError::at(name, entry.line, Some(&entry.key), Some(entry.value), message);
             match keys::lookup(&entry.key).map_err(err)? {
-                Lookup::Runtime => config.ignored.push(entry.key),
+                Lookup::Runtime => match keys::retired(&entry.key) {
+                    Some(why) => config
+                        .warnings
+                        .push(format!("{name}:{}: {} is ignored: {why}", entry.line, entry.key)),
+                    None => config.ignored.push(entry.key),
+                },
                 Lookup::Daemon(key, port) => {
                     match (key.set, port) {
                         (Set::Plain(set), _) => set(&mut config, entry.value),

@@ -146,39 +146,6 @@ pub enum XdpModeChoice {
     Generic,
 }
 
-/// `http.h1Engine`: what serves HTTP/1.1 clients.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum H1Engine {
-    /// limiter's own ([`crate::proxy::native`]).
-    Native,
-    /// hyper's HTTP/1 server and client: the default while the native
-    /// engine relays a client's chunked framing as it came (a request
-    /// smuggled in it reaches the upstream unadmitted).
-    #[default]
-    Hyper,
-}
-
-impl H1Engine {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Native => "native",
-            Self::Hyper => "hyper",
-        }
-    }
-}
-
-impl std::str::FromStr for H1Engine {
-    type Err = String;
-
-    fn from_str(value: &str) -> Result<Self, String> {
-        match value {
-            "native" => Ok(Self::Native),
-            "hyper" => Ok(Self::Hyper),
-            _ => Err(format!("`{value}` is neither `native` nor `hyper`")),
-        }
-    }
-}
-
 /// A value that never appears in logs or debug output.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(pub String);
@@ -360,8 +327,6 @@ pub struct HttpConfig {
     pub tls_handshake_timeout_ms: u64,
     /// Prior-knowledge HTTP/2 on `http.listen` (`http.h2c`).
     pub h2c: bool,
-    /// What serves HTTP/1.1 clients (`http.h1Engine`).
-    pub h1_engine: H1Engine,
     /// Streams one HTTP/2 connection may have open (`http.h2.maxConcurrentStreams`).
     pub h2_max_concurrent_streams: u32,
     /// How long a client group whose HTTP/2 connections keep ending for

@@ -254,7 +254,6 @@ pub async fn run(
             listen = %listeners.plain[0].local_addr().map(|a| a.to_string()).unwrap_or_default(),
             tls = %listeners.tls.as_ref().and_then(|l| l[0].local_addr().ok()).map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
             h2c = config.http.h2c,
-            h1 = config.http.h1_engine.as_str(),
             workers = listeners.plain.len(),
             upstream = proxy.upstream(),
             normal = limits.normal,

@@ -111,7 +111,12 @@ impl BodyTimeout {
 impl Counters {
     /// Counts a response by its status class.
     pub fn status(&self, status: StatusCode) {
-        let class = usize::from(status.as_u16() / 100).clamp(1, 5) - 1;
+        self.status_code(status.as_u16());
+    }
+
+    /// Counts a response by its status class, from its number.
+    pub fn status_code(&self, status: u16) {
+        let class = usize::from(status / 100).clamp(1, 5) - 1;
         self.responses[class].fetch_add(1, Ordering::Relaxed);
     }
 }

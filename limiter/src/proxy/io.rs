@@ -1,9 +1,8 @@
 //! The client side of a proxied connection: a `TcpStream` (or the TLS
 //! stream over one) wrapped so that
 //!
-//! - on HTTP/1, every byte read passes the [`Framing`] watch before hyper
-//!   parses it, and none after a byte the watch stopped at because hyper
-//!   refuses it; on HTTP/2, every frame header passes the flood [`Meter`];
+//! - on HTTP/2, every frame header passes the flood [`Meter`] before
+//!   hyper's codec reads it;
 //! - a write that cannot make progress for the idle timeout (a client that
 //!   stopped reading) fails, and so does a client that, while the proxy
 //!   has bytes for it, reads less than `http.minDataRate` on average after
@@ -37,43 +36,24 @@ use tokio::{
 
 use super::{
     Counters,
-    framing::Framing,
     h2_meter::{Flood, Meter},
 };
 
-/// What reads the client's bytes before hyper does.
+/// What the connection knows of the protocol on it.
 pub enum Watch {
-    /// HTTP/1: the framing watch.
-    Framing(Framing),
+    /// HTTP/1: the engine frames the requests itself and says whether it
+    /// is between two of them.
+    H1 { between_requests: bool },
     /// HTTP/2: the flood meter, where it reports the frames that show the
     /// client using the connection, and where it says it cut the
     /// connection for a flood of `RST_STREAM`.
     H2(Meter, Arc<AtomicU64>, Arc<AtomicBool>),
-    /// HTTP/1 served by the native engine, which frames the requests
-    /// itself and says whether it is between two of them.
-    Native { between_requests: bool },
 }
 
 impl Watch {
-    pub fn h1() -> Self {
-        Self::Framing(Framing::default())
-    }
-
     pub fn h2(activity: Arc<AtomicU64>, reset_flood: Arc<AtomicBool>) -> Self {
         Self::H2(Meter::default(), activity, reset_flood)
     }
-}
-
-/// What the server and the client's reader share of one HTTP/1
-/// connection.
-#[derive(Debug, Default)]
-pub struct H1Flags {
-    /// A request has reached the service.
-    pub asked: AtomicBool,
-    /// The connection ended with a head begun and not finished (set as
-    /// the reader is dropped): a header timeout then was a slow head, not
-    /// a keep-alive connection idling between requests.
-    pub cut_mid_head: AtomicBool,
 }
 
 /// Most bytes drained after a 503 before closing anyway.
@@ -94,11 +74,6 @@ pub struct ClientIo<S = TcpStream> {
     rate_timer: Option<Pin<Box<Sleep>>>,
     linger: Duration,
     closing: Option<Closing>,
-    /// HTTP/1: told, as the reader goes, whether a head was cut short.
-    flags: Option<Arc<H1Flags>>,
-    /// Bytes the native engine read and handed over to hyper, read again
-    /// (through the watch) before the socket.
-    prefix: Option<bytes::BytesMut>,
 }
 
 struct Blocked {
@@ -135,34 +110,15 @@ impl<S> ClientIo<S> {
             rate_timer: None,
             linger,
             closing: None,
-            flags: None,
-            prefix: None,
         }
     }
 
-    /// The native engine's say on whether every request it read was read
+    /// The HTTP/1 engine's say on whether every request it read was read
     /// whole (a lingering close then has nothing to protect).
     pub fn set_between_requests(&mut self, between: bool) {
-        if let Watch::Native { between_requests } = &mut self.watch {
+        if let Watch::H1 { between_requests } = &mut self.watch {
             *between_requests = between;
         }
-    }
-
-    /// Hands the connection from the native engine over to hyper: what the
-    /// engine read and did not serve is read again first, and everything
-    /// passes the framing watch from here on, as on hyper's path.
-    pub fn hand_over(&mut self, read: bytes::BytesMut, flags: Arc<H1Flags>) {
-        self.watch = Watch::h1();
-        self.flags = Some(flags);
-        if !read.is_empty() {
-            self.prefix = Some(read);
-        }
-    }
-
-    /// Tells `flags` whether the connection ends mid-head.
-    pub fn with_flags(mut self, flags: Arc<H1Flags>) -> Self {
-        self.flags = Some(flags);
-        self
     }
 
     /// Accounts a write for the minimum reading rate.
@@ -189,7 +145,7 @@ impl<S> ClientIo<S> {
         if rate == 0 {
             return false;
         }
-        let due = super::shield::rate_due(&mut b.since, &mut b.bytes, rate);
+        let due = super::rate::rate_due(&mut b.since, &mut b.bytes, rate);
         let timer = self.rate_timer.get_or_insert_with(|| Box::pin(sleep_until(due)));
         timer.as_mut().reset(due);
         timer.as_mut().poll(cx).is_ready()
@@ -233,22 +189,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for ClientIo<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if let Watch::Framing(framing) = &self.watch
-            && framing.is_lost()
-        {
-            // hyper refused what came before: for it the stream ends here.
-            return Poll::Ready(Ok(()));
-        }
         let before = buf.filled().len();
-        if let Some(prefix) = &mut self.prefix {
-            let n = prefix.len().min(buf.remaining());
-            buf.put_slice(&prefix.split_to(n));
-            if prefix.is_empty() {
-                self.prefix = None;
-            }
-        } else {
-            ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
-        }
+        ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
         let this = &mut *self;
         let fresh = &mut buf.filled_mut()[before..];
         if !fresh.is_empty() {
@@ -259,16 +201,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for ClientIo<S> {
                 this.blocked = None;
             }
             match &mut this.watch {
-                Watch::Framing(framing) => {
-                    let poisoned_before = framing.poisoned;
-                    let passed = framing.feed(fresh);
-                    let poisoned = framing.poisoned - poisoned_before;
-                    if poisoned > 0 {
-                        this.counters.framing_conflicts.fetch_add(poisoned, Ordering::Relaxed);
-                    }
-                    buf.set_filled(before + passed);
-                }
-                Watch::Native { .. } => {}
+                Watch::H1 { .. } => {}
                 Watch::H2(meter, activity, reset_flood) => {
                     let before = meter.active_frames;
                     let fed = meter.feed(fresh);
@@ -289,16 +222,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for ClientIo<S> {
             }
         }
         Poll::Ready(Ok(()))
-    }
-}
-
-impl<S> Drop for ClientIo<S> {
-    fn drop(&mut self) {
-        if let (Some(flags), Watch::Framing(framing)) = (&self.flags, &self.watch)
-            && framing.in_head()
-        {
-            flags.cut_mid_head.store(true, Ordering::Relaxed);
-        }
     }
 }
 
@@ -333,8 +256,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for ClientIo<S> {
         // Nothing of a next request has come (HTTP/1 only: an HTTP/2
         // client's frames keep coming after a GOAWAY).
         let between_requests = match &self.watch {
-            Watch::Framing(f) => f.between_requests(),
-            Watch::Native { between_requests } => *between_requests,
+            Watch::H1 { between_requests } => *between_requests,
             Watch::H2(..) => false,
         };
         let this = &mut *self;

@@ -3,8 +3,8 @@
 //! `http.h2c`), or over TLS on `http.tls.listen` (rustls, ALPN `h2` or
 //! `http/1.1`). Client connections are kept alive. Requests go to the
 //! upstream as HTTP/1.1 over each worker's pool of keep-alive upstream
-//! connections; an `Upgrade` the upstream accepts (WebSocket) becomes a
-//! tunnel.
+//! connections, every byte of their framing written by limiter; an
+//! `Upgrade` the upstream accepts (WebSocket) becomes a tunnel.
 //!
 //! Admission comes first: the head's own checks, then the breaker and the
 //! limits (pools, web clients, sessions), checked at the head, then a body
@@ -12,8 +12,9 @@
 //! breaker and the limits taken. Then the request streams
 //! to the upstream and the response streams back, holding its permit
 //! until the upstream has delivered it (read ahead of the client when it
-//! fits `http.responseBufferBytes`) or its body has been handed to the
-//! client connection (or the client went away).
+//! fits `http.responseBufferBytes`): a client that goes away, resets its
+//! stream, reads slowly or is cut does not give the upstream's thread back
+//! before the upstream is done.
 //!
 //! A request over a limit is answered `503` at once, before anything
 //! reaches the upstream, with `Retry-After` and `X-Limiter-Refused`. On
@@ -22,32 +23,32 @@
 //! when the request body was never read; on HTTP/2 the stream ends with
 //! its 503 and the connection stays open for its other streams.
 //!
-//! - [`server`]: listeners, TLS handshakes, worker threads, connections
-//!   (HTTP/1.1 or HTTP/2), drain;
-//! - [`exchange`]: one request and its response as the connection sees
-//!   it (counted by protocol, access-logged, HTTP/2's headers);
-//! - [`pipeline`]: one request: head checks → breaker → pools → body →
-//!   forward → respond;
-//! - [`head`]: what a head must satisfy before admission (`Host`,
-//!   `Authorization`, `Transfer-Encoding`);
-//! - [`path`]: which paths are diagnostic (`/debug/`), as the upstream
-//!   resolves them;
-//! - [`shield`], [`budget`]: bodies received before admission and
-//!   responses read ahead, within the memory budget;
-//! - [`forward`]: the request to the upstream and its response back;
-//! - [`native`]: the native HTTP/1.1 engine (`http.h1Engine = native`),
-//!   which serves HTTP/1.1 without hyper and calls the same rules;
-//! - [`upstream`]: each worker's pool of keep-alive upstream connections,
-//!   and the cap on all of them;
-//! - [`respond`], [`reason`]: the responses the proxy writes itself (503s,
+//! - [`server`]: listeners, TLS handshakes, worker threads, connections,
+//!   drain;
+//! - [`h1`], [`h2`]: the two sessions: limiter's HTTP/1.x engine, and
+//!   HTTP/2 on hyper; what differs between them (where a body comes from,
+//!   how a response goes out) and nothing else;
+//! - [`pipeline`]: one request as named phases, for both: head checks →
+//!   breaker and limits at the head → body → breaker and permits →
+//!   upstream → response → access log;
+//! - [`http1`]: HTTP/1 framing, read strictly and written by limiter, for
+//!   requests and responses, heads and bodies;
+//! - [`request`]: a request head whichever protocol brought it, its checks
+//!   and the head the upstream gets;
+//! - [`head`], [`headers`], [`path`]: what a head must satisfy before
+//!   admission, hop-by-hop and forwarding headers, which paths are
+//!   diagnostic (`/debug/`), critical or sheddable;
+//! - [`upstream`]: the one upstream client and its pool of connections,
+//!   shared by every protocol, under one cap;
+//! - [`answer`], [`reason`]: the responses the proxy writes itself (503s,
 //!   errors) and why it refuses;
+//! - [`budget`], [`rate`], [`pressure`]: the memory of held bodies, the
+//!   minimum data rate, whether the pools refused a request within the
+//!   last second (slow readers then lose their permits sooner);
 //! - [`streams`], [`stream_guard`], [`h2_meter`]: an HTTP/2 connection's
-//!   open streams, its starved streams (and HTTP/1's responses cut under
-//!   pressure), its floods of frames;
-//! - [`pressure`]: whether the pools refused a request within the last
-//!   second (slow readers then lose their permits sooner);
-//! - [`body`], [`io`], [`framing`], [`headers`]: bodies, the client
-//!   socket, the HTTP/1 framing watch, hop-by-hop and forwarding headers;
+//!   open streams, its starved streams, its floods of frames;
+//! - [`io`]: the client socket (the write stall, the slow reader, the
+//!   lingering close);
 //! - [`proto`]: the four ways in (`h1`, `h1+tls`, `h2+tls`, `h2c`);
 //! - [`shared`], [`tuning`], [`counters`], [`refusal_log`]: what the
 //!   workers share, the values a reload changes, the proxy's counters,
@@ -56,29 +57,28 @@
 //!   connections keep ending for stream resets;
 //! - [`sample`]: the built-in demo upstream (`http.upstream = sample`).
 
-pub mod body;
+pub mod answer;
 pub mod budget;
 pub mod counters;
-pub mod exchange;
-pub mod forward;
-pub mod framing;
+pub mod h1;
+pub mod h2;
 pub mod h2_meter;
 pub mod head;
 pub mod headers;
+pub mod http1;
 pub mod io;
-pub mod native;
 pub mod path;
 pub mod pipeline;
 pub mod pressure;
 pub mod proto;
+pub mod rate;
 pub mod reason;
 pub mod refusal_log;
+pub mod request;
 pub mod reset_groups;
-pub mod respond;
 pub mod sample;
 pub mod server;
 pub mod shared;
-pub mod shield;
 pub mod stream_guard;
 pub mod streams;
 pub mod tuning;

@@ -1,175 +1,108 @@
-//! One request, from its head to its response: the head's own checks
-//! ([`head`]); the breaker and the pools, web-client and session limits
-//! *checked* (a request they would refuse gets its 503 at once, its body
-//! unread); the body received holding no permit ([`shield`]); then the
-//! breaker and the limits *taken*, and the upstream.
+//! One request, from its head to its response, as named phases: the same
+//! for an HTTP/1.x request and an HTTP/2 stream. What differs between the
+//! two (where the body comes from, how the answer goes out) is the
+//! session's ([`super::h1`], [`super::h2`]); where a rule applies is found
+//! by its phase here.
 //!
-//! Lifetimes, all visible here: the breaker's [`Ticket`] is taken once the
-//! body is in and reports the upstream's result (dropped unrecorded if the
-//! request is refused or the client goes away); the admission [`Permit`]
-//! is taken next and goes back when the upstream has delivered its
-//! response (read ahead of the client when it fits the buffer), or with
-//! the response body for a larger one.
-//!
-//! [`Permit`]: crate::admission::Permit
+//! 1. [`request_filter`]: the head's own checks ([`Request::check`]) and
+//!    its class (`/debug/`, critical, sheddable). A refused head costs no
+//!    breaker ticket and no slot.
+//! 2. [`admit_at_head`]: the breaker and, for a request with a body, the
+//!    pools, web-client and session limits *checked*, taking nothing: what
+//!    would be refused now is refused now, its body unread.
+//! 3. [`receive`]: a body up to `http.requestBufferBytes` received whole,
+//!    holding no permit (within `http.requestBodyTimeoutMs` and the memory
+//!    budget); a larger one streams later.
+//! 4. [`admit`]: the breaker's ticket (a half-open probe is taken only
+//!    now) and the permits, taken together or not at all.
+//! 5. [`forward`]: the upstream ([`super::upstream`]), its result on the
+//!    ticket, an accepted upgrade, the response body read ahead when it
+//!    fits `http.responseBufferBytes` (the permit goes back) or streamed
+//!    holding it.
+//! 6. [`fail_to_proxy`]: an upstream or a body that failed before the
+//!    client had anything gets limiter's own answer.
+//! 7. [`Logged`]: the access log's line, once the response is done.
 
 use std::{
-    collections::VecDeque,
-    convert::Infallible,
     sync::{Arc, atomic::Ordering},
-    time::Instant,
+    time::{Duration, Instant, SystemTime},
 };
 
-use hyper::{Method, Request, Response, StatusCode, body::Body as _, header};
+use bytes::Bytes;
+use hyper::Method;
 
 use super::{
     Proxy, Tuning,
-    body::{ClientBody, ProxyBody},
+    answer::Answer,
+    budget::Collect,
     counters::BodyTimeout,
-    forward::{Admitted, Route, forward},
-    head,
-    headers::{Client, Forwarding, Seen, is_upgrade},
+    headers::Client,
+    http1::ResponseHead,
     path::{class_of, is_debug_path},
     reason::Reason,
-    respond,
-    shield::{self, Receipt, ReceiveError},
-    streams::Streams,
-    upstream::Pool,
+    request::{BodyLen, Outgoing, Request},
+    upstream::{self, Ahead, Answered, BodySource, Conn, Failure, Outbound, Pool, ResponseBody, Send},
 };
 use crate::{
-    admission::{Ask, Class},
+    admission::{Ask, Class, Permit},
     breaker::{Decision, State, ticket::Ticket},
 };
 
-/// hyper's service function for one client request (an `async` block,
-/// see [`forward`]).
-#[expect(clippy::manual_async_fn, reason = "an async fn would hold its arguments twice")]
-pub(super) fn handle(
-    mut req: Request<ClientBody>,
-    proxy: Arc<Proxy>,
-    pool: Arc<Pool>,
-    client: Client,
-    h2: Option<Arc<Streams>>,
-    fwd: Arc<Forwarding>,
-) -> impl Future<Output = Result<Response<ProxyBody>, Infallible>> {
-    async move {
-        let started = Instant::now();
-        if h2.is_some() {
-            // A stream reset in the same read as its HEADERS (rapid reset)
-            // is already cancelled when hyper first polls this: yielding
-            // once lets hyper see the RST_STREAM and drop the stream before
-            // it takes a permit or reaches the upstream.
-            tokio::task::yield_now().await;
-        }
-        if req.method() == Method::CONNECT {
-            return Ok(respond::own(
-                &proxy,
-                StatusCode::METHOD_NOT_ALLOWED,
-                "CONNECT is not supported by this proxy\n",
-                true,
-            ));
-        }
-        // The head's own checks, first: a refused head costs no breaker
-        // ticket and no slot.
-        let seen = Seen::scan(req.headers());
-        if let Err(bad) = head::check(req.headers(), &seen)
-            .and_then(|()| head::target(req.method(), req.uri(), req.version(), req.headers(), &seen))
-        {
-            proxy.counters.bad_heads[bad.index()].fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(peer = %client.addr, kind = bad.kind(), "request head refused before admission");
-            return Ok(respond::own(&proxy, bad.status(), bad.text(), true));
-        }
-        let debug = is_debug_path(req.uri().path());
-        let upgrade = is_upgrade(req.headers(), &seen).then(|| hyper::upgrade::on(&mut req));
-        let tuning = proxy.tuning();
-        let class = if debug {
-            Class::Normal
-        } else {
-            class_of(req.uri().path(), &tuning.critical, &tuning.sheddable)
-        };
-        let (parts, body) = req.into_parts();
-        let ask = Ask {
-            debug,
-            web: seen.client_id,
-            session: if seen.authorizations == 0 {
-                None
-            } else {
-                parts.headers.get(header::AUTHORIZATION).map(header::HeaderValue::as_bytes)
-            },
-            class,
-        };
+/// What a request's phases share.
+#[derive(Clone, Copy)]
+pub struct Ctx<'a> {
+    pub proxy: &'a Arc<Proxy>,
+    pub tuning: &'a Tuning,
+    pub client: Client,
+    /// When its head came.
+    pub started: Instant,
+}
 
-        // A request without a body has nothing to wait for: it is decided
-        // once, below. One with a body is checked at the head, taking nothing
-        // (what would be refused now is refused now, its body unread), and its
-        // body received holding no permit: a client that sends slowly holds
-        // none of the upstream's threads.
-        let receipt = if body.is_end_stream() {
-            if debug && let Some(retry_after_ms) = breaker_at_head(&proxy, debug, &tuning) {
-                return Ok(respond::refuse_breaker(&proxy, retry_after_ms, started));
-            }
-            Receipt::Whole(VecDeque::new())
-        } else {
-            if let Some(retry_after_ms) = breaker_at_head(&proxy, debug, &tuning) {
-                return Ok(respond::refuse_breaker(&proxy, retry_after_ms, started));
-            }
-            if let Err(refusal) = proxy.admission.check(ask) {
-                return Ok(respond::refuse(&proxy, Reason::Admission(refusal), started));
-            }
-            proxy.counters.bodies_receiving.fetch_add(1, Ordering::Relaxed);
-            let received = shield::receive(body, &tuning, &proxy.budget).await;
-            proxy.counters.bodies_receiving.fetch_sub(1, Ordering::Relaxed);
-            match received {
-                Ok(receipt) => receipt,
-                Err(ReceiveError::BudgetSpent) => {
-                    proxy.counters.refused_buffer_full.fetch_add(1, Ordering::Relaxed);
-                    return Ok(respond::refuse(&proxy, Reason::BufferFull, started));
-                }
-                Err(ReceiveError::Deadline) => {
-                    proxy.counters.body_timeouts[BodyTimeout::Deadline.index()]
-                        .fetch_add(1, Ordering::Relaxed);
-                    return Ok(respond::body_timeout(&proxy));
-                }
-                Err(ReceiveError::Client(e)) => {
-                    proxy.counters.client_body_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(peer = %client.addr, "request body failed before admission: {e}");
-                    return Ok(respond::own(
-                        &proxy,
-                        StatusCode::BAD_REQUEST,
-                        "400 Bad Request: the request body failed\n",
-                        true,
-                    ));
-                }
-            }
-        };
+/// What the head says for admission.
+#[derive(Clone, Copy, Debug)]
+pub struct Classified {
+    pub debug: bool,
+    pub class: Class,
+}
 
-        // 1-4 for real, now that the body is in: the breaker (a half-open
-        // probe slot is taken only now), then the pools, web clients, sessions.
-        let ticket = if debug {
-            None
-        } else {
-            match proxy.breaker.admit() {
-                Decision::Admit(kind) => Some(Ticket::new(proxy.breaker.clone(), kind)),
-                Decision::Refuse { retry_after_ms } => {
-                    return Ok(respond::refuse_breaker(&proxy, retry_after_ms, started));
-                }
-            }
-        };
-        match proxy.admission.admit(ask) {
-            Ok(permit) => {
-                let req = Admitted { parts, seen, receipt, upgrade, permit, ticket, started };
-                Ok(forward(req, Route { proxy: &proxy, pool: &pool, fwd: &fwd, h2, tuning }).await)
-            }
-            // The ticket is dropped unrecorded: a refusal is not a result.
-            Err(refusal) => Ok(respond::refuse(&proxy, Reason::Admission(refusal), started)),
-        }
+impl Classified {
+    fn ask<'r>(self, req: &'r Request) -> Ask<'r> {
+        Ask { debug: self.debug, web: req.seen.client_id, session: req.authorization(), class: self.class }
     }
+}
+
+/// Phase 1: the head's checks, and its class.
+pub fn request_filter(ctx: Ctx<'_>, req: &Request) -> Result<Classified, Answer> {
+    if let Err(bad) = req.check() {
+        tracing::debug!(peer = %ctx.client.addr, kind = bad.kind(), "request head refused before admission");
+        return Err(Answer::bad(ctx.proxy, bad));
+    }
+    let path = req.path();
+    let debug = is_debug_path(path);
+    let class =
+        if debug { Class::Normal } else { class_of(path, &ctx.tuning.critical, &ctx.tuning.sheddable) };
+    Ok(Classified { debug, class })
+}
+
+/// Phase 2: refused at the head, taking nothing: the breaker, then (for a
+/// request with a body, which is received before the permits) the limits.
+pub fn admit_at_head(ctx: Ctx<'_>, req: &Request, c: Classified) -> Result<(), Answer> {
+    let with_body = req.body != BodyLen::None;
+    if (with_body || c.debug)
+        && let Some(retry_after_ms) = breaker_at_head(ctx.proxy, c.debug, ctx.tuning)
+    {
+        return Err(Answer::refuse_breaker(ctx.proxy, retry_after_ms, ctx.started));
+    }
+    if with_body && let Err(refusal) = ctx.proxy.admission.check(c.ask(req)) {
+        return Err(Answer::refuse(ctx.proxy, Reason::Admission(refusal), ctx.started));
+    }
+    Ok(())
 }
 
 /// The breaker's answer at a request's head, taking no probe: `Some` with
 /// the time until a probe may be tried if it refuses. Diagnostics pass an
 /// open breaker unless `breaker.bypassDebug = false`, and never probe.
-pub(super) fn breaker_at_head(proxy: &Proxy, debug: bool, tuning: &Tuning) -> Option<u64> {
+fn breaker_at_head(proxy: &Proxy, debug: bool, tuning: &Tuning) -> Option<u64> {
     if !debug {
         return proxy.breaker.would_refuse();
     }
@@ -179,5 +112,282 @@ pub(super) fn breaker_at_head(proxy: &Proxy, debug: bool, tuning: &Tuning) -> Op
     match proxy.breaker.admit_passive() {
         Decision::Refuse { retry_after_ms } => Some(retry_after_ms),
         Decision::Admit(_) => None,
+    }
+}
+
+/// A request body as received before admission.
+pub struct Received {
+    /// What came (all of it when `whole`), holding its share of the budget.
+    pub bytes: Bytes,
+    pub whole: bool,
+}
+
+/// Phase 3: the body, received whole when it fits the buffer (holding no
+/// permit), or as far as it came before it outgrew it.
+pub async fn receive<B: BodySource>(ctx: Ctx<'_>, req: &Request, source: &mut B) -> Result<Received, Answer> {
+    let t = ctx.tuning;
+    let (limit, budget) = (t.request_buffer_bytes, &ctx.proxy.budget);
+    let collect = match req.body {
+        BodyLen::None => return Ok(Received { bytes: Bytes::new(), whole: true }),
+        BodyLen::Length(n) if limit == 0 || n > limit => None,
+        _ if limit == 0 => None,
+        BodyLen::Length(n) => match Collect::exact(budget, n, t.buffer_memory_bytes) {
+            Some(c) => Some(c),
+            None => return Err(Answer::buffer_full(ctx.proxy, ctx.started)),
+        },
+        BodyLen::Chunked | BodyLen::Unknown => Some(Collect::growing()),
+    };
+    // Too large for the buffer: it streams, holding the permit.
+    let Some(mut collect) = collect else { return Ok(Received { bytes: Bytes::new(), whole: false }) };
+    let counters = &ctx.proxy.counters;
+    counters.bodies_receiving.fetch_add(1, Ordering::Relaxed);
+    let deadline = tokio::time::Instant::now() + t.request_body_timeout;
+    let outcome = loop {
+        match tokio::time::timeout_at(deadline, source.next()).await {
+            Err(_) => break Err(Answer::body_timeout(ctx.proxy, BodyTimeout::Deadline)),
+            Ok(Err(())) => {
+                tracing::debug!(peer = %ctx.client.addr, "the request body failed before admission");
+                break Err(Answer::body_failed(ctx.proxy));
+            }
+            Ok(Ok(None)) => break Ok(Received { bytes: collect.finish(None), whole: true }),
+            Ok(Ok(Some(data))) => {
+                if let Err(data) = collect.push(data, limit, budget, t.buffer_memory_bytes) {
+                    if collect.len() + data.len() as u64 <= limit {
+                        break Err(Answer::buffer_full(ctx.proxy, ctx.started));
+                    }
+                    break Ok(Received { bytes: collect.finish(Some(data)), whole: false });
+                }
+            }
+        }
+    };
+    counters.bodies_receiving.fetch_sub(1, Ordering::Relaxed);
+    outcome
+}
+
+/// Phase 4: the breaker's ticket, then the permits (the pools, web
+/// clients, sessions), for real now that the body is in.
+pub fn admit(ctx: Ctx<'_>, req: &Request, c: Classified) -> Result<(Option<Ticket>, Permit), Answer> {
+    let proxy = ctx.proxy;
+    let ticket = if c.debug {
+        None
+    } else {
+        match proxy.breaker.admit() {
+            Decision::Admit(kind) => Some(Ticket::new(proxy.breaker.clone(), kind)),
+            Decision::Refuse { retry_after_ms } => {
+                return Err(Answer::refuse_breaker(proxy, retry_after_ms, ctx.started));
+            }
+        }
+    };
+    match proxy.admission.admit(c.ask(req)) {
+        Ok(permit) => Ok((ticket, permit)),
+        // The ticket is dropped unrecorded: a refusal is not a result.
+        Err(refusal) => Err(Answer::refuse(proxy, Reason::Admission(refusal), ctx.started)),
+    }
+}
+
+/// How the body goes upstream: in memory with its length, or streamed
+/// with the client's length, or in limiter's chunks.
+pub fn outgoing(req: &Request, received: &Received) -> Outgoing {
+    match (received.whole, req.body) {
+        (true, _) if received.bytes.is_empty() => Outgoing::None,
+        (true, _) => Outgoing::Length(received.bytes.len() as u64),
+        (false, BodyLen::Length(n)) => Outgoing::Length(n),
+        (false, _) => Outgoing::Chunked,
+    }
+}
+
+/// An admitted request on its way upstream: what phase 5 needs, owned, so
+/// that an HTTP/2 stream's can run as a task of its own (its client may
+/// reset the stream; the upstream's work goes on, holding the permit).
+pub struct Admitted {
+    pub proxy: Arc<Proxy>,
+    pub tuning: Arc<Tuning>,
+    pub pool: Arc<Pool>,
+    /// The head limiter wrote for the upstream.
+    pub head: Vec<u8>,
+    pub method: Method,
+    pub upgrade: bool,
+    pub received: Received,
+    pub framing: Outgoing,
+    pub ticket: Option<Ticket>,
+    pub permit: Permit,
+    pub started: Instant,
+}
+
+/// The response, as phase 5 leaves it for the session to send.
+pub enum Reply {
+    Own(Answer),
+    Upstream {
+        head: ResponseHead,
+        /// The head's bytes (its spans point here).
+        head_bytes: Bytes,
+        body: Body,
+        took: Duration,
+    },
+    /// An upgrade the upstream accepted (`101`): the connection to join to
+    /// the client's (HTTP/1 only); the permit went back.
+    Upgraded {
+        head: ResponseHead,
+        head_bytes: Bytes,
+        conn: Conn,
+    },
+}
+
+/// A response body, as it goes to the client.
+pub enum Body {
+    /// Read ahead whole: the upstream is done, the permit is back.
+    Whole(Bytes),
+    /// What was read, then the rest as the upstream sends it, holding the
+    /// permit.
+    Stream { first: Bytes, rest: Box<ResponseBody> },
+}
+
+/// Phase 5: the upstream, then its response. `rest` is the client's body
+/// beyond what was received (read only when the body streams); `bytes_in`
+/// counts what of it came.
+pub async fn forward<B: BodySource>(a: Admitted, rest: B, bytes_in: &mut u64) -> Reply {
+    let t = &*a.tuning;
+    let s = Send {
+        pool: &a.pool,
+        connect_timeout: t.connect_timeout,
+        idle_timeout: t.idle_timeout,
+        upstream_timeout: t.upstream_timeout,
+        min_rate: t.min_data_rate,
+        idempotent: idempotent(&a.method),
+        to_head: a.method == Method::HEAD,
+        upgrade: a.upgrade,
+    };
+    *bytes_in = a.received.bytes.len() as u64;
+    let body = if a.received.whole {
+        Outbound::Whole(a.received.bytes)
+    } else {
+        Outbound::Stream { first: a.received.bytes, rest, framing: a.framing }
+    };
+    let answered = upstream::send(&s, &a.head, body, bytes_in).await;
+    let Answered { conn, head, head_bytes, took } = match answered {
+        Ok(answered) => answered,
+        Err(failure) => return Reply::Own(fail_to_proxy(&a.proxy, failure, a.ticket, a.started)),
+    };
+    let (proxy, mut permit) = (&a.proxy, a.permit);
+    proxy.counters.upstream_latency.record(took);
+    permit.answered(took);
+    if let Some(ticket) = a.ticket {
+        ticket.record(!t.is_failure(head.status));
+    }
+    proxy.counters.status_code(head.status);
+    if head.status == 101 {
+        // The upgrade is complete: the permit goes back now, a tunnel is
+        // not an HTTP request any more.
+        proxy.counters.upgrades.fetch_add(1, Ordering::Relaxed);
+        return Reply::Upgraded { head, head_bytes, conn };
+    }
+    let mut rest = ResponseBody::new(conn, &head, a.pool.clone(), t.idle_timeout, permit);
+    let body = match rest.read_ahead(t.response_buffer_bytes, &proxy.budget, t.buffer_memory_bytes).await {
+        Ok(Ahead::Whole(bytes)) => Body::Whole(bytes),
+        Ok(Ahead::Streaming(first)) => Body::Stream { first, rest: Box::new(rest) },
+        Err(()) => {
+            tracing::debug!("the upstream's response body broke off before the client got any of it");
+            return Reply::Own(Answer::response_broke_off(proxy));
+        }
+    };
+    Reply::Upstream { head, head_bytes, body, took }
+}
+
+/// Methods that may be sent twice (RFC 9110 §9.2.2).
+fn idempotent(method: &Method) -> bool {
+    [Method::GET, Method::HEAD, Method::OPTIONS, Method::PUT, Method::DELETE, Method::TRACE].contains(method)
+}
+
+/// Phase 6: limiter's own answer to a request the upstream did not answer,
+/// its ticket recording a failure of the upstream's, or dropped
+/// unrecorded for one of the client's or of limiter's own cap.
+pub fn fail_to_proxy(proxy: &Proxy, failure: Failure, ticket: Option<Ticket>, started: Instant) -> Answer {
+    tracing::debug!("forwarding failed: {failure:?}");
+    match failure {
+        Failure::Full => Answer::upstream_full(proxy, ticket, started),
+        Failure::Connect => Answer::upstream_failed(proxy, ticket, true),
+        Failure::Upstream => Answer::upstream_failed(proxy, ticket, false),
+        Failure::Timeout => Answer::upstream_timeout(proxy, ticket),
+        Failure::ClientBody(timeout) => {
+            drop(ticket);
+            match timeout {
+                Some(rule) => Answer::body_timeout(proxy, rule),
+                None => Answer::body_failed(proxy),
+            }
+        }
+    }
+}
+
+/// Phase 7: what the access log needs of a request, from its head; its
+/// line is written by [`Logged::done`] once the response is done (or the
+/// client went away).
+pub struct Logged {
+    ts: SystemTime,
+    started: Instant,
+    method: Method,
+    path: String,
+    session: Option<u32>,
+}
+
+/// How a request ended, for its line.
+pub struct Outcome {
+    pub status: u16,
+    pub reason: Option<&'static str>,
+    pub upstream: Option<Duration>,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+/// The status logged for a request whose client went away before its
+/// response could be sent (nginx's).
+pub const CLIENT_GONE: u16 = 499;
+
+impl Logged {
+    /// The request's line-to-be, if the access log is on.
+    pub fn start(proxy: &Proxy, req: &Request, started: Instant) -> Option<Self> {
+        proxy.access_log.enabled().then(|| Self {
+            ts: SystemTime::now(),
+            started,
+            method: req.method.clone(),
+            path: String::from_utf8_lossy(req.target()).into_owned(),
+            session: req.authorization().map(|a| proxy.admission.session_tag(a)),
+        })
+    }
+
+    /// A head refused before it became a request (`method` and `path` are
+    /// `-`).
+    pub fn refused_head(proxy: &Proxy, client: Client, status: u16, reason: &'static str) {
+        if !proxy.access_log.enabled() {
+            return;
+        }
+        let log = Self {
+            ts: SystemTime::now(),
+            started: Instant::now(),
+            method: Method::from_bytes(b"-").expect("a token"),
+            path: "-".to_owned(),
+            session: None,
+        };
+        log.done(
+            proxy,
+            client,
+            Outcome { status, reason: Some(reason), upstream: None, bytes_in: 0, bytes_out: 0 },
+        );
+    }
+
+    pub fn done(self, proxy: &Proxy, client: Client, o: Outcome) {
+        proxy.access_log.log(crate::access_log::Entry {
+            ts: self.ts,
+            client: client.addr,
+            proto: client.proto.as_str(),
+            method: self.method,
+            path: self.path,
+            status: o.status,
+            reason: o.reason,
+            bytes_in: o.bytes_in,
+            bytes_out: o.bytes_out,
+            ms: self.started.elapsed().as_secs_f64() * 1000.0,
+            upstream_ms: o.upstream.map(|d| d.as_secs_f64() * 1000.0),
+            session: self.session,
+        });
     }
 }

@@ -6,40 +6,36 @@
 //! - `POST`/`PUT` read the whole body and say how many bytes came;
 //! - anything else answers at once.
 
-use std::{convert::Infallible, net::SocketAddr, time::Duration};
+use std::{net::SocketAddr, time::Duration};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt as _, Full};
-use hyper::{Method, Request, Response, body::Incoming, service::service_fn};
-use hyper_util::rt::TokioIo;
+use hyper::{Method, Request, Response};
 use tokio::net::TcpListener;
+
+use super::http1::plain;
 
 /// Starts the sample upstream on a free loopback port; returns its address.
 pub async fn start() -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
+    let limits = plain::Limits {
+        header_timeout: Duration::from_secs(60),
+        max_head: 64 * 1024,
+        max_body: 64 * 1024 * 1024,
+    };
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service_fn(answer))
-                    .await;
-            });
+            let _ = stream.set_nodelay(true);
+            tokio::spawn(plain::serve(stream, limits, answer));
         }
     });
     Ok(addr)
 }
 
-async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn answer(req: Request<Bytes>) -> Response<Bytes> {
     let text = match (req.method(), req.uri().path()) {
         (&Method::POST | &Method::PUT, path) => {
-            let path = path.to_owned();
-            let mut body = req.into_body();
-            let mut bytes = 0usize;
-            while let Some(Ok(frame)) = body.frame().await {
-                bytes += frame.data_ref().map_or(0, Bytes::len);
-            }
-            format!("sample upstream: received {bytes} bytes on {path}\n")
+            format!("sample upstream: received {} bytes on {path}\n", req.body().len())
         }
         (_, "/slow") => {
             let ms = req
@@ -54,5 +50,5 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
         }
         (method, path) => format!("sample upstream: {method} {path}\n"),
     };
-    Ok(Response::new(Full::new(Bytes::from(text))))
+    Response::new(Bytes::from(text))
 }

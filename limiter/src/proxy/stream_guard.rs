@@ -14,20 +14,19 @@
 //! off, within `http.idleTimeoutMs`) means the client does not take the
 //! stream: it is cut. (Waiting on the upstream is not the client's fault:
 //! the upstream body's own stall timeout covers that.) A cut stream has its
-//! upstream response and its permit dropped at once, so the upstream's
-//! thread is free, and its connection gets GOAWAY and is closed once its other streams are done (after
+//! upstream response dropped at once, and its connection gets GOAWAY and is closed once its other streams are done (after
 //! `http.idleTimeoutMs` at most), which frees the chunk hyper still holds
 //! and its bytes of `http.bufferMemoryBytes`.
 //!
 //! Under pressure ([`super::pressure`]: a pool refused a request within
 //! the last second) a stream that holds a permit is cut sooner: once its
-//! chunk has waited [`PATIENCE`] untaken. The same rule guards an HTTP/1
-//! response streamed holding its permit ([`guard_h1`], one small watchdog
-//! task per such response): hyper takes its next chunk once the previous
-//! one is in the socket, so a chunk untaken for that long means the
-//! client's socket is full and the client reads less than a chunk a
-//! second; its permit returns at once, and the connection ends when hyper
-//! next asks the body (or `ClientIo` cuts it).
+//! chunk has waited [`PATIENCE`] untaken (HTTP/1 applies the same rule to
+//! its writes, in [`super::h1`]).
+//!
+//! A cut drops the upstream's body: one still streaming is read to its end
+//! in the background, holding its permit, or its connection is closed
+//! (see [`super::upstream`]); the permit goes back when the upstream is
+//! done, not before.
 
 use std::{
     pin::Pin,
@@ -49,11 +48,12 @@ use tokio::{
 
 use super::{
     Counters, Tuning,
-    body::BoxError,
     pressure::{PATIENCE, Pressure},
-    shield::GRACE,
+    rate::GRACE,
 };
-use crate::admission::Permit;
+
+/// The error of a boxed body.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The most a stream hands hyper at once: the unit of progress.
 pub const CHUNK: usize = 16 * 1024;
@@ -63,9 +63,9 @@ pub const CHUNK: usize = 16 * 1024;
 #[error("the client took its response slower than http.minDataRate, or than a chunk a second under pressure")]
 pub struct Starved;
 
-/// The upstream's body and the permit (none once a response was read
-/// whole), held until the end or the cut.
-type Held = Option<(UnsyncBoxBody<Bytes, BoxError>, Option<Permit>)>;
+/// The upstream's body (holding its permit while it streams), until the
+/// end or the cut.
+type Held = Option<UnsyncBoxBody<Bytes, BoxError>>;
 
 struct Shared {
     held: Mutex<Held>,
@@ -75,8 +75,9 @@ struct Shared {
     pending_since_ms: AtomicU64,
     start: Instant,
     done: AtomicBool,
-    /// Told when the body is dropped (an HTTP/1 response's watchdog ends).
-    dropped: Notify,
+    /// The body streams from the upstream, holding its permit (not read
+    /// ahead whole).
+    streaming: bool,
 }
 
 impl Shared {
@@ -94,11 +95,10 @@ impl Shared {
     /// Whether the stream still holds its permit (it streams, and the
     /// upstream has not delivered its last byte).
     fn holds_permit(&self) -> bool {
-        matches!(&*self.held(), Some((_, Some(_))))
+        self.streaming && self.held().is_some()
     }
 
-    /// Drops the upstream's body and the permit: the next time hyper asks,
-    /// the body fails.
+    /// Drops the upstream's body: the next time hyper asks, the body fails.
     fn cut(&self) {
         self.done.store(true, Ordering::Relaxed);
         drop(self.held().take());
@@ -115,23 +115,19 @@ pub struct Guarded {
     ended: bool,
 }
 
-fn guarded(body: UnsyncBoxBody<Bytes, BoxError>, permit: Option<Permit>) -> Guarded {
+/// Streams `body` (`streaming`: from the upstream, holding its permit),
+/// watched by its HTTP/2 connection's `list`.
+pub fn guard(body: UnsyncBoxBody<Bytes, BoxError>, streaming: bool, list: &Watchlist) -> Guarded {
     let hint = body.size_hint();
     let shared = Arc::new(Shared {
-        held: Mutex::new(Some((body, permit))),
+        held: Mutex::new(Some(body)),
         pending: AtomicU64::new(0),
         pending_since_ms: AtomicU64::new(0),
         start: Instant::now(),
         done: AtomicBool::new(false),
-        dropped: Notify::new(),
+        streaming,
     });
-    Guarded { shared, hint, rest: None, ended: false }
-}
-
-/// Streams `body` (holding `permit`, if it still has one), watched by its
-/// HTTP/2 connection's `list`.
-pub fn guard(body: UnsyncBoxBody<Bytes, BoxError>, permit: Option<Permit>, list: &Watchlist) -> Guarded {
-    let guarded = guarded(body, permit);
+    let guarded = Guarded { shared, hint, rest: None, ended: false };
     let mut streams = list.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     streams.push(Arc::downgrade(&guarded.shared));
     if streams.len() == 1 {
@@ -139,64 +135,6 @@ pub fn guard(body: UnsyncBoxBody<Bytes, BoxError>, permit: Option<Permit>, list:
     }
     drop(streams);
     guarded
-}
-
-/// Streams an HTTP/1 response `body` holding `permit`, cut under pressure
-/// if its client leaves a chunk untaken for [`PATIENCE`] (the minimum
-/// rate is [`super::io::ClientIo`]'s on HTTP/1). Spawns its watchdog on
-/// the calling runtime.
-pub fn guard_h1(
-    body: UnsyncBoxBody<Bytes, BoxError>,
-    permit: Permit,
-    pressure: Arc<Pressure>,
-    counters: Arc<Counters>,
-) -> Guarded {
-    let guarded = guarded(body, Some(permit));
-    tokio::spawn(watch_h1(Arc::downgrade(&guarded.shared), pressure, counters));
-    guarded
-}
-
-/// The watchdog of one HTTP/1 response: ends with the body, or once it
-/// cut it.
-async fn watch_h1(weak: Weak<Shared>, pressure: Arc<Pressure>, counters: Arc<Counters>) {
-    loop {
-        let began = pressure.began();
-        tokio::pin!(began);
-        began.as_mut().enable();
-        let Some(shared) = weak.upgrade() else { return };
-        let dropped = shared.dropped.notified();
-        tokio::pin!(dropped);
-        dropped.as_mut().enable();
-        if shared.done.load(Ordering::Relaxed) || !shared.holds_permit() {
-            // Done, or read to its end: nothing is left to guard.
-            return;
-        }
-        let now = Instant::now();
-        let waiting = shared.pending();
-        if pressure.on(now) {
-            if let Some((_, since)) = waiting
-                && since + PATIENCE <= now
-            {
-                shared.cut();
-                counters.slow_readers.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(
-                    "HTTP/1 response left untaken under pressure: its upstream response and permit dropped"
-                );
-                return;
-            }
-            // Nothing waits on the client yet: look again within the patience.
-            let next = waiting.map_or(now + PATIENCE, |(_, since)| since + PATIENCE);
-            tokio::select! {
-                () = sleep_until(next) => {}
-                () = dropped => return,
-            }
-        } else {
-            tokio::select! {
-                () = began => {}
-                () = dropped => return,
-            }
-        }
-    }
 }
 
 /// How long a chunk of `bytes` may take to go out.
@@ -288,7 +226,6 @@ impl Drop for Guarded {
     fn drop(&mut self) {
         self.shared.done.store(true, Ordering::Relaxed);
         self.shared.held().take();
-        self.shared.dropped.notify_one();
     }
 }
 
@@ -307,7 +244,7 @@ impl Body for Guarded {
             Some(rest) => Frame::data(rest),
             None => {
                 let mut held = this.shared.held();
-                let Some((body, _permit)) = held.as_mut() else {
+                let Some(body) = held.as_mut() else {
                     if this.ended {
                         return Poll::Ready(None);
                     }
@@ -364,8 +301,9 @@ mod tests {
     use super::*;
     use crate::admission::{Admission, Ask, Limits};
 
-    /// An upstream body that never ends: a chunk whenever asked.
-    struct Endless;
+    /// An upstream body that never ends: a chunk whenever asked (holding a
+    /// permit, as one streamed from the upstream does).
+    struct Endless(#[expect(dead_code, reason = "held, not read")] Option<crate::admission::Permit>);
 
     impl Body for Endless {
         type Data = Bytes;
@@ -396,7 +334,7 @@ mod tests {
         });
         let permit = admission.admit(Ask::default()).unwrap();
         let (list, idle) = (Watchlist::default(), Duration::from_secs(60));
-        let mut body = guard(Endless.boxed_unsync(), Some(permit), &list);
+        let mut body = guard(Endless(Some(permit)).boxed_unsync(), true, &list);
         assert!(matches!(poll(&mut body), Poll::Ready(Some(Ok(_)))), "hyper takes a chunk");
         let taken = Instant::now();
         let second = taken + PATIENCE + Duration::from_millis(50);
@@ -406,7 +344,7 @@ mod tests {
         let (cut, next) = list.look(second, true, 1024, idle);
         assert_eq!(cut, 1, "under pressure, a second later");
         assert!(next.is_some_and(|n| n > second));
-        assert_eq!(admission.snapshot().normal_in_use, 0, "the permit is back");
+        assert_eq!(admission.snapshot().normal_in_use, 0, "the body is dropped (here, its permit with it)");
         assert!(matches!(poll(&mut body), Poll::Ready(Some(Err(_)))), "hyper is told");
         assert_eq!(list.look(second, true, 1024, idle), (0, None), "and the stream is no longer watched");
     }
@@ -414,7 +352,7 @@ mod tests {
     #[test]
     fn a_stream_read_whole_is_not_cut_under_pressure() {
         let (list, idle) = (Watchlist::default(), Duration::from_secs(60));
-        let mut body = guard(Endless.boxed_unsync(), None, &list);
+        let mut body = guard(Endless(None).boxed_unsync(), false, &list);
         assert!(matches!(poll(&mut body), Poll::Ready(Some(Ok(_)))));
         let later = Instant::now() + PATIENCE + Duration::from_millis(50);
         assert_eq!(list.look(later, true, 1024, idle).0, 0, "it holds no permit: only the minimum rate");

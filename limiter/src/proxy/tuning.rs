@@ -34,8 +34,6 @@ pub struct Tuning {
     pub tls_handshake_timeout: Duration,
     /// Prior-knowledge h2c on `http.listen`.
     pub h2c: bool,
-    /// What serves HTTP/1.1 (`http.h1Engine`, a restart key).
-    pub h1_engine: crate::config::H1Engine,
     pub h2_max_concurrent_streams: u32,
     /// Clients whose forwarding headers are kept (`http.trustedForwarders`).
     pub trusted_forwarders: Vec<crate::config::Prefix>,
@@ -67,7 +65,6 @@ impl Tuning {
             tls: http.tls.as_ref().map(crate::tls::Pair::server_config),
             tls_handshake_timeout: ms(http.tls_handshake_timeout_ms),
             h2c: http.h2c,
-            h1_engine: http.h1_engine,
             h2_max_concurrent_streams: http.h2_max_concurrent_streams,
             trusted_forwarders: http.trusted_forwarders.clone(),
             critical: http.critical.clone(),

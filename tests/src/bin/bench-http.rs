@@ -4,8 +4,6 @@
 //!
 //! (1) Under the limit, keep-alive: nginx (`return 200`) is the upstream;
 //!     50 connections, per-session limit 100 keyed on `Authorization`.
-//!     limiter runs its default HTTP/1.1 engine (native), and beside it on
-//!     hyper's (`http.h1Engine = hyper`), here, in (1b) and in (7).
 //! (1b) The same, a new connection per request (`Connection: close`), each
 //!     admitted and answered 200 by the upstream: the connection's own cost
 //!     on the HTTP/1.1 path, not only a refusal's.
@@ -46,7 +44,7 @@
 //! Counted, not timed (7): one worker each, keep-alive, `h2load --h1 -c10`
 //! through limiter, nginx `limit_conn` (`master_process off`), the
 //! hyper floor (`tests/src/bin/hyper-floor.rs`, the least a hyper proxy
-//! does) and limiter on hyper's engine to the upstream of (1): user-space instructions per request
+//! does) to the upstream of (1): user-space instructions per request
 //! (callgrind), system calls per request (`strace -c -f`), and limiter's
 //! allocations per request (its `count-allocations` build, from
 //! `LIMITER_BIN_COUNTING`). `BENCH_COUNTED_ONLY=1` runs (7) alone and
@@ -146,24 +144,11 @@ fn wrk_with(url: &str, headers: &[&str], script: Option<&Path>) -> Result<Run> {
 }
 
 fn limiter_config(dir: &Path, upstream: SocketAddr, per_session: u32) -> (PathBuf, SocketAddr) {
-    limiter_config_with(dir, upstream, per_session, "")
-}
-
-/// The key that puts limiter's HTTP/1.1 on hyper, for the rows that show
-/// both engines.
-const HYPER_ENGINE: &str = "http.h1Engine = hyper\n";
-
-fn limiter_config_with(
-    dir: &Path,
-    upstream: SocketAddr,
-    per_session: u32,
-    extra: &str,
-) -> (PathBuf, SocketAddr) {
     client::http_config(
         &dir.join(format!("limiter-{per_session}")),
         Some(upstream),
         &format!(
-            "http.maxThreads = 208\nhttp.maxSessionConnections = {per_session}\nhttp.retryAfterMs = 1000\n{extra}"
+            "http.maxThreads = 208\nhttp.maxSessionConnections = {per_session}\nhttp.retryAfterMs = 1000\n"
         ),
     )
 }
@@ -204,16 +189,12 @@ fn bench(dir: &Path) -> Result<String> {
     let (upstream, _origin) = origin(dir)?;
     let (config, limiter_addr) = limiter_config(dir, upstream, 100);
     let daemon = Daemon::start(&config, &[])?;
-    let (hyper_config, hyper_addr) =
-        limiter_config_with(&dir.join("hyper-engine"), upstream, 100, HYPER_ENGINE);
-    let hyper_daemon = Daemon::start(&hyper_config, &[])?;
     let nginx_port = free_port();
     let _proxy = nginx_proxy(dir, "proxy", nginx_port, upstream, 100)?;
     let targets = [
         ("upstream directly (nginx)", format!("http://{upstream}/")),
         ("limiter -> upstream", format!("http://{limiter_addr}/")),
         ("nginx limit_conn -> upstream", format!("http://127.0.0.1:{nginx_port}/")),
-        ("limiter, hyper engine -> upstream", format!("http://{hyper_addr}/")),
     ];
     let n = targets.len();
     for (_, url) in &targets {
@@ -239,7 +220,7 @@ fn bench(dir: &Path) -> Result<String> {
         }
         eprintln!("new-connection round {}/{ROUNDS}", round + 1);
     }
-    drop((daemon, hyper_daemon));
+    drop(daemon);
     let bodies = small_bodies(dir, upstream, nginx_port, auth)?;
 
     // (2) Over the limit: an upstream that holds each request 100 ms.
@@ -354,10 +335,8 @@ fn counted(dir: &Path, upstream: SocketAddr) -> Result<String> {
         args: vec![format!("127.0.0.1:{floor_port}"), upstream.to_string()],
         addr: format!("127.0.0.1:{floor_port}").parse()?,
     };
-    let (mut on_hyper, _, _) = counted_limiter(&dir.join("counted-limiter-hyper"), upstream, HYPER_ENGINE);
-    on_hyper.name = "limiter, hyper engine";
     let mut rows = Vec::new();
-    for server in [&limiter, &nginx, &floor, &on_hyper] {
+    for server in [&limiter, &nginx, &floor] {
         eprintln!("counting {} (callgrind, strace)", server.name);
         rows.push((server.name, counted::measure(server, dir, Load::KeepAlive("/"))?));
     }
@@ -554,8 +533,8 @@ fn fresh_report(names: &[&str], fresh: &[Vec<Run>]) -> String {
     )
 }
 
-/// The rows of (1) and (1b), upstream directly, limiter, nginx, limiter on
-/// hyper's engine; then the target: limiter's throughput at least nginx's,
+/// The rows of (1) and (1b), upstream directly, limiter, nginx; then the
+/// target: limiter's throughput at least nginx's,
 /// its p99 no worse.
 fn path_table(names: &[&str], runs: &[Vec<Run>]) -> String {
     let med = |runs: &[Run], f: fn(&Run) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());

@@ -6,9 +6,7 @@
 //!
 //! `--short` (what `cargo xtask test` runs) scales every load down; the
 //! default is the long version, for people. `--only WORD` runs the
-//! scenarios whose name contains WORD. `--h1-engine hyper` (or `native`)
-//! runs every daemon on that HTTP/1.1 engine (`http.h1Engine`); `cargo
-//! xtask soak` runs the long version once on each.
+//! scenarios whose name contains WORD.
 
 use std::{
     io::{ErrorKind, Read as _, Write as _},
@@ -1221,11 +1219,6 @@ fn main() -> ExitCode {
     // working on one; CI runs them all).
     let args: Vec<String> = std::env::args().collect();
     let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
-    // `--h1-engine hyper`: every daemon serves HTTP/1.1 on that engine.
-    let engine = args.iter().position(|a| a == "--h1-engine").and_then(|i| args.get(i + 1)).cloned();
-    if let Some(engine) = &engine {
-        limiter_tests::set_harness_keys(format!("http.h1Engine = {engine}"));
-    }
     let names = [
         "overload",
         "flood",
@@ -1255,9 +1248,8 @@ fn main() -> ExitCode {
         println!("| {} | {} | {} | {} |", r.scenario, r.load, r.held.join("; "), lost);
     }
     println!(
-        "\n{} version, HTTP/1.1 engine {}, {:.0} s: {}",
+        "\n{} version, {:.0} s: {}",
         if short { "short" } else { "long" },
-        engine.as_deref().unwrap_or("default"),
         started.elapsed().as_secs_f64(),
         if failed { "FAILED" } else { "passed" }
     );

@@ -1,12 +1,15 @@
-//! The native engine's upstream connections: plain keep-alive sockets, one
-//! idle list per worker, under the same cap as hyper's pools
-//! (`http.maxUpstreamConnections`, [`Upstreams`]). A request takes the
-//! most recently returned connection (its socket is the warmest), or
-//! connects within `http.connectTimeoutMs` while the cap allows; at the cap
-//! it takes an idle one of another worker's (its socket moved to this
-//! worker's event loop: two `epoll_ctl` calls, no new connection), or waits
-//! for one to come back until the same timeout, then is refused with
-//! `upstream_full` as on hyper's path.
+//! The upstream connections: plain keep-alive sockets, an idle list per
+//! worker, and one cap on every worker's connections together
+//! (`http.maxUpstreamConnections`, [`Upstreams`]). Requests of every
+//! downstream protocol (HTTP/1.x and HTTP/2, cleartext or TLS) share them.
+//!
+//! A request takes the connection returned last (its socket is the
+//! warmest), or connects within `http.connectTimeoutMs` while the cap
+//! allows. At the cap it takes an idle connection of another worker's (the
+//! socket moved to this worker's event loop: two `epoll_ctl` calls, no new
+//! connection), or waits for one to come back until the same timeout,
+//! then is refused with 503 `upstream_full`: limiter's own cap, never a
+//! breaker failure.
 //!
 //! An idle connection the upstream closed is noticed without a system
 //! call: its socket turned readable while it sat in the list (a FIN, or
@@ -15,14 +18,116 @@
 
 use std::{
     io,
-    sync::{Arc, Mutex, atomic::Ordering},
+    sync::{
+        Arc, Mutex, MutexGuard, Weak,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
 use bytes::BytesMut;
 use tokio::{io::Interest, net::TcpStream, sync::Notify};
 
-use super::super::upstream::{IdleList, Slot, Upstreams};
+/// Every worker's upstream connections together, and their cap.
+#[derive(Default)]
+pub struct Upstreams {
+    /// `http.maxUpstreamConnections` in force (`http.maxThreads` when the
+    /// key is 0).
+    limit: AtomicUsize,
+    /// Connections open or connecting: the slots held.
+    open: AtomicUsize,
+    /// Connects in progress.
+    connecting: AtomicUsize,
+    /// A slot was freed.
+    freed: Notify,
+    /// Each worker's pool, for an idle connection taken at the cap.
+    pools: Mutex<Vec<Weak<Pool>>>,
+    /// Connects that succeeded, and that failed (timeouts included).
+    pub connects_ok: AtomicU64,
+    pub connects_failed: AtomicU64,
+    /// Requests whose client went away or stopped reading, finished in the
+    /// background holding their permits.
+    pub orphans_finished: AtomicU64,
+    /// Idle connections of one worker's pool taken by another worker's
+    /// request at the cap.
+    pub borrowed: AtomicU64,
+    /// Requests sent again on another connection after a pooled one closed
+    /// before any byte of their response came.
+    pub retries: AtomicU64,
+}
+
+impl Upstreams {
+    pub fn new(limit: usize) -> Arc<Self> {
+        let u = Self::default();
+        u.limit.store(limit.max(1), Ordering::Relaxed);
+        Arc::new(u)
+    }
+
+    /// Applies a reloaded limit (connections beyond it close as they
+    /// finish; none is cut).
+    pub fn set_limit(&self, limit: usize) {
+        self.limit.store(limit.max(1), Ordering::Relaxed);
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Connections open or connecting now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Connects in progress now.
+    pub fn connecting(&self) -> usize {
+        self.connecting.load(Ordering::Relaxed)
+    }
+
+    /// A slot under the cap, if one is free.
+    fn slot(self: &Arc<Self>) -> Option<Slot> {
+        let limit = self.limit();
+        self.open
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| (n < limit).then_some(n + 1))
+            .ok()
+            .map(|_| Slot(self.clone()))
+    }
+
+    /// An idle connection of a pool other than `mine`, its socket taken
+    /// out of that worker's event loop.
+    fn take_idle_elsewhere(&self, mine: &Pool) -> Option<Moving> {
+        let pools: Vec<Arc<Pool>> = {
+            let mut pools = lock(&self.pools);
+            pools.retain(|p| p.strong_count() > 0);
+            pools.iter().filter_map(Weak::upgrade).collect()
+        };
+        let found = pools.iter().filter(|p| !std::ptr::eq(p.as_ref(), mine)).find_map(|p| p.give_one());
+        if found.is_some() {
+            self.borrowed.fetch_add(1, Ordering::Relaxed);
+        }
+        found
+    }
+}
+
+impl std::fmt::Debug for Upstreams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstreams")
+            .field("limit", &self.limit)
+            .field("open", &self.open)
+            .field("connecting", &self.connecting)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One place under the cap, held by a connection (or its connect) until it
+/// closes.
+pub struct Slot(Arc<Upstreams>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        self.0.freed.notify_waiters();
+    }
+}
 
 /// One upstream connection and what was read from it past the last
 /// response (nothing, on a connection that may be reused).
@@ -33,6 +138,17 @@ pub struct Conn {
     pub reused: bool,
     _slot: Slot,
 }
+
+impl Conn {
+    /// The socket, and what the upstream sent past its last head, for a
+    /// tunnel: it no longer counts under the cap.
+    pub fn into_tunnel(self) -> (TcpStream, BytesMut) {
+        (self.stream, self.buf)
+    }
+}
+
+/// The read buffer of a new connection.
+pub const BUF: usize = 16 * 1024;
 
 struct Idle {
     conn: Conn,
@@ -60,17 +176,20 @@ pub struct Pool {
 /// another worker is announced, but a look is cheap).
 const RECHECK: Duration = Duration::from_millis(5);
 
-/// Most idle connections one worker keeps (as hyper's pool, unbounded in
-/// practice below the cap; this only bounds a burst's leftovers).
+/// Most idle connections one worker keeps (only a burst's leftovers).
 const MAX_IDLE: usize = 1024;
 
 impl Pool {
+    /// A worker's pool, counted in `shared`.
     pub fn new(addr: String, shared: Arc<Upstreams>) -> Arc<Self> {
         let pool =
             Arc::new(Self { addr, shared: shared.clone(), idle: Mutex::default(), returned: Notify::new() });
-        let weak: std::sync::Weak<dyn IdleList> = Arc::downgrade(&pool) as std::sync::Weak<dyn IdleList>;
-        shared.register(weak);
+        lock(&shared.pools).push(Arc::downgrade(&pool));
         pool
+    }
+
+    pub fn shared(&self) -> &Upstreams {
+        &self.shared
     }
 
     fn take_idle(&self, idle_timeout: Duration) -> Option<Conn> {
@@ -87,7 +206,8 @@ impl Pool {
         None
     }
 
-    /// A connection for one request.
+    /// A connection for one request: an idle one, a new one, or at the cap
+    /// another worker's idle one (see the module's doc).
     pub async fn get(&self, connect_timeout: Duration, idle_timeout: Duration) -> Result<Conn, GetError> {
         if let Some(conn) = self.take_idle(idle_timeout) {
             return Ok(conn);
@@ -105,10 +225,7 @@ impl Pool {
             if let Some(slot) = self.shared.slot() {
                 return self.connect(slot, deadline).await;
             }
-            // At the cap: an idle connection of another worker's, its
-            // socket moved from that worker's event loop to this one's.
-            if let Some(conn) = self.shared.take_idle_elsewhere(std::ptr::from_ref(self).cast())
-                && let Ok(moved) = conn.downcast::<Moving>()
+            if let Some(moved) = self.shared.take_idle_elsewhere(self)
                 && let Ok(stream) = TcpStream::from_std(moved.stream)
             {
                 return Ok(Conn {
@@ -162,9 +279,21 @@ impl Pool {
         drop(idle);
         self.returned.notify_one();
     }
+
+    /// Gives up one idle connection to another worker's request.
+    fn give_one(&self) -> Option<Moving> {
+        let idle = lock(&self.idle).pop()?;
+        let Conn { stream, _slot: slot, .. } = idle.conn;
+        // Closed meanwhile, or not movable: dropped (its slot freed).
+        if !still_open(&stream) {
+            return None;
+        }
+        let stream = stream.into_std().ok()?;
+        Some(Moving { stream, slot })
+    }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
@@ -174,22 +303,6 @@ struct Moving {
     stream: std::net::TcpStream,
     slot: Slot,
 }
-
-impl IdleList for Pool {
-    fn give_one(&self) -> Option<Box<dyn std::any::Any + Send>> {
-        let idle = lock(&self.idle).pop()?;
-        let Conn { stream, _slot: slot, .. } = idle.conn;
-        // Closed meanwhile, or not movable: dropped (its slot freed).
-        if !still_open(&stream) {
-            return None;
-        }
-        let stream = stream.into_std().ok()?;
-        Some(Box::new(Moving { stream, slot }))
-    }
-}
-
-/// The read buffer of a new connection.
-pub const BUF: usize = 16 * 1024;
 
 /// Whether an idle connection is still open: nothing arrived on it since
 /// its last response (the runtime's readiness says so without a system
