@@ -30,6 +30,7 @@ pub mod bpf;
 pub mod client;
 pub mod closed_loop;
 pub mod counted;
+pub mod differential;
 pub mod h2raw;
 pub mod in_process;
 pub mod jetty;
@@ -38,6 +39,7 @@ pub mod packet;
 pub mod peer;
 pub mod process;
 pub mod recorder;
+pub mod replay;
 pub mod scrape;
 pub mod shed_load;
 pub mod tls;
@@ -519,8 +521,11 @@ impl Daemon {
         Pid::from_raw(self.child.id() as i32)
     }
 
+    /// What the daemon logged so far (its log file always exists: a test
+    /// that cannot read it fails, it does not read an empty log).
     pub fn log(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
+        fs::read_to_string(&self.log)
+            .unwrap_or_else(|e| panic!("the daemon's log {}: {e}", self.log.display()))
     }
 
     pub fn signal(&self, signal: Signal) {
@@ -653,7 +658,9 @@ pub fn link_program(dump: &Value, pin: &str) -> u32 {
 pub fn run_count(id: u32) -> u64 {
     let out = run("bpftool", &["prog", "show", "id", &id.to_string(), "--json"]).expect("bpftool prog show");
     let v: Value = serde_json::from_str(&out).expect("bpftool json");
-    v["run_cnt"].as_u64().unwrap_or(0)
+    v["run_cnt"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("bpftool shows no run_cnt for program {id} (are its stats enabled?): {v}"))
 }
 
 /// Raises this process's open-file limit to its hard limit.
@@ -691,10 +698,13 @@ pub fn port_row(dump: &Value, port: u16) -> Value {
         .unwrap_or(Value::Null)
 }
 
-/// One port's row from a dump (all zero if the port has none).
+/// One port's row from a dump; fails the test if the dump has no row for
+/// the port or the row lacks a count (a reader that took a missing value
+/// for 0 would pass a test whose dump lost the port).
 pub fn port(dump: &Value, port: u16) -> PortView {
     let row = port_row(dump, port);
-    let n = |k: &str| row[k].as_u64().unwrap_or(0);
+    assert!(!row.is_null(), "the dump has no row for port {port}: {dump}");
+    let n = |k: &str| row[k].as_u64().unwrap_or_else(|| panic!("port {port}'s row has no {k}: {row}"));
     PortView {
         limit: row["limit"].as_u64(),
         established: n("established"),

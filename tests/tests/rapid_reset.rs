@@ -22,7 +22,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter_tests::{Daemon, client, h2raw, in_process::InProcess, try_metric, upstream::Upstream};
+use limiter_tests::{Daemon, client, h2raw, in_process::InProcess, metric, upstream::Upstream};
 
 /// An upstream that accepts one connection every `every` (its backlog
 /// holds the others), answers `200 ok` to every request head on a
@@ -134,7 +134,8 @@ fn serve(mut s: TcpStream, empty: &AtomicU64, served: &AtomicU64) {
 /// were there before the upstream bound: an earlier test's listener on
 /// the same port number leaves its connections in TIME-WAIT for a minute.
 fn time_wait(port: u16) -> std::collections::BTreeSet<(String, String)> {
-    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    assert!(table.lines().next().is_some_and(|l| l.contains("local_address")), "/proc/net/tcp: {table}");
     let hex = format!("0100007F:{port:04X}");
     table
         .lines()
@@ -319,12 +320,11 @@ fn run(reset: Reset) -> Figures {
     thread::sleep(Duration::from_millis(500));
 
     let page = d.metrics();
-    let breaker = d.admin_get("/breaker").unwrap_or_default();
-    let connect_errors =
-        try_metric(&page, "limiter_http_upstream_errors_total{kind=\"connect\"}").unwrap_or(-1.0);
-    let borrowed = try_metric(&page, "limiter_http_upstream_borrowed_total").unwrap_or(0.0);
-    let reset_ends = try_metric(&page, "limiter_http2_reset_goaways_total").unwrap_or(-1.0)
-        + try_metric(&page, "limiter_http2_floods_total{frame=\"rst_stream\"}").unwrap_or(0.0);
+    let breaker = d.admin_get("/breaker").expect("the breaker's state");
+    let connect_errors = metric(&page, "limiter_http_upstream_errors_total{kind=\"connect\"}");
+    let borrowed = metric(&page, "limiter_http_upstream_borrowed_total");
+    let reset_ends = metric(&page, "limiter_http2_reset_goaways_total")
+        + metric(&page, "limiter_http2_floods_total{frame=\"rst_stream\"}");
     let log = d.log();
     let lines: Vec<&str> = log.lines().skip(log_before).collect();
     let h2_lines = lines.iter().filter(|l| l.contains(" h2::")).count();

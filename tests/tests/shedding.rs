@@ -269,7 +269,9 @@ fn dry_run_counts_what_it_would_shed_and_refuses_no_syn() {
     let flood = Flood::start(&sb, proxy);
     wait_for("would-be shedding", Duration::from_secs(5), || shedding_active(&daemon));
     wait_for("would-be sheds counted", Duration::from_secs(5), || {
-        port_row(&dump(&sb.pin_path), proxy.port())["would_refuse_by"]["shed"].as_u64().unwrap_or(0) > 5
+        let row = port_row(&dump(&sb.pin_path), proxy.port());
+        row["would_refuse_by"]["shed"].as_u64().unwrap_or_else(|| panic!("no would_refuse_by.shed in {row}"))
+            > 5
     });
     let counts = flood.stop();
     assert_eq!(counts[0], 0, "nothing refused at the SYN in dry-run: {counts:?}");

@@ -87,7 +87,7 @@ fn restarts_under_socket_activation_queue_connections_instead_of_refusing_them()
         let _ = holder.kill();
     }
     let _ = holder.wait();
-    let daemons = std::fs::read_to_string(&log).unwrap_or_default();
+    let daemons = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
     eprintln!(
         "socket activation: {ok} requests answered 200 across 2 restarts ({pids:?}), {} errors",
         errors.len()

@@ -45,6 +45,9 @@ usage: cargo xtask VERB [ARGS]
                              control-plane, coupled-shedding and adaptive-limit
                              scenarios against the real daemon and
                              gate; prints a table, fails if anything was lost
+  fuzz [--seconds N]         the HTTP/1 framing module's fuzz target under libFuzzer
+                             (cargo fuzz on the nightly toolchain, installed if
+                             missing) for N seconds (default 300)
   dist                       a release tarball in target/dist: the binary (kernel
                              programs embedded), example config, systemd units,
                              Kubernetes manifest, README
@@ -69,6 +72,17 @@ fn real_main() -> Result<()> {
         "soak" => {
             setup::ensure(setup::Purpose::Test)?;
             soak(rest.iter().any(|a| a == "--short"))
+        }
+        "fuzz" => {
+            setup::ensure(setup::Purpose::Build)?;
+            let seconds = rest
+                .iter()
+                .position(|a| a == "--seconds")
+                .and_then(|i| rest.get(i + 1))
+                .map(|s| s.parse::<u64>().context("--seconds takes a number"))
+                .transpose()?
+                .unwrap_or(300);
+            fuzz(seconds)
         }
         "dist" => {
             setup::ensure(setup::Purpose::Build)?;
@@ -125,6 +139,34 @@ fn soak(short: bool) -> Result<()> {
         cmd.arg("--short");
     }
     status("the soak suite", &mut cmd)
+}
+
+/// The version of cargo-fuzz the fuzz verb installs when it is missing.
+const CARGO_FUZZ: &str = "0.13.1";
+
+/// Runs the framing module's fuzz target (`fuzz/fuzz_targets/framing.rs`)
+/// under libFuzzer for `seconds`, from its kept corpus. A failing input
+/// is saved under `fuzz/artifacts/framing`: keep it in
+/// `fuzz/regressions/framing`, where the test suite replays it.
+fn fuzz(seconds: u64) -> Result<()> {
+    let installed =
+        Command::new("cargo").args(["fuzz", "--version"]).output().is_ok_and(|o| o.status.success());
+    if !installed {
+        status(
+            &format!("installing cargo-fuzz {CARGO_FUZZ}"),
+            cargo().args(["install", "cargo-fuzz", "--locked", "--version", CARGO_FUZZ]),
+        )?;
+    }
+    let corpus = root().join("fuzz/corpus/framing");
+    status(
+        "the framing fuzz target",
+        Command::new("cargo")
+            .current_dir(root())
+            .args(["+nightly", "fuzz", "run", "framing"])
+            .arg(&corpus)
+            .arg("--")
+            .arg(format!("-max_total_time={seconds}")),
+    )
 }
 
 /// Builds the release binary and packs the tarball; returns its path.

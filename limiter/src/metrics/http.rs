@@ -152,9 +152,15 @@ pub fn write_upstreams(page: &mut Page, u: &Upstreams) {
     page.family(
         "limiter_http_upstream_orphans_total",
         "counter",
-        "Requests whose client went away after they were handed to an upstream connection, finished in the background to keep the connection.",
+        "Responses whose client went away, reset its stream, read too slowly or was cut, read to their end in the background holding their permits (or their connections closed).",
     )
     .sample("limiter_http_upstream_orphans_total", &[], load(&u.orphans_finished));
+    page.family(
+        "limiter_http_upstream_retries_total",
+        "counter",
+        "Requests sent again on another connection: idempotent, their body in memory, a pooled connection that closed before any byte of the response.",
+    )
+    .sample("limiter_http_upstream_retries_total", &[], load(&u.retries));
     page.family(
         "limiter_http_upstream_borrowed_total",
         "counter",

@@ -35,7 +35,7 @@ use super::{
     headers::{Client, Forwarding, Seen, connection_named, is_hop_by_hop},
     http1::{
         self, Framing, HeadError, ResponseHead,
-        body::{Decoder, LAST_CHUNK, chunk_head},
+        body::{Decoder, Encoder},
     },
     io::ClientIo,
     pipeline::{self, Admitted, Body, CLIENT_GONE, Ctx, Logged, Outcome, Reply},
@@ -568,18 +568,17 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let pressure = &c.proxy.pressure;
+    let mut encoder = match to {
+        ToClient::Chunked => Encoder::Chunked,
+        ToClient::Length(n) => Encoder::Length(n),
+        ToClient::Empty | ToClient::Close => Encoder::Close,
+    };
     let mut data = first;
     loop {
-        if !data.is_empty() {
-            out.bytes_out += data.len() as u64;
-            if to == ToClient::Chunked {
-                chunk_head(&mut pending, data.len());
-                pending.extend_from_slice(&data);
-                pending.extend_from_slice(b"\r\n");
-            } else {
-                pending.extend_from_slice(&data);
-            }
-        }
+        out.bytes_out += data.len() as u64;
+        // The upstream's framing said how long: a body that runs past it
+        // cannot be sent as the head said.
+        encoder.data(&mut pending, &data).map_err(drop)?;
         if !pending.is_empty() {
             guarded_write(io, &pending, pressure, c.proxy).await?;
             pending.clear();
@@ -592,8 +591,9 @@ where
             Err(()) => return Err(()),
         };
     }
-    if to == ToClient::Chunked {
-        guarded_write(io, LAST_CHUNK, pressure, c.proxy).await?;
+    encoder.finish(&mut pending).map_err(drop)?;
+    if !pending.is_empty() {
+        guarded_write(io, &pending, pressure, c.proxy).await?;
     }
     Ok(())
 }

@@ -1206,6 +1206,46 @@ fn adaptive(short: bool) -> Row {
     row
 }
 
+/// Generated pipelined HTTP/1.x streams through the daemon to a strict
+/// upstream, each held to hyper's reading of the same bytes
+/// (`limiter_tests::differential`, the differential test's generator and
+/// check, run longer here).
+fn streams(short: bool) -> Row {
+    use limiter_tests::{
+        differential::{check, gen_case},
+        wire::{self, Capture},
+    };
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+    let capture = Capture::reading(wire::strict);
+    let (daemon, proxy) =
+        http_only("streams", capture.addr, "breaker.minRequests = 1000000000\nhttp.maxThreads = 64\n");
+    let cases = if short { 300 } else { 20_000 };
+    let mut row = Row::new(
+        "HTTP/1.x streams",
+        format!(
+            "{cases} generated pipelined streams (valid, and with a bare LF, a bare CR, spaces, an empty line or a NUL in their framing), cut into writes at random, through the daemon to a strict upstream, each against hyper's reading of the same bytes"
+        ),
+    );
+    let started = Instant::now();
+    let config = Config { cases, failure_persistence: None, max_shrink_time: 30_000, ..Config::default() };
+    let outcome =
+        TestRunner::new(config).run(&gen_case(), |c| check(proxy, &capture, &c).map_err(TestCaseError::fail));
+    match outcome {
+        Ok(()) => row.check(
+            true,
+            format!(
+                "{cases} streams agreed with hyper's reading, in {:.0} s",
+                started.elapsed().as_secs_f64()
+            ),
+        ),
+        Err(e) => row.check(false, format!("a stream differs (shrunk): {e}")),
+    }
+    row.check(pools_empty(&daemon), "every permit returned".into());
+    let rss = rss_mib(daemon.pid().as_raw());
+    row.check(rss < 100.0, format!("RSS {rss:.1} MiB"));
+    row
+}
+
 fn main() -> ExitCode {
     let short = std::env::args().any(|a| a == "--short");
     if let Some(why) = limiter_tests::kernel_tests_blocked() {
@@ -1213,8 +1253,17 @@ fn main() -> ExitCode {
     }
     limiter_tests::raise_fd_limit();
     let started = Instant::now();
-    let scenarios: [fn(bool) -> Row; 8] =
-        [overload, flood, upstream_faults, hostile, http2, control_plane, coupled_shedding, adaptive];
+    let scenarios: [fn(bool) -> Row; 9] = [
+        overload,
+        flood,
+        upstream_faults,
+        hostile,
+        http2,
+        control_plane,
+        coupled_shedding,
+        adaptive,
+        streams,
+    ];
     // `--only WORD`: the scenarios whose function name contains WORD (for
     // working on one; CI runs them all).
     let args: Vec<String> = std::env::args().collect();
@@ -1228,6 +1277,7 @@ fn main() -> ExitCode {
         "control_plane",
         "coupled_shedding",
         "adaptive",
+        "streams",
     ];
     let mut rows = Vec::new();
     for (s, name) in scenarios.into_iter().zip(names) {

@@ -414,6 +414,56 @@ impl Chunked {
     }
 }
 
+/// A body that does not match the length its head gave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the body does not match the length its head gave")]
+pub struct LengthMismatch;
+
+/// How limiter frames a body it sends, and what of it is still owed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Encoder {
+    /// With a length: exactly this many bytes more.
+    Length(u64),
+    /// In chunks limiter sizes.
+    Chunked,
+    /// Until the connection closes (to an HTTP/1.0 client).
+    Close,
+}
+
+impl Encoder {
+    /// Appends `data`, framed, to `out`; `Err` if it runs past the length.
+    pub fn data(&mut self, out: &mut Vec<u8>, data: &[u8]) -> Result<(), LengthMismatch> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        match self {
+            Self::Length(left) => {
+                *left = left.checked_sub(data.len() as u64).ok_or(LengthMismatch)?;
+                out.extend_from_slice(data);
+            }
+            Self::Chunked => {
+                chunk_head(out, data.len());
+                out.extend_from_slice(data);
+                out.extend_from_slice(b"\r\n");
+            }
+            Self::Close => out.extend_from_slice(data),
+        }
+        Ok(())
+    }
+
+    /// Appends the body's end to `out`; `Err` if a length was not met.
+    pub fn finish(self, out: &mut Vec<u8>) -> Result<(), LengthMismatch> {
+        match self {
+            Self::Length(0) | Self::Close => Ok(()),
+            Self::Length(_) => Err(LengthMismatch),
+            Self::Chunked => {
+                out.extend_from_slice(LAST_CHUNK);
+                Ok(())
+            }
+        }
+    }
+}
+
 /// The line that starts a chunk of `len` bytes, as limiter writes it:
 /// the size in lower-case hex, CRLF.
 pub fn chunk_head(out: &mut Vec<u8>, len: usize) {

@@ -314,3 +314,26 @@ fn responses_limiter_cannot_frame_are_the_upstreams_failure() {
     );
     assert_eq!(parse_response(b"HTTP/1.1 200 OK\r\n", false), Response::Partial);
 }
+
+#[test]
+fn the_encoder_frames_as_limiter_frames_and_holds_a_length_to_its_word() {
+    use super::body::Encoder;
+    let mut out = Vec::new();
+    let mut chunked = Encoder::Chunked;
+    chunked.data(&mut out, b"hello").unwrap();
+    chunked.data(&mut out, b"").unwrap();
+    chunked.data(&mut out, b" world").unwrap();
+    chunked.finish(&mut out).unwrap();
+    assert_eq!(out, b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n", "no empty chunk before the last");
+    let mut out = Vec::new();
+    let mut length = Encoder::Length(5);
+    length.data(&mut out, b"hel").unwrap();
+    assert!(length.finish(&mut out).is_err(), "short of its length");
+    let mut length = Encoder::Length(5);
+    assert!(length.data(&mut out, b"hello!").is_err(), "past its length");
+    let mut length = Encoder::Length(5);
+    let mut out = Vec::new();
+    length.data(&mut out, b"hello").unwrap();
+    length.finish(&mut out).unwrap();
+    assert_eq!(out, b"hello");
+}

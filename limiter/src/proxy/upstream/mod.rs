@@ -41,7 +41,7 @@ use super::{
     counters::BodyTimeout,
     http1::{
         self, Framing, ResponseHead,
-        body::{Decoder, LAST_CHUNK, chunk_head},
+        body::{Decoder, Encoder},
     },
     rate::{Broke, Pace},
     request::Outgoing,
@@ -157,7 +157,9 @@ pub async fn send<B: BodySource>(
 /// beside it in one vectored write).
 async fn write_whole(conn: &mut Conn, head: &[u8], body: &Bytes, idle: Duration) -> Result<(), ()> {
     let write = async {
-        if body.len() <= 16 * 1024 {
+        if body.is_empty() {
+            conn.stream.write_all(head).await
+        } else if body.len() <= 16 * 1024 {
             let mut out = Vec::with_capacity(head.len() + body.len());
             out.extend_from_slice(head);
             out.extend_from_slice(body);
@@ -185,29 +187,13 @@ async fn stream<B: BodySource>(
 ) -> Result<Result<(), ()>, Failure> {
     let mut out = Vec::with_capacity(head.len() + first.len() + 16);
     out.extend_from_slice(head);
-    let mut left = match framing {
-        Outgoing::Length(n) => Some(n),
-        _ => None,
+    let mut encoder = match framing {
+        Outgoing::Length(n) => Encoder::Length(n),
+        _ => Encoder::Chunked,
     };
-    let mut frame = |out: &mut Vec<u8>, data: &[u8]| -> Result<(), Failure> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        match &mut left {
-            Some(n) => {
-                // The client's framing said how long: never past it.
-                *n = n.checked_sub(data.len() as u64).ok_or(Failure::ClientBody(None))?;
-                out.extend_from_slice(data);
-            }
-            None => {
-                chunk_head(out, data.len());
-                out.extend_from_slice(data);
-                out.extend_from_slice(b"\r\n");
-            }
-        }
-        Ok(())
-    };
-    frame(&mut out, first)?;
+    // The client's framing said how long: never past it.
+    let too_long = |_| Failure::ClientBody(None);
+    encoder.data(&mut out, first).map_err(too_long)?;
     let idle = s.idle_timeout;
     let mut pace = Pace::new(s.min_rate, idle);
     loop {
@@ -230,13 +216,10 @@ async fn stream<B: BodySource>(
         };
         pace.add(data.len());
         *streamed += data.len() as u64;
-        frame(&mut out, &data)?;
+        encoder.data(&mut out, &data).map_err(too_long)?;
     }
-    match left {
-        Some(0) => Ok(Ok(())),
-        Some(_) => Err(Failure::ClientBody(None)),
-        None => Ok(timed(idle, conn.stream.write_all(LAST_CHUNK)).await),
-    }
+    encoder.finish(&mut out).map_err(too_long)?;
+    Ok(timed(idle, conn.stream.write_all(&out)).await)
 }
 
 async fn timed<T, E>(limit: Duration, f: impl Future<Output = Result<T, E>>) -> Result<T, ()> {
