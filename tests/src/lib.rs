@@ -654,13 +654,21 @@ pub fn link_program(dump: &Value, pin: &str) -> u32 {
         .unwrap_or_else(|| panic!("no attached link {pin} in {dump}")) as u32
 }
 
-/// How many times program `id` ran (needs [`bpf::enable_stats`] held).
-pub fn run_count(id: u32) -> u64 {
+/// How many times program `id` ran since `stats` (the guard of
+/// [`bpf::enable_stats`], which proves the counting is on) was taken.
+/// bpftool leaves `run_cnt` and `run_time_ns` out while a program has not
+/// run at all: with the counting on, that is 0, and only that. Any other
+/// gap (no such program, a count without its time) fails the test.
+pub fn run_count(id: u32, stats: &std::os::fd::OwnedFd) -> u64 {
+    let _ = stats;
     let out = run("bpftool", &["prog", "show", "id", &id.to_string(), "--json"]).expect("bpftool prog show");
     let v: Value = serde_json::from_str(&out).expect("bpftool json");
-    v["run_cnt"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("bpftool shows no run_cnt for program {id} (are its stats enabled?): {v}"))
+    assert_eq!(v["id"].as_u64(), Some(u64::from(id)), "bpftool shows another program than {id}: {v}");
+    match (v["run_cnt"].as_u64(), v["run_time_ns"].as_u64()) {
+        (Some(n), Some(_)) => n,
+        (None, None) => 0,
+        _ => panic!("bpftool shows a run count without its time, or the other way round, for {id}: {v}"),
+    }
 }
 
 /// Raises this process's open-file limit to its hard limit.
