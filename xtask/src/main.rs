@@ -142,10 +142,11 @@ fn soak(short: bool) -> Result<()> {
 }
 
 /// The version of cargo-fuzz the fuzz verb installs when it is missing.
-const CARGO_FUZZ: &str = "0.13.1";
+const CARGO_FUZZ: &str = "0.13.2";
 
 /// Runs the framing module's fuzz target (`fuzz/fuzz_targets/framing.rs`)
-/// under libFuzzer for `seconds`, from its kept corpus. A failing input
+/// under libFuzzer for `seconds`, from its kept seeds and what earlier runs
+/// found (`target/fuzz-corpus/framing`). A failing input
 /// is saved under `fuzz/artifacts/framing`: keep it in
 /// `fuzz/regressions/framing`, where the test suite replays it.
 fn fuzz(seconds: u64) -> Result<()> {
@@ -157,13 +158,17 @@ fn fuzz(seconds: u64) -> Result<()> {
             cargo().args(["install", "cargo-fuzz", "--locked", "--version", CARGO_FUZZ]),
         )?;
     }
-    let corpus = root().join("fuzz/corpus/framing");
+    // What the fuzzer adds goes to a working corpus under target/; the kept
+    // seeds (fuzz/corpus/framing) are read, never written.
+    let working = root().join("target/fuzz-corpus/framing");
+    std::fs::create_dir_all(&working)?;
     status(
         "the framing fuzz target",
         Command::new("cargo")
             .current_dir(root())
             .args(["+nightly", "fuzz", "run", "framing"])
-            .arg(&corpus)
+            .arg(&working)
+            .arg(root().join("fuzz/corpus/framing"))
             .arg("--")
             .arg(format!("-max_total_time={seconds}")),
     )
