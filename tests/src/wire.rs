@@ -82,6 +82,8 @@ impl Message {
 pub struct Read {
     pub messages: Vec<Message>,
     pub stopped: Option<String>,
+    /// The bytes the whole requests took.
+    pub consumed: usize,
 }
 
 /// Reads `stream` as a strict server would.
@@ -116,22 +118,23 @@ enum Framing {
 
 fn read(s: &[u8], rules: &dyn Rules) -> Read {
     let mut messages = Vec::new();
-    let mut at = 0;
+    let (mut at, mut consumed) = (0, 0);
     loop {
         // Empty lines before a request line are skipped (RFC 9112 §2.2).
         while s.get(at) == Some(&b'\n') || s[at..].starts_with(b"\r\n") {
             at += if s[at] == b'\n' { 1 } else { 2 };
         }
         if at >= s.len() {
-            return Read { messages, stopped: None };
+            return Read { messages, stopped: None, consumed };
         }
         match message(s, at, rules) {
             Ok(Some((m, next))) => {
                 messages.push(m);
                 at = next;
+                consumed = next;
             }
-            Ok(None) => return Read { messages, stopped: Some("incomplete".into()) },
-            Err(e) => return Read { messages, stopped: Some(e) },
+            Ok(None) => return Read { messages, stopped: Some("incomplete".into()), consumed },
+            Err(e) => return Read { messages, stopped: Some(e), consumed },
         }
     }
 }
@@ -391,6 +394,13 @@ impl Capture {
         list.iter().map(|b| b.lock().expect("not poisoned").clone()).collect()
     }
 
+    /// Every connection's bytes since the last take (or the start), taken:
+    /// the next take, and [`Self::streams`], start after them.
+    pub fn take(&self) -> Vec<Vec<u8>> {
+        let list = self.connections.lock().expect("not poisoned");
+        list.iter().map(|b| std::mem::take(&mut *b.lock().expect("not poisoned"))).collect()
+    }
+
     /// The requests the lenient reader found on every connection so far.
     pub fn served(&self) -> Vec<Message> {
         self.streams().iter().flat_map(|s| lenient(s).messages).collect()
@@ -398,27 +408,26 @@ impl Capture {
 }
 
 fn serve(mut stream: TcpStream, bytes: &Mutex<Vec<u8>>, reader: fn(&[u8]) -> Read) {
-    let mut answered = 0;
+    // What is not yet whole requests: read again, with the next bytes, until
+    // it is (the recorded bytes are the test's, and may be taken).
+    let mut pending = Vec::new();
     let mut buf = [0u8; 16 * 1024];
     loop {
         let n = match stream.read(&mut buf) {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        let all = {
-            let mut b = bytes.lock().expect("not poisoned");
-            b.extend_from_slice(&buf[..n]);
-            b.clone()
-        };
-        let read = reader(&all);
-        for m in &read.messages[answered..] {
+        bytes.lock().expect("not poisoned").extend_from_slice(&buf[..n]);
+        pending.extend_from_slice(&buf[..n]);
+        let read = reader(&pending);
+        for m in &read.messages {
             let body = format!("served {} {} {}\n", m.method, m.target, m.body.len());
             let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len());
             if stream.write_all(answer.as_bytes()).is_err() {
                 return;
             }
         }
-        answered = read.messages.len();
+        pending.drain(..read.consumed);
         if read.stopped.as_deref().is_some_and(|s| s != "incomplete") {
             let _ = stream
                 .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");

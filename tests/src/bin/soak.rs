@@ -1219,7 +1219,7 @@ fn streams(short: bool) -> Row {
     let capture = Capture::reading(wire::strict);
     let (daemon, proxy) =
         http_only("streams", capture.addr, "breaker.minRequests = 1000000000\nhttp.maxThreads = 64\n");
-    let cases = if short { 300 } else { 20_000 };
+    let cases = if short { 300 } else { 10_000 };
     let mut row = Row::new(
         "HTTP/1.x streams",
         format!(
