@@ -40,6 +40,7 @@ pub mod peer;
 pub mod process;
 pub mod recorder;
 pub mod replay;
+pub mod sched;
 pub mod scrape;
 pub mod shed_load;
 pub mod tls;

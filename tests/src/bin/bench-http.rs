@@ -71,6 +71,7 @@ use limiter_tests::{
     counted::{self, Load, Server},
     free_port, http_get,
     nginx::{self, Nginx},
+    sched::{PerRequest, Sched},
     upstream::Upstream,
 };
 
@@ -186,16 +187,18 @@ fn main() -> Result<()> {
 fn bench(dir: &Path) -> Result<String> {
     let auth = "Authorization: Bearer bench-session";
     // (1) Under the limit: an nginx upstream that answers at once.
-    let (upstream, _origin) = origin(dir)?;
+    let (upstream, origin_nginx) = origin(dir)?;
     let (config, limiter_addr) = limiter_config(dir, upstream, 100);
     let daemon = Daemon::start(&config, &[])?;
     let nginx_port = free_port();
-    let _proxy = nginx_proxy(dir, "proxy", nginx_port, upstream, 100)?;
+    let proxy = nginx_proxy(dir, "proxy", nginx_port, upstream, 100)?;
     let targets = [
         ("upstream directly (nginx)", format!("http://{upstream}/")),
         ("limiter -> upstream", format!("http://{limiter_addr}/")),
         ("nginx limit_conn -> upstream", format!("http://127.0.0.1:{nginx_port}/")),
     ];
+    // Whose scheduler figures each row reports: the server in front.
+    let pids = [origin_nginx.workers(), vec![daemon.pid().as_raw() as u32], proxy.workers()];
     let n = targets.len();
     for (_, url) in &targets {
         // Warm-up and a check that every path answers 200.
@@ -203,19 +206,28 @@ fn bench(dir: &Path) -> Result<String> {
         ensure!(r.non_2xx_per_s == 0.0, "{url} answered non-2xx under the limit");
     }
     let mut under: Vec<Vec<Run>> = vec![Vec::new(); n];
+    let mut under_sched = vec![(Sched::default(), 0.0); n];
     for round in 0..ROUNDS {
         for k in 0..n {
             let i = (round + k) % n;
-            under[i].push(wrk(&targets[i].1, &[auth])?);
+            let before = Sched::of(&pids[i])?;
+            let r = wrk(&targets[i].1, &[auth])?;
+            let seen = Sched::of(&pids[i])?.since(before);
+            under_sched[i] = (under_sched[i].0.add(seen), under_sched[i].1 + r.rps * f64::from(SECONDS));
+            under[i].push(r);
         }
         eprintln!("under-limit round {}/{ROUNDS}", round + 1);
     }
     let mut fresh: Vec<Vec<Run>> = vec![Vec::new(); n];
+    let mut fresh_sched = vec![(Sched::default(), 0.0); n];
     for round in 0..ROUNDS {
         for k in 0..n {
             let i = (round + k) % n;
+            let before = Sched::of(&pids[i])?;
             let r = wrk(&targets[i].1, &[auth, "Connection: close"])?;
+            let seen = Sched::of(&pids[i])?.since(before);
             ensure!(r.non_2xx_per_s == 0.0, "{}: non-2xx under the limit on new connections", targets[i].1);
+            fresh_sched[i] = (fresh_sched[i].0.add(seen), fresh_sched[i].1 + r.rps * f64::from(SECONDS));
             fresh[i].push(r);
         }
         eprintln!("new-connection round {}/{ROUNDS}", round + 1);
@@ -254,7 +266,9 @@ fn bench(dir: &Path) -> Result<String> {
 
     let names = targets.clone().map(|t| t.0);
     let mut text = report(&names, &under, &over_targets.map(|t| t.0), &over, p50, p99);
+    text.push_str(&sched_report("(1)", &names, &under_sched));
     text.push_str(&fresh_report(&names, &fresh));
+    text.push_str(&sched_report("(1b)", &names, &fresh_sched));
     text.push_str(&bodies);
     text.push_str(&front_door(dir, upstream, auth)?);
     text.push_str(&counted(dir, upstream)?);
@@ -522,6 +536,19 @@ fn report(
         l503 / n503,
         verdict(p99.is_some_and(|p| p <= 0.001)),
     ));
+    out
+}
+
+/// What the scheduler saw of each row's server over all its rounds, per
+/// request (`limiter_tests::sched`).
+fn sched_report(row: &str, names: &[&str], runs: &[(Sched, f64)]) -> String {
+    let mut out = format!(
+        "\n{row}, what the scheduler saw of the server in front (all its threads, all rounds), per request:\n\n{}",
+        PerRequest::HEADER
+    );
+    for (name, (sched, requests)) in names.iter().zip(runs) {
+        out.push_str(&sched.per_request(*requests).row(name));
+    }
     out
 }
 
