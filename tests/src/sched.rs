@@ -94,7 +94,7 @@ impl Sched {
     }
 
     /// Adds another run's counts.
-    pub fn add(self, other: Self) -> Self {
+    pub fn plus(self, other: Self) -> Self {
         Self {
             run_ns: self.run_ns + other.run_ns,
             wait_ns: self.wait_ns + other.wait_ns,

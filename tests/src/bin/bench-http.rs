@@ -213,7 +213,7 @@ fn bench(dir: &Path) -> Result<String> {
             let before = Sched::of(&pids[i])?;
             let r = wrk(&targets[i].1, &[auth])?;
             let seen = Sched::of(&pids[i])?.since(before);
-            under_sched[i] = (under_sched[i].0.add(seen), under_sched[i].1 + r.rps * f64::from(SECONDS));
+            under_sched[i] = (under_sched[i].0.plus(seen), under_sched[i].1 + r.rps * f64::from(SECONDS));
             under[i].push(r);
         }
         eprintln!("under-limit round {}/{ROUNDS}", round + 1);
@@ -227,7 +227,7 @@ fn bench(dir: &Path) -> Result<String> {
             let r = wrk(&targets[i].1, &[auth, "Connection: close"])?;
             let seen = Sched::of(&pids[i])?.since(before);
             ensure!(r.non_2xx_per_s == 0.0, "{}: non-2xx under the limit on new connections", targets[i].1);
-            fresh_sched[i] = (fresh_sched[i].0.add(seen), fresh_sched[i].1 + r.rps * f64::from(SECONDS));
+            fresh_sched[i] = (fresh_sched[i].0.plus(seen), fresh_sched[i].1 + r.rps * f64::from(SECONDS));
             fresh[i].push(r);
         }
         eprintln!("new-connection round {}/{ROUNDS}", round + 1);
