@@ -509,3 +509,16 @@ fn adaptive_and_the_classes_parse_and_bad_values_name_what_is_wrong() {
     let floor = parse("http.maxThreads = 20\nhttp.adaptive = on\nhttp.adaptive.minLimit = 50\n").unwrap();
     assert!(floor.warnings.iter().any(|w| w.contains("above the static pool")), "{:?}", floor.warnings);
 }
+
+#[test]
+fn a_retired_key_is_warned_about_not_refused() {
+    let c =
+        Config::parse("http.h1Engine = native\nhttp.maxThreads = 20\n", "limiter.ini").expect("still valid");
+    assert!(
+        c.warnings.iter().any(|w| w.contains("limiter.ini:1: http.h1Engine is ignored")),
+        "{:?}",
+        c.warnings
+    );
+    assert!(!c.ignored.iter().any(|k| k == "http.h1Engine"), "not listed as one of the runtime's keys");
+    assert_eq!(c.http.max_threads, 20, "the rest of the file applies");
+}
