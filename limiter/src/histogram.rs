@@ -1,10 +1,15 @@
 //! A fixed-bucket latency histogram with lock-free recording (the proxy
-//! records into it; `metrics::page` writes it in Prometheus form).
+//! records into it; `metrics::page` writes it in Prometheus form). Each
+//! thread records into a copy of its own ([`crate::shard`]): every
+//! request records one, and a shared one would bounce between the
+//! workers' CPUs.
 
 use std::{
     sync::atomic::{AtomicU64, Ordering},
     time::Duration,
 };
+
+use crate::shard::{Padded, SHARDS, index};
 
 /// Upper bounds in seconds: fine below a millisecond (time-to-503), wide
 /// above (upstream latency).
@@ -13,23 +18,41 @@ pub const BOUNDS: [f64; 18] = [
     0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// One thread's counts.
 #[derive(Debug, Default)]
-pub struct Histogram {
+struct Buckets {
     /// Per bucket (not cumulative); the last is +Inf.
     counts: [AtomicU64; BOUNDS.len() + 1],
     sum_nanos: AtomicU64,
+}
+
+#[derive(Debug)]
+pub struct Histogram {
+    shards: Box<[Padded<Buckets>; SHARDS]>,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Self { shards: Box::new(std::array::from_fn(|_| Padded::default())) }
+    }
 }
 
 impl Histogram {
     pub fn record(&self, elapsed: Duration) {
         let secs = elapsed.as_secs_f64();
         let i = BOUNDS.iter().position(|&b| secs <= b).unwrap_or(BOUNDS.len());
-        self.counts[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_nanos.fetch_add(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        let mine = &self.shards[index()].0;
+        mine.counts[i].fetch_add(1, Ordering::Relaxed);
+        mine.sum_nanos.fetch_add(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// Samples in bucket `i`, every thread's.
+    fn bucket(&self, i: usize) -> u64 {
+        self.shards.iter().map(|s| s.0.counts[i].load(Ordering::Relaxed)).sum()
     }
 
     pub fn count(&self) -> u64 {
-        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+        (0..=BOUNDS.len()).map(|i| self.bucket(i)).sum()
     }
 
     /// The smallest bucket bound below which at least `q` of the samples
@@ -41,8 +64,8 @@ impl Histogram {
         }
         let want = (q * total as f64).ceil() as u64;
         let mut seen = 0;
-        for (i, c) in self.counts.iter().enumerate() {
-            seen += c.load(Ordering::Relaxed);
+        for i in 0..=BOUNDS.len() {
+            seen += self.bucket(i);
             if seen >= want {
                 return Some(BOUNDS.get(i).copied().unwrap_or(f64::INFINITY));
             }
@@ -54,11 +77,9 @@ impl Histogram {
     /// `None` (+Inf).
     pub fn cumulative(&self) -> Vec<(Option<f64>, u64)> {
         let mut total = 0;
-        self.counts
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                total += c.load(Ordering::Relaxed);
+        (0..=BOUNDS.len())
+            .map(|i| {
+                total += self.bucket(i);
                 (BOUNDS.get(i).copied(), total)
             })
             .collect()
@@ -66,7 +87,7 @@ impl Histogram {
 
     /// The sum of every sample, in seconds.
     pub fn sum_seconds(&self) -> f64 {
-        self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9
+        self.shards.iter().map(|s| s.0.sum_nanos.load(Ordering::Relaxed)).sum::<u64>() as f64 / 1e9
     }
 }
 

@@ -30,7 +30,9 @@
 //! - [`shedding`] (leaf): when coupled shedding starts and stops (the
 //!   hysteresis; `daemon::shedding` samples the pools and raises the
 //!   kernel flags);
-//! - [`histogram`] (leaf): the latency histogram the proxy records into;
+//! - [`histogram`]: the latency histogram the proxy records into;
+//! - [`shard`] (leaf): counters kept one copy per thread, so that workers
+//!   bumping them on every request do not share a cache line;
 //! - [`config`]: the file's grammar, the one key table, the typed
 //!   configuration everything above reads (with the TLS pair it names);
 //! - [`tls`]: the TLS certificate pair and the rustls configuration;
@@ -64,6 +66,7 @@ mod import_graph;
 pub mod kernel;
 pub mod metrics;
 pub mod proxy;
+pub mod shard;
 pub mod shedding;
 pub mod tls;
 pub mod utc;

@@ -30,7 +30,7 @@ pub fn write_front_door(page: &mut Page, c: &Counters, log: &access_log::Stats) 
         page.sample(
             "limiter_http_protocol_connections_total",
             &[("proto", proto.as_str())],
-            load(&c.connections_by_proto[proto.index()]),
+            c.connections_by_proto[proto.index()].load(Ordering::Relaxed),
         );
     }
     page.family(
@@ -42,7 +42,7 @@ pub fn write_front_door(page: &mut Page, c: &Counters, log: &access_log::Stats) 
         page.sample(
             "limiter_http_requests_total",
             &[("proto", proto.as_str())],
-            load(&c.requests_by_proto[proto.index()]),
+            c.requests_by_proto[proto.index()].load(Ordering::Relaxed),
         );
     }
     page.family(

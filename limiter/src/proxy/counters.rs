@@ -11,7 +11,7 @@ use super::{
     proto::Proto,
     refusal_log::{RefusalLog, ResetLog},
 };
-use crate::histogram::Histogram;
+use crate::{histogram::Histogram, shard::Counter};
 
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -19,8 +19,9 @@ pub struct Counters {
     pub refusal_log: RefusalLog,
     /// Rate-limited log lines for HTTP/2 connections ended for resets.
     pub reset_log: ResetLog,
-    /// Responses sent by status class, 1xx..5xx.
-    pub responses: [AtomicU64; 5],
+    /// Responses sent by status class, 1xx..5xx (bumped by every request:
+    /// kept per thread, [`crate::shard`]).
+    pub responses: [Counter; 5],
     /// Requests refused because the breaker is open (the pools count
     /// theirs).
     pub refused_breaker: AtomicU64,
@@ -51,14 +52,14 @@ pub struct Counters {
     pub slow_readers: AtomicU64,
     /// Request bodies too slow (408), by [`BodyTimeout`] rule.
     pub body_timeouts: [AtomicU64; BodyTimeout::ALL.len()],
-    pub connections_open: AtomicU64,
-    pub connections_total: AtomicU64,
+    pub connections_open: Counter,
+    pub connections_total: Counter,
     pub upgrades: AtomicU64,
     /// Connections served, by [`Proto`] (in [`Proto::ALL`] order), once
     /// the protocol is known (after the TLS handshake).
-    pub connections_by_proto: [AtomicU64; Proto::ALL.len()],
+    pub connections_by_proto: [Counter; Proto::ALL.len()],
     /// Requests (HTTP/2: streams) received, by [`Proto`].
-    pub requests_by_proto: [AtomicU64; Proto::ALL.len()],
+    pub requests_by_proto: [Counter; Proto::ALL.len()],
     /// TLS handshakes, by [`HANDSHAKES`] outcome.
     pub tls_handshakes: [AtomicU64; HANDSHAKES.len()],
     /// HTTP/2 streams answered 503 (the connection stays open).

@@ -321,9 +321,9 @@ where
     let mut head = Vec::with_capacity(512);
     req.write_upstream(&mut head, c.fwd, proxy.upstream(), framing, upgrade);
     let admitted = Admitted {
-        proxy: proxy.clone(),
-        tuning: tuning.clone(),
-        pool: c.pool.clone(),
+        proxy,
+        tuning,
+        pool: c.pool,
         head,
         method: req.method.clone(),
         upgrade,

@@ -242,23 +242,24 @@ async fn serve_stream(
     let framing = pipeline::outgoing(&req, &received);
     let mut head = Vec::with_capacity(512);
     req.write_upstream(&mut head, &s.fwd, proxy.upstream(), framing, false);
-    let admitted = Admitted {
-        proxy: proxy.clone(),
-        tuning: tuning.clone(),
-        pool: s.pool.clone(),
-        head,
-        method: req.method.clone(),
-        upgrade: false,
-        received,
-        framing,
-        ticket,
-        permit,
-        started,
-    };
     // The upstream's part goes on whatever becomes of the stream.
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let (task_proxy, client) = (proxy.clone(), s.client);
+    let (task_proxy, task_tuning, pool, client) = (proxy.clone(), tuning.clone(), s.pool.clone(), s.client);
+    let method = req.method.clone();
     tokio::spawn(async move {
+        let admitted = Admitted {
+            proxy: &task_proxy,
+            tuning: &task_tuning,
+            pool: &pool,
+            head,
+            method,
+            upgrade: false,
+            received,
+            framing,
+            ticket,
+            permit,
+            started,
+        };
         let mut bytes_in = 0;
         let reply = pipeline::forward(admitted, source, &mut bytes_in).await;
         if let Err((reply, bytes_in, log)) = tx.send((reply, bytes_in, log)) {

@@ -196,13 +196,14 @@ pub fn outgoing(req: &Request, received: &Received) -> Outgoing {
     }
 }
 
-/// An admitted request on its way upstream: what phase 5 needs, owned, so
-/// that an HTTP/2 stream's can run as a task of its own (its client may
-/// reset the stream; the upstream's work goes on, holding the permit).
-pub struct Admitted {
-    pub proxy: Arc<Proxy>,
-    pub tuning: Arc<Tuning>,
-    pub pool: Arc<Pool>,
+/// An admitted request on its way upstream: what phase 5 needs. (An
+/// HTTP/2 stream's runs as a task of its own, which owns what this
+/// borrows: its client may reset the stream, and the upstream's work goes
+/// on, holding the permit.)
+pub struct Admitted<'a> {
+    pub proxy: &'a Proxy,
+    pub tuning: &'a Tuning,
+    pub pool: &'a Arc<Pool>,
     /// The head limiter wrote for the upstream.
     pub head: Vec<u8>,
     pub method: Method,
@@ -245,10 +246,10 @@ pub enum Body {
 /// Phase 5: the upstream, then its response. `rest` is the client's body
 /// beyond what was received (read only when the body streams); `bytes_in`
 /// counts what of it came.
-pub async fn forward<B: BodySource>(a: Admitted, rest: B, bytes_in: &mut u64) -> Reply {
-    let t = &*a.tuning;
+pub async fn forward<B: BodySource>(a: Admitted<'_>, rest: B, bytes_in: &mut u64) -> Reply {
+    let t = a.tuning;
     let s = Send {
-        pool: &a.pool,
+        pool: a.pool,
         connect_timeout: t.connect_timeout,
         idle_timeout: t.idle_timeout,
         upstream_timeout: t.upstream_timeout,
@@ -266,9 +267,9 @@ pub async fn forward<B: BodySource>(a: Admitted, rest: B, bytes_in: &mut u64) ->
     let answered = upstream::send(&s, &a.head, body, bytes_in).await;
     let Answered { conn, head, head_bytes, took } = match answered {
         Ok(answered) => answered,
-        Err(failure) => return Reply::Own(fail_to_proxy(&a.proxy, failure, a.ticket, a.started)),
+        Err(failure) => return Reply::Own(fail_to_proxy(a.proxy, failure, a.ticket, a.started)),
     };
-    let (proxy, mut permit) = (&a.proxy, a.permit);
+    let (proxy, mut permit) = (a.proxy, a.permit);
     proxy.counters.upstream_latency.record(took);
     permit.answered(took);
     if let Some(ticket) = a.ticket {

@@ -1,6 +1,9 @@
 //! What every worker thread of the proxy shares.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{
+    Arc, RwLock,
+    atomic::{AtomicU64, Ordering},
+};
 
 use super::{
     Counters, Tuning,
@@ -32,9 +35,14 @@ pub struct Proxy {
     pub upstreams: Arc<Upstreams>,
     /// Client groups refused at accept for their connections' resets.
     pub reset_groups: ResetGroups,
-    /// Replaced whole on reload; each connection and request takes the
-    /// current one (a reference count, not a copy).
+    /// Replaced whole on reload; each thread reads its own copy of the
+    /// current one ([`Proxy::tuning`]).
     tuning: RwLock<Arc<Tuning>>,
+    /// Bumped by every reload: a thread's copy of older values is stale.
+    generation: AtomicU64,
+    /// Tells this proxy's copies apart from another's on the same thread
+    /// (in-process tests run several).
+    id: u64,
     upstream: String,
     /// `http.accessLog`.
     pub access_log: AccessLogger,
@@ -60,6 +68,11 @@ impl Proxy {
                 std::time::Duration::from_millis(config.http.h2_reset_refusal_ms),
             ),
             tuning: RwLock::new(Arc::new(Tuning::from_config(config))),
+            generation: AtomicU64::new(0),
+            id: {
+                static NEXT: AtomicU64 = AtomicU64::new(0);
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            },
             upstream,
             access_log: AccessLogger::start(&config.http.access_log),
         })
@@ -70,9 +83,24 @@ impl Proxy {
         &self.upstream
     }
 
-    /// The values in force now.
+    /// The values in force now. Each thread keeps a copy of its own (taken
+    /// again after a reload): every request asks, and a shared `Arc` and
+    /// lock would be written by every worker on every request, their cache
+    /// lines bouncing between the workers' CPUs.
     pub fn tuning(&self) -> Arc<Tuning> {
-        self.tuning.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        thread_local! {
+            static COPY: std::cell::RefCell<Option<(u64, u64, Arc<Tuning>)>> = const { std::cell::RefCell::new(None) };
+        }
+        let generation = self.generation.load(Ordering::Acquire);
+        COPY.with_borrow_mut(|copy| match copy {
+            Some((id, seen, tuning)) if *id == self.id && *seen == generation => tuning.clone(),
+            _ => {
+                let current = self.tuning.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mine = Arc::new(Tuning::clone(&current));
+                *copy = Some((self.id, generation, mine.clone()));
+                mine
+            }
+        })
     }
 
     /// A pool of upstream connections for the calling worker's runtime.
@@ -90,6 +118,7 @@ impl Proxy {
         self.reset_groups.reload(&config.kernel);
         *self.tuning.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
             Arc::new(Tuning::from_config(config));
+        self.generation.fetch_add(1, Ordering::Release);
         self.access_log.reload(&config.http.access_log);
     }
 }

@@ -15,7 +15,8 @@
 //!
 //! (3) Small bodies (1 KiB POST), keep-alive, the nginx upstream: limiter
 //!     (which reads such a body whole before admission) beside nginx, and,
-//!     with `LIMITER_BIN_BEFORE` (`cargo xtask bench http --before REV`),
+//!     with `LIMITER_BIN_BEFORE` (`cargo xtask bench http --before REV`;
+//!     that build also runs in (1) and (1b), interleaved),
 //!     beside the limiter of an earlier revision, interleaved in one run.
 //!
 //! The front door: limiter's TLS listener beside nginx's
@@ -192,13 +193,25 @@ fn bench(dir: &Path) -> Result<String> {
     let daemon = Daemon::start(&config, &[])?;
     let nginx_port = free_port();
     let proxy = nginx_proxy(dir, "proxy", nginx_port, upstream, 100)?;
-    let targets = [
-        ("upstream directly (nginx)", format!("http://{upstream}/")),
-        ("limiter -> upstream", format!("http://{limiter_addr}/")),
-        ("nginx limit_conn -> upstream", format!("http://127.0.0.1:{nginx_port}/")),
+    let mut targets = vec![
+        ("upstream directly (nginx)".to_owned(), format!("http://{upstream}/")),
+        ("limiter -> upstream".to_owned(), format!("http://{limiter_addr}/")),
+        ("nginx limit_conn -> upstream".to_owned(), format!("http://127.0.0.1:{nginx_port}/")),
     ];
     // Whose scheduler figures each row reports: the server in front.
-    let pids = [origin_nginx.workers(), vec![daemon.pid().as_raw() as u32], proxy.workers()];
+    let mut pids = vec![origin_nginx.workers(), vec![daemon.pid().as_raw() as u32], proxy.workers()];
+    // With `--before REV`, that build's limiter too, interleaved.
+    let _before = match std::env::var_os("LIMITER_BIN_BEFORE") {
+        Some(bin) => {
+            let (config, addr) = limiter_config(&dir.join("before"), upstream, 100);
+            let d = Daemon::start_binary(Path::new(&bin), &config, &[])?;
+            let rev = std::env::var("LIMITER_BEFORE_REV").unwrap_or_else(|_| "before".into());
+            targets.push((format!("limiter at {rev} -> upstream"), format!("http://{addr}/")));
+            pids.push(vec![d.pid().as_raw() as u32]);
+            Some(d)
+        }
+        None => None,
+    };
     let n = targets.len();
     for (_, url) in &targets {
         // Warm-up and a check that every path answers 200.
@@ -264,7 +277,7 @@ fn bench(dir: &Path) -> Result<String> {
     let p50 = quantile_from_metrics(&metrics, "limiter_http_time_to_503_seconds", 0.50);
     drop(daemon);
 
-    let names = targets.clone().map(|t| t.0);
+    let names: Vec<&str> = targets.iter().map(|t| t.0.as_str()).collect();
     let mut text = report(&names, &under, &over_targets.map(|t| t.0), &over, p50, p99);
     text.push_str(&sched_report("(1)", &names, &under_sched));
     text.push_str(&fresh_report(&names, &fresh));
