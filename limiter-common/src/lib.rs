@@ -22,11 +22,14 @@ use bytemuck::{Pod, Zeroable};
 /// source table's change index ([`map_names::SRCVER`]) and the HTTP permit
 /// ledger ([`map_names::PERMITS`]); a layout-2 gate is migrated in place.
 /// 4: coupled shedding ([`map_names::SHED`], [`map_names::SHED_COUNTS`]).
-pub const LAYOUT_VERSION: u32 = 4;
+/// 5: counted sockets kept by cookie in [`map_names::CONNS`], a table
+/// preallocated with the gate, instead of a mark allocated per socket ([`map_names::SOCKS`] stays for
+/// the sockets an older gate marked).
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// Older layouts a daemon migrates in place when it adopts them (the maps
 /// they lack are created, the programs swapped, the version rewritten).
-pub const MIGRATES_FROM: [u32; 2] = [2, 3];
+pub const MIGRATES_FROM: [u32; 3] = [2, 3, 4];
 
 /// Names of the maps, as the kernel and the pin directory show them
 /// (at most 15 bytes: `BPF_OBJ_NAME_LEN`).
@@ -46,8 +49,14 @@ pub mod map_names {
     pub const REFUSED: &str = "LIMITER_REFUSED";
     /// `u32` index 0 → [`super::GateConfig`].
     pub const CONFIG: &str = "LIMITER_CONFIG";
-    /// Socket-local storage → [`super::SockMark`]: which sockets were counted.
+    /// Socket-local storage → [`super::SockMark`]: the sockets a gate of
+    /// layout 2 to 4 counted, which a migrated gate still uncounts at
+    /// their close; nothing marks a socket since layout 5.
     pub const SOCKS: &str = "LIMITER_SOCKS";
+    /// Array of [`super::ConnBucket`]: the sockets counted, each once, by
+    /// cookie (see [`super::conns`]; the daemon sizes it from
+    /// `kernel.connectionTableSize`).
+    pub const CONNS: &str = "LIMITER_CONNS";
     /// Array of [`super::SourceSlot`]: established connections per client
     /// group and port (an open-addressing table, see [`super::source`]).
     pub const SOURCES: &str = "LIMITER_SOURCES";
@@ -74,7 +83,7 @@ pub mod map_names {
     /// Per-CPU hash [`super::PortKey`] → [`super::ShedCounts`].
     pub const SHED_COUNTS: &str = "LIMITER_SHEDCNT";
     /// Every map of the kernel object, in the order a new gate pins them.
-    pub const ALL: [&str; 15] = [
+    pub const ALL: [&str; 16] = [
         CONFIG,
         LIMITS,
         LISTED,
@@ -90,6 +99,7 @@ pub mod map_names {
         SRCVER,
         SHED,
         SHED_COUNTS,
+        CONNS,
     ];
     /// The HTTP permit ledger: a memory-mapped array the daemons serving
     /// one gate share (no kernel program reads it), created by the daemon.
@@ -410,8 +420,9 @@ pub struct GateConfig {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct GateCounters {
-    /// Sockets that could not be marked (storage allocation failed), so
-    /// were neither counted nor will be decremented.
+    /// Sockets that could not be counted (the connection table was full,
+    /// or their state callbacks could not be asked for), so were neither
+    /// counted nor will be decremented.
     pub untracked_sockets: u64,
     /// Connections counted on their port but not for their client group:
     /// the source table had no slot left when the handshake completed.
@@ -420,8 +431,70 @@ pub struct GateCounters {
     pub walked: u64,
 }
 
-/// Socket-local mark of a counted socket, so that only sockets this gate
-/// counted are ever decremented, exactly once.
+/// One counted socket in the connection table ([`map_names::CONNS`]):
+/// present from its count to its uncount, so a socket is counted and
+/// decremented once each, and only by the gate whose table holds it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ConnSlot {
+    /// The socket's cookie (`SO_COOKIE`, never 0); 0: the entry is free.
+    pub cookie: u64,
+    /// The local port the socket was counted under (host order).
+    pub port: u16,
+    /// Explicit padding; always zero.
+    pub _pad: u16,
+    /// Source-table slot counted for this socket, plus one; 0: none;
+    /// `u32::MAX`: its group's table had no room.
+    pub slot: u32,
+}
+
+/// A bucket of the connection table: one 64-byte cache line of entries.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ConnBucket {
+    /// Its entries, the first free one taken.
+    pub slots: [ConnSlot; conns::BUCKET_SLOTS as usize],
+}
+
+/// The connection table's shape: an array of [`ConnBucket`]s, each socket
+/// in the first free entry of one of two buckets (lookups read both, two
+/// cache lines; a freed entry is simply zeroed, nothing probes past a
+/// bucket). No lock and no allocation: an entry is claimed by
+/// compare-and-swap on its cookie.
+///
+/// The first bucket follows the cookie's sequence: the kernel hands
+/// cookies out in per-CPU batches, so sockets counted one after another on
+/// a CPU share a cache line that CPU just wrote, and the CPUs do not share
+/// lines (hashing every cookie to a random line of a table of megabytes
+/// made most counts a cache miss: twice the program's cost). The second
+/// bucket, for when a long-lived connection holds a slot the sequence
+/// comes back to, is a mix of the cookie.
+pub mod conns {
+    /// Entries per bucket.
+    pub const BUCKET_SLOTS: u32 = 4;
+
+    /// Buckets of a table of `entries` (`kernel.connectionTableSize`).
+    pub const fn buckets(entries: u32) -> u32 {
+        entries / BUCKET_SLOTS
+    }
+
+    /// The two buckets the socket with `cookie` may sit in, given the
+    /// bucket count minus one. Cookies come from a kernel counter, not
+    /// from a client, so nothing needs a seed.
+    #[inline(always)]
+    pub const fn buckets_of(cookie: u64, mask: u32) -> [u32; 2] {
+        // The splitmix64 finalizer.
+        let mut h = cookie;
+        h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        h ^= h >> 31;
+        [(cookie / BUCKET_SLOTS as u64) as u32 & mask, (h >> 32) as u32 & mask]
+    }
+}
+
+/// Socket-local mark of a socket counted by a gate of layout 2 to 4 (see
+/// [`map_names::SOCKS`]), so that only sockets that gate counted are ever
+/// decremented, exactly once.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct SockMark {
@@ -677,6 +750,8 @@ const _: () = {
     assert!(size_of::<GateConfig>() == 48);
     assert!(size_of::<GateCounters>() == 24);
     assert!(size_of::<SockMark>() == 16);
+    assert!(size_of::<ConnSlot>() == 16);
+    assert!(size_of::<ConnBucket>() == 64);
     assert!(size_of::<SourceKey>() == 20);
     assert!(size_of::<SourceSlot>() == 32);
     assert!(size_of::<TrustedKey>() == 20);
@@ -708,6 +783,8 @@ mod user {
     unsafe impl aya::Pod for GateConfig {}
     // SAFETY: as above.
     unsafe impl aya::Pod for SockMark {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for ConnBucket {}
     // SAFETY: as above.
     unsafe impl aya::Pod for GateCounters {}
     // SAFETY: as above.

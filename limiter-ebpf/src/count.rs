@@ -1,49 +1,108 @@
-//! Counting and uncounting one marked socket, shared by the handshake
-//! callback, the start-up walk and the close callback. Both directions
-//! flip `SockMark::counted` by compare-and-swap, so whichever path gets
-//! there first does the work and a socket is counted and uncounted exactly
-//! once.
+//! Counting and uncounting one socket, shared by the handshake callback,
+//! the start-up walk and the close callback.
+//!
+//! A socket is counted while its cookie is in the connection table
+//! ([`LIMITER_CONNS`], shaped as [`limiter_common::conns`] says): counting
+//! claims a free entry for it (only if it holds none), uncounting frees
+//! that entry, and whichever path gets there first does the work, so a
+//! socket is counted and uncounted exactly once. All three paths run with
+//! the socket locked, so nothing else looks for the same cookie meanwhile;
+//! other sockets race only for free entries, settled by compare-and-swap.
+//!
+//! The table is this gate's own: the state-callback flag a socket carries
+//! may have been set by another sock_ops program, or by a gate unloaded
+//! since, and neither makes a socket count as ours. Its entries exist as
+//! long as the map, so counting a socket allocates nothing and takes no
+//! lock (layouts 2 to 4 allocated a socket-local mark per socket, most of
+//! the program's cost; [`legacy`] still uncounts the sockets they marked).
 
-use core::{ffi::c_void, ptr};
+use core::ptr;
 
-use aya_ebpf::{
-    bindings::{BPF_NOEXIST, BPF_SK_STORAGE_GET_F_CREATE},
-    helpers::generated::bpf_sk_storage_get,
-};
-use limiter_common::{GateConfig, Port, PortKey, SockMark, SourceKey};
+use limiter_common::{ConnSlot, GateConfig, Port, PortKey, SourceKey, conns};
+
+use aya_ebpf::bindings::BPF_NOEXIST;
 
 use crate::{
     atomic,
-    maps::{LIMITER_ACTIVE, LIMITER_CONFIG, LIMITER_LIMITS, LIMITER_SOCKS, LIMITER_STATS, counters},
+    maps::{LIMITER_ACTIVE, LIMITER_CONFIG, LIMITER_CONNS, LIMITER_LIMITS, LIMITER_STATS, counters},
     sources,
 };
 
-/// This socket's mark; with `create`, made (zeroed) when absent. `sk` must
-/// be a full socket pointer the calling hook may pass to sk_storage.
-#[inline(always)]
-pub fn mark(sk: *mut c_void, create: bool) -> Option<*mut SockMark> {
-    let mut init = SockMark::default();
-    let map = ptr::from_ref(&LIMITER_SOCKS).cast_mut().cast::<c_void>();
-    let (value, flags) = if create {
-        (ptr::from_mut(&mut init).cast::<c_void>(), u64::from(BPF_SK_STORAGE_GET_F_CREATE))
-    } else {
-        (ptr::null_mut(), 0)
-    };
-    // SAFETY: the caller passes a socket of its hook.
-    let mark = unsafe { bpf_sk_storage_get(map, sk, value, flags) }.cast::<SockMark>();
-    (!mark.is_null()).then_some(mark)
-}
+/// The connection table's bucket count minus one, set by the daemon at
+/// load time from `kernel.connectionTableSize` (`EbpfLoader::set_global`).
+#[unsafe(no_mangle)]
+static LIMITER_CONN_MASK: u32 = 0;
 
-/// `SockMark::slot` of a socket its group's table had no room for.
+/// `ConnSlot::slot` of a socket its group's table had no room for.
 const UNTRACKED: u32 = u32::MAX;
 
-/// Counts the socket behind `mark` on `port` (and its client group if the
-/// port has a per-source cap) unless it is counted already. A socket already
-/// counted but without a group slot gets one if the port has a cap now.
-/// `handshake`: counted as admitted (not for connections older than the gate).
+/// The two buckets `cookie` may sit in.
+#[inline(always)]
+fn buckets(cookie: u64) -> [u32; 2] {
+    // SAFETY: a static of this object; volatile so the value the daemon
+    // set is read, not the zero it was compiled with.
+    let mask = unsafe { ptr::addr_of!(LIMITER_CONN_MASK).read_volatile() };
+    conns::buckets_of(cookie, mask)
+}
+
+/// The entry holding `cookie`, if this gate counted that socket.
+#[inline(always)]
+fn find(cookie: u64) -> Option<*mut ConnSlot> {
+    for b in buckets(cookie) {
+        let Some(bucket) = LIMITER_CONNS.get_ptr_mut(b) else {
+            continue;
+        };
+        for i in 0..conns::BUCKET_SLOTS as usize {
+            // SAFETY: an array value, live as long as the map; an aligned
+            // 8-byte load cannot tear.
+            unsafe {
+                let slot = &raw mut (*bucket).slots[i];
+                if (&raw const (*slot).cookie).read_volatile() == cookie {
+                    return Some(slot);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Claims a free entry for `cookie`; `None` if both its buckets are full.
+#[inline(always)]
+fn claim(cookie: u64) -> Option<*mut ConnSlot> {
+    for b in buckets(cookie) {
+        let Some(bucket) = LIMITER_CONNS.get_ptr_mut(b) else {
+            continue;
+        };
+        for i in 0..conns::BUCKET_SLOTS as usize {
+            // SAFETY: as in `find`; the compare-and-swap settles a race
+            // with another socket for the same free entry.
+            unsafe {
+                let slot = &raw mut (*bucket).slots[i];
+                let field = &raw mut (*slot).cookie;
+                if field.read_volatile() == 0 && atomic::cas(field, 0, cookie).is_ok() {
+                    return Some(slot);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Whether the socket with this cookie is counted.
+#[inline(always)]
+pub fn counted(cookie: u64) -> bool {
+    find(cookie).is_some()
+}
+
+/// Counts the socket with this cookie on `port` (and its client group if
+/// the port has a per-source cap) unless it is counted already. A socket
+/// already counted but without a group slot gets one if the port has a cap
+/// now. `handshake`: counted as admitted (not for connections older than
+/// the gate). The caller holds the socket locked and has asked for its
+/// state callbacks, so its close will be seen.
 #[inline(always)]
 pub fn count(
-    mark: *mut SockMark,
+    cookie: u64,
     port: Port,
     group: impl FnOnce() -> SourceKey,
     config: &GateConfig,
@@ -53,70 +112,153 @@ pub fn count(
         return;
     };
     let capped = LIMITER_LIMITS.get(port.index()).is_some_and(|l| l.per_source_max != 0);
-    // SAFETY: `mark` is this socket's storage, valid while the socket lives;
-    // the callers hold the socket lock, so its close cannot run meanwhile.
+    // Only the walk can find a socket counted already (by its handshake,
+    // or by the walk's first pass). The handshake callback never can: the
+    // walk counts a socket only once it is established, and the kernel
+    // runs that callback before the state change, both under the socket's
+    // lock (a fast-open child, whose callback runs at its creation, is
+    // not established yet either). So the handshake spares the look.
+    if !handshake && let Some(entry) = find(cookie) {
+        // Counted already: by the handshake, or by the walk's first pass.
+        // SAFETY: this socket's entry, which only its own (locked) paths
+        // write.
+        unsafe {
+            if (*entry).port == port.get() && capped && (*entry).slot == 0 {
+                (*entry).slot = slot(&group(), config);
+            }
+        }
+        return;
+    }
+    let Some(entry) = claim(cookie) else {
+        // The table has no room: neither counted nor, at its close,
+        // decremented.
+        untracked();
+        return;
+    };
+    let slot = if capped { slot(&group(), config) } else { 0 };
+    // SAFETY: the entry just claimed for this socket.
     unsafe {
-        if ptr::addr_of!((*mark).counted).read_volatile() == 0 {
-            (*mark).port = port.get();
-            if !atomic::cas32(ptr::addr_of_mut!((*mark).counted), 0, 1) {
-                return;
-            }
-            // SAFETY: array values live as long as the map; each field is
-            // 8-byte aligned.
-            let established = atomic::add(ptr::addr_of_mut!((*stats).established), 1) + 1;
-            atomic::raise(ptr::addr_of_mut!((*stats).high_watermark), established);
-            if handshake {
-                if atomic::add(ptr::addr_of_mut!((*stats).admitted), 1) == 0 {
-                    // Once per port ever: tell readers this port has counters.
-                    let _ = LIMITER_ACTIVE.insert(PortKey::new(port.get()), 1, BPF_NOEXIST.into());
-                }
-            } else {
+        (*entry).port = port.get();
+        (*entry).slot = slot;
+    }
+    // SAFETY: array values live as long as the map; each field is 8-byte
+    // aligned.
+    unsafe {
+        let established = atomic::add(&raw mut (*stats).established, 1) + 1;
+        atomic::raise(&raw mut (*stats).high_watermark, established);
+        if handshake {
+            if atomic::add(&raw mut (*stats).admitted, 1) == 0 {
+                // Once per port ever: tell readers this port has counters.
                 let _ = LIMITER_ACTIVE.insert(PortKey::new(port.get()), 1, BPF_NOEXIST.into());
-                if let Some(c) = counters() {
-                    (*c).walked += 1;
-                }
             }
-        } else if (*mark).port != port.get() {
-            return;
-        }
-        if !capped || ptr::addr_of!((*mark).slot).read_volatile() != 0 {
-            return;
-        }
-        match sources::acquire(&group(), config.hash_seed, config.source_mask) {
-            Some(idx) => ptr::addr_of_mut!((*mark).slot).write_volatile(idx + 1),
-            None => {
-                // Remembered, so a second walk pass does not try (and count
-                // it) again.
-                ptr::addr_of_mut!((*mark).slot).write_volatile(UNTRACKED);
-                if let Some(c) = counters() {
-                    (*c).untracked_sources += 1;
-                }
+        } else {
+            let _ = LIMITER_ACTIVE.insert(PortKey::new(port.get()), 1, BPF_NOEXIST.into());
+            if let Some(c) = counters() {
+                (*c).walked += 1;
             }
         }
     }
 }
 
-/// Uncounts the socket behind `mark` if it is counted.
+/// A source-table slot for `group` (plus one), or [`UNTRACKED`].
 #[inline(always)]
-pub fn uncount(mark: *mut SockMark) {
-    // SAFETY: `mark` is this socket's storage, valid while the socket lives.
-    unsafe {
-        if !atomic::cas32(ptr::addr_of_mut!((*mark).counted), 1, 0) {
+fn slot(group: &SourceKey, config: &GateConfig) -> u32 {
+    match sources::acquire(group, config.hash_seed, config.source_mask) {
+        Some(idx) => idx + 1,
+        None => {
+            if let Some(c) = counters() {
+                // SAFETY: this CPU's own per-CPU value.
+                unsafe { (*c).untracked_sources += 1 };
+            }
+            UNTRACKED
+        }
+    }
+}
+
+/// Gives back what [`slot`] took.
+#[inline(always)]
+pub fn release(slot: u32, config: &GateConfig) {
+    if slot != 0 && slot != UNTRACKED {
+        sources::release(slot - 1, config.source_mask);
+    }
+}
+
+/// Uncounts the socket with this cookie if this gate counted it; false if
+/// it did not.
+#[inline(always)]
+pub fn uncount(cookie: u64) -> bool {
+    let Some(entry) = find(cookie) else {
+        return false;
+    };
+    // SAFETY: this socket's entry; read before it is freed, after which
+    // another socket may claim it.
+    let (port, slot) = unsafe {
+        let taken = ((*entry).port, (*entry).slot);
+        (&raw mut (*entry).cookie).write_volatile(0);
+        taken
+    };
+    if slot != 0
+        && let Some(config) = LIMITER_CONFIG.get(0)
+    {
+        release(slot, config);
+    }
+    if let Some(stats) = LIMITER_STATS.get_ptr_mut(u32::from(port)) {
+        // SAFETY: an array value, 8-byte aligned.
+        unsafe { atomic::sub(&raw mut (*stats).established, 1) };
+    }
+    true
+}
+
+/// Counts a socket the gate could not track.
+#[inline(always)]
+pub fn untracked() {
+    if let Some(c) = counters() {
+        // SAFETY: this CPU's own per-CPU value.
+        unsafe { (*c).untracked_sockets += 1 };
+    }
+}
+
+/// The sockets a gate of layout 2 to 4 counted: each carries a
+/// socket-local mark ([`LIMITER_SOCKS`](crate::maps::LIMITER_SOCKS)) that
+/// a migration kept. Only their close is left to see.
+pub mod legacy {
+    use core::{ffi::c_void, ptr};
+
+    use aya_ebpf::helpers::generated::bpf_sk_storage_get;
+    use limiter_common::SockMark;
+
+    use super::release;
+    use crate::{
+        atomic,
+        maps::{LIMITER_CONFIG, LIMITER_SOCKS, LIMITER_STATS},
+    };
+
+    /// Uncounts the socket `sk` if an older gate marked it counted. `sk`
+    /// must be a full socket the calling hook may pass to sk_storage.
+    #[inline(always)]
+    pub fn uncount(sk: *mut c_void) {
+        let map = ptr::from_ref(&LIMITER_SOCKS).cast_mut().cast::<c_void>();
+        // SAFETY: the caller passes a socket of its hook; without the
+        // create flag nothing is allocated.
+        let mark = unsafe { bpf_sk_storage_get(map, sk, ptr::null_mut(), 0) }.cast::<SockMark>();
+        if mark.is_null() {
             return;
         }
-        let port = (*mark).port;
-        let slot = ptr::addr_of!((*mark).slot).read_volatile();
-        if slot != 0 {
-            ptr::addr_of_mut!((*mark).slot).write_volatile(0);
-        }
-        if slot != 0
-            && slot != UNTRACKED
-            && let Some(config) = LIMITER_CONFIG.get(0)
-        {
-            sources::release(slot - 1, config.source_mask);
-        }
-        if let Some(stats) = LIMITER_STATS.get_ptr_mut(u32::from(port)) {
-            atomic::sub(ptr::addr_of_mut!((*stats).established), 1);
+        // SAFETY: this socket's storage, valid while the socket lives.
+        unsafe {
+            if !atomic::cas32(&raw mut (*mark).counted, 1, 0) {
+                return;
+            }
+            let slot = (&raw const (*mark).slot).read_volatile();
+            if slot != 0 {
+                (&raw mut (*mark).slot).write_volatile(0);
+                if let Some(config) = LIMITER_CONFIG.get(0) {
+                    release(slot, config);
+                }
+            }
+            if let Some(stats) = LIMITER_STATS.get_ptr_mut(u32::from((*mark).port)) {
+                atomic::sub(&raw mut (*stats).established, 1);
+            }
         }
     }
 }

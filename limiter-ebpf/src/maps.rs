@@ -9,8 +9,8 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use limiter_common::{
-    GateConfig, GateCounters, IfMac, MAX_PORTS, PortKey, PortLimit, PortStats, Refusals, ShedCounts,
-    ShedPort, SockMark, SourceSlot, source,
+    ConnBucket, GateConfig, GateCounters, IfMac, MAX_PORTS, PortKey, PortLimit, PortStats, Refusals,
+    ShedCounts, ShedPort, SockMark, SourceSlot, source,
 };
 
 /// Limit of every port, indexed by port; written only by the daemon.
@@ -48,8 +48,17 @@ pub static LIMITER_SHEDCNT: PerCpuHashMap<PortKey, ShedCounts, 1024> = PerCpuHas
 #[btf_map]
 pub static LIMITER_CONFIG: Array<GateConfig, 1> = Array::new();
 
-/// Per-socket mark: set when a socket is counted, cleared when it is
-/// decremented. Freed by the kernel with the socket.
+/// The counted sockets, by cookie (see `limiter_common::conns`): an entry
+/// claimed when a socket is counted, freed when it is decremented. Its
+/// buckets exist as long as the map, so counting a socket allocates
+/// nothing; the daemon sets the size (`kernel.connectionTableSize`) at
+/// load time.
+#[btf_map]
+pub static LIMITER_CONNS: Array<ConnBucket, 65_536> = Array::new();
+
+/// Per-socket marks of a gate of layout 2 to 4 that this one migrated:
+/// read (never created) at a socket's close. Freed by the kernel with the
+/// socket.
 #[btf_map]
 pub static LIMITER_SOCKS: SkStorage<SockMark> = SkStorage::new();
 

@@ -1,10 +1,10 @@
 //! Counting: `BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB` fires once per accepted
-//! handshake; there the socket asks for state callbacks, is marked
-//! (socket-local storage), and its port is counted and, if the port has a
-//! per-source cap, its client group. Its `BPF_TCP_CLOSE` transition
-//! (reached exactly once, whichever way the connection ends) uncounts what
-//! the mark says. The start-up walk sets the same callback flag on the
-//! connections it counts, so one close path serves both.
+//! handshake; there the socket asks for state callbacks and is counted on
+//! its port (and, if the port has a per-source cap, its client group)
+//! under its cookie ([`count`]). Its `BPF_TCP_CLOSE` transition (reached
+//! exactly once, whichever way the connection ends) uncounts it if the
+//! cookie is this gate's. The start-up walk sets the same callback flag on
+//! the connections it counts, so one close path serves both.
 //!
 //! Why not a tracepoint for the close: a tracing program does not run
 //! while it is already running on the same CPU, so a socket reset in a
@@ -12,24 +12,20 @@
 //! (the kernel counts it in `recursion_misses`); a flood of resets showed
 //! counts stuck above 0. sock_ops callbacks have no such guard.
 //!
-//! Minimum kernel: 5.15 (`bpf_get_netns_cookie` in sock_ops; sk_storage in
-//! sock_ops since 5.10).
+//! Minimum kernel: 5.15 (`bpf_get_netns_cookie` in sock_ops).
 
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_TCP_CLOSE,
     },
-    helpers::generated::bpf_get_netns_cookie,
+    helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie},
     macros::sock_ops,
     programs::SockOpsContext,
 };
 use limiter_common::{AF_INET, AF_INET6, Port, source};
 
-use crate::{
-    count,
-    maps::{LIMITER_CONFIG, counters},
-};
+use crate::{count, maps::LIMITER_CONFIG};
 
 #[sock_ops]
 pub fn limiter_count(ctx: SockOpsContext) -> u32 {
@@ -44,13 +40,15 @@ pub fn limiter_count(ctx: SockOpsContext) -> u32 {
 }
 
 fn on_close(ctx: &SockOpsContext) {
-    // SAFETY: reading the `sk` field of the context the kernel passed.
-    let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
-    if sk.is_null() {
+    // SAFETY: the helper only reads the context pointer the kernel gave us.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    if count::uncount(cookie) {
         return;
     }
-    if let Some(mark) = count::mark(sk.cast(), false) {
-        count::uncount(mark);
+    // SAFETY: reading the `sk` field of the context the kernel passed.
+    let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
+    if !sk.is_null() {
+        count::legacy::uncount(sk.cast());
     }
 }
 
@@ -77,30 +75,14 @@ fn on_established(ctx: &SockOpsContext) {
             source::key_v6(ctx.remote_ip6(), port, config.prefix_v4, config.prefix_v6)
         }
     };
-    // SAFETY: reading the `sk` field of the context the kernel passed.
-    let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
-    if sk.is_null() {
-        return;
-    }
     // Ask for the state callbacks first: if that fails nothing is counted,
     // so nothing waits for a close that would not be seen.
     let flags = ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG;
     if ctx.set_cb_flags(flags as i32).is_err() {
-        untracked();
+        count::untracked();
         return;
     }
-    let mark = count::mark(sk.cast(), true);
-    let Some(mark) = mark else {
-        untracked();
-        return;
-    };
-    count::count(mark, port, group, config, true);
-}
-
-/// Counts a socket the gate could not track.
-pub fn untracked() {
-    if let Some(c) = counters() {
-        // SAFETY: this CPU's own per-CPU value.
-        unsafe { (*c).untracked_sockets += 1 };
-    }
+    // SAFETY: the helper only reads the context pointer the kernel gave us.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    count::count(cookie, port, group, config, true);
 }

@@ -10,7 +10,8 @@
 //!
 //! The iterator calls this program with the socket locked, so neither the
 //! socket's handshake callback nor its close can run meanwhile: a socket is
-//! either counted here or by sock_ops (the mark's compare-and-swap decides),
+//! either counted here or by sock_ops (whichever puts its cookie in the
+//! connection table first),
 //! and a socket closing during the walk is either seen closed here or
 //! counted before its close. The daemon reads the iterator twice: the first
 //! pass also records which ports have a listener (a connection is
@@ -28,7 +29,9 @@ use core::{ffi::c_void, ptr};
 
 use aya_ebpf::{
     bindings::BPF_SOCK_OPS_STATE_CB_FLAG,
-    helpers::generated::{bpf_getsockopt, bpf_probe_read_kernel, bpf_setsockopt, bpf_skc_to_tcp_sock},
+    helpers::generated::{
+        bpf_get_socket_cookie, bpf_getsockopt, bpf_probe_read_kernel, bpf_setsockopt, bpf_skc_to_tcp_sock,
+    },
 };
 use limiter_common::{AF_INET, Port, SockOffsets, source};
 
@@ -171,14 +174,9 @@ pub extern "C" fn limiter_walk(ctx: *mut IterTcp) -> i32 {
     if tcp.is_null() {
         return 0;
     }
-    // A full socket the iterator holds locked.
-    let mark = count::mark(tcp.cast(), true);
-    let Some(mark) = mark else {
-        crate::sock_ops::untracked();
-        return 0;
-    };
-    // SAFETY: this socket's storage; the iterator holds the socket locked.
-    if unsafe { ptr::addr_of!((*mark).counted).read_volatile() } == 0 {
+    // SAFETY: a full socket the iterator holds locked.
+    let cookie = unsafe { bpf_get_socket_cookie(tcp.cast()) };
+    if !count::counted(cookie) {
         // Its close must reach limiter_count before it is counted.
         let mut flags: i32 = 0;
         if cb_flags(bpf_getsockopt, tcp.cast(), &mut flags) != 0 {
@@ -186,10 +184,10 @@ pub extern "C" fn limiter_walk(ctx: *mut IterTcp) -> i32 {
         }
         flags |= BPF_SOCK_OPS_STATE_CB_FLAG as i32;
         if cb_flags(bpf_setsockopt, tcp.cast(), &mut flags) != 0 {
-            crate::sock_ops::untracked();
+            count::untracked();
             return 0;
         }
     }
-    count::count(mark, port, group, config, false);
+    count::count(cookie, port, group, config, false);
     0
 }

@@ -1,15 +1,19 @@
 //! The few `bpf(2)` commands the tests issue themselves, independent of the
-//! daemon and of aya: run-time statistics, a program fd by id, and
-//! `BPF_PROG_TEST_RUN`.
+//! daemon and of aya: run-time statistics, a program fd by id,
+//! `BPF_PROG_TEST_RUN`, and a sock_ops program that returns at once (the
+//! floor a benchmark measures the gate's program against).
 
 use std::{
     io,
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
 };
 
+const BPF_PROG_LOAD: i64 = 5;
 const BPF_PROG_TEST_RUN: i64 = 10;
 const BPF_PROG_GET_FD_BY_ID: i64 = 13;
+const BPF_LINK_CREATE: i64 = 28;
 const BPF_ENABLE_STATS: i64 = 32;
+const BPF_OBJ_GET_INFO_BY_FD: i64 = 15;
 
 fn bpf(cmd: i64, attr: &mut [u64; 16]) -> io::Result<i64> {
     // SAFETY: `attr` is a zero-initialised, 128-byte `union bpf_attr` whose
@@ -35,6 +39,54 @@ pub fn prog_fd(id: u32) -> io::Result<OwnedFd> {
     let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
     // SAFETY: a new fd the kernel just returned.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// A sock_ops program of two instructions (`r0 = 1; exit`) attached to
+/// the cgroup `cgroup` by a bpf link, beside whatever else is attached
+/// there (cgroup links always share the hook); detached when dropped. Its
+/// run-time statistics are what any sock_ops program costs per run under
+/// the same load before it does anything: the call, and with statistics
+/// on, the two clock reads around it.
+pub struct FloorSockOps {
+    prog: OwnedFd,
+    _link: OwnedFd,
+}
+
+impl FloorSockOps {
+    pub fn attach(cgroup: &std::fs::File) -> io::Result<Self> {
+        const BPF_PROG_TYPE_SOCK_OPS: u64 = 13;
+        const BPF_CGROUP_SOCK_OPS: u64 = 3;
+        // BPF_ALU64 | BPF_MOV | BPF_K, r0, imm 1; BPF_JMP | BPF_EXIT.
+        let insns: [u64; 2] = [0xb7 | (1 << 32), 0x95];
+        let license = b"GPL\0";
+        let mut attr = [0u64; 16];
+        attr[0] = BPF_PROG_TYPE_SOCK_OPS | ((insns.len() as u64) << 32); // prog_type, insn_cnt
+        attr[1] = insns.as_ptr() as u64;
+        attr[2] = license.as_ptr() as u64;
+        let fd = bpf(BPF_PROG_LOAD, &mut attr)?;
+        // SAFETY: a new fd the kernel just returned.
+        let prog = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let mut attr = [0u64; 16];
+        // prog_fd, target_fd; attach_type, flags.
+        attr[0] = prog.as_raw_fd() as u64 | ((cgroup.as_raw_fd() as u64) << 32);
+        attr[1] = BPF_CGROUP_SOCK_OPS;
+        let fd = bpf(BPF_LINK_CREATE, &mut attr)?;
+        // SAFETY: a new fd the kernel just returned.
+        let link = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        Ok(Self { prog, _link: link })
+    }
+
+    /// (run_time_ns, run_cnt) so far.
+    pub fn stats(&self) -> io::Result<(u64, u64)> {
+        // struct bpf_prog_info (232 bytes): run_time_ns at byte 192, run_cnt
+        // at 200.
+        let mut info = [0u64; 29];
+        let mut attr = [0u64; 16];
+        attr[0] = self.prog.as_raw_fd() as u64 | ((size_of_val(&info) as u64) << 32); // bpf_fd, info_len
+        attr[1] = info.as_mut_ptr() as u64;
+        bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+        Ok((info[24], info[25]))
+    }
 }
 
 /// What one `BPF_PROG_TEST_RUN` returned.

@@ -646,3 +646,105 @@ fn unload_under_a_running_daemon_is_refused_unless_forced_and_the_daemon_notices
     assert!(daemon.metrics().contains("limiter_kernel_gate_attached 0"));
     assert_eq!(terminate(&mut daemon, DEADLINE), Some(0));
 }
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn a_gate_loaded_again_counts_exactly_connections_that_keep_the_old_gates_flag() {
+    require_kernel!();
+    let sb = Sandbox::new().unwrap();
+    let config = sb.config(&format!("{P}:8"), "");
+    let mut daemon = Daemon::start(&config, &[]).unwrap();
+    let listener = sb.listen(&addr(P), 128);
+    // Counted by the first gate: each now carries the state-callback flag
+    // that gate asked for, which outlives it.
+    let mut old: Vec<(TcpStream, TcpStream)> = (0..5)
+        .map(|_| {
+            let c = sb.connect(&addr(P)).unwrap();
+            (c, listener.accept().unwrap().0)
+        })
+        .collect();
+    wait_established(&sb.pin_path, P, 5);
+    assert_eq!(terminate(&mut daemon, DEADLINE), Some(0));
+    let out = limiter_with_deadline(&["unload", "--config", config.to_str().unwrap()], DEADLINE);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Two of them close while no gate is loaded: nothing to count.
+    old.truncate(3);
+
+    // A new gate (a new, empty connection table) counts the three left,
+    // flag or no flag, and none of them twice.
+    let daemon = Daemon::start(&config, &[]).unwrap();
+    assert!(daemon.log().contains("preexisting_connections_counted=3"), "{}", daemon.log());
+    wait_established(&sb.pin_path, P, 3);
+    let new: Vec<(TcpStream, TcpStream)> = (0..5)
+        .map(|_| {
+            let c = sb.connect(&addr(P)).unwrap();
+            (c, listener.accept().unwrap().0)
+        })
+        .collect();
+    wait_established(&sb.pin_path, P, 8);
+    assert_eq!(sb.connect(&addr(P)).unwrap_err().kind(), ErrorKind::ConnectionRefused);
+    // The old connections' closes are this gate's to see, once each.
+    for (i, (c, s)) in old.into_iter().enumerate() {
+        if i == 0 {
+            reset_on_close(&c);
+        }
+        drop((c, s));
+    }
+    wait_established(&sb.pin_path, P, 5);
+    stays_established(&sb, P, 5, Duration::from_millis(200));
+    drop(new);
+    wait_established(&sb.pin_path, P, 0);
+    stays_established(&sb, P, 0, Duration::from_millis(200));
+    assert_eq!(dump(&sb.pin_path)["kernel"]["untracked_sockets"], 0);
+    drop(daemon);
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
+fn a_full_connection_table_leaves_the_excess_uncounted_and_the_counts_exact() {
+    require_kernel!();
+    // Two fds per connection, beyond the usual soft limit of 1024.
+    raise_fd_limit();
+    let sb = Sandbox::new().unwrap();
+    let table = 4096u64;
+    let daemon = Daemon::start(
+        &sb.config(&format!("{P}:100000"), &format!("kernel.connectionTableSize = {table}\n")),
+        &[],
+    )
+    .unwrap();
+    let d = dump(&sb.pin_path);
+    assert_eq!(d["kernel"]["connection_slots"], table);
+    let listener = sb.listen(&addr(P), 4096);
+    let opened = table + 600;
+    let pairs: Vec<(TcpStream, TcpStream)> = (0..opened)
+        .map(|_| {
+            let c = sb.connect(&addr(P)).unwrap();
+            (c, listener.accept().unwrap().0)
+        })
+        .collect();
+    // Every connection is either counted or said to be uncounted; never
+    // more counted than the table holds.
+    let settled = Instant::now() + Duration::from_secs(5);
+    let (established, untracked) = loop {
+        let d = dump(&sb.pin_path);
+        let established = port_row(&d, P)["established"].as_u64().unwrap_or(0);
+        let untracked = d["kernel"]["untracked_sockets"].as_u64().unwrap();
+        if established + untracked == opened || Instant::now() > settled {
+            break (established, untracked);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(established + untracked, opened, "{established} counted, {untracked} uncounted");
+    assert!(established <= table, "{established} counted in a table of {table}");
+    assert!(untracked >= opened - table, "{untracked} uncounted");
+    let line = format!("limiter_kernel_untracked_sockets_total {untracked}");
+    assert!(daemon.metrics().lines().any(|l| l == line), "missing {line}");
+    // The uncounted ones' closes take nothing away from the counted ones.
+    drop(pairs);
+    wait_established(&sb.pin_path, P, 0);
+    stays_established(&sb, P, 0, Duration::from_millis(200));
+    // And the table has room again.
+    let _again = (sb.connect(&addr(P)).unwrap(), listener.accept().unwrap().0);
+    wait_established(&sb.pin_path, P, 1);
+    assert_eq!(dump(&sb.pin_path)["kernel"]["untracked_sockets"], untracked);
+}

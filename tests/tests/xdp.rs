@@ -701,6 +701,15 @@ fn trusted_prefixes_reload_live_and_a_reshaped_gate_is_refused_at_restart() {
         !out.status.success() && err.contains("kernel.sourcePrefixV4 = 32") && err.contains("limiter unload"),
         "{err}"
     );
+    std::fs::write(&config, format!("{text}kernel.connectionTableSize = 4096\n")).unwrap();
+    let out = run();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("kernel.connectionTableSize = 262144")
+            && err.contains("limiter unload"),
+        "{err}"
+    );
     std::fs::write(
         &config,
         format!("{}kernel.trusted = 10.77.{}.0/24\n", text.replace(&peer.server_if, "lo"), peer.n),

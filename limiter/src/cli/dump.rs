@@ -91,7 +91,11 @@ pub fn table(snap: Option<&Snapshot>, daemon: &DaemonView) -> String {
         }
     }
     if snap.untracked_sockets > 0 {
-        let _ = writeln!(out, "  untracked sockets: {}", snap.untracked_sockets);
+        let _ = writeln!(
+            out,
+            "  connections not counted (connection table full: raise kernel.connectionTableSize): {}",
+            snap.untracked_sockets
+        );
     }
     if snap.untracked_sources > 0 {
         let _ = writeln!(

@@ -12,8 +12,8 @@ use super::{
     Addr, Config, MIN_MAX_THREADS, Secret,
     values::{
         absolute_path, access_log, boolean, int_at_least, int_in, interfaces, log_level, ms, on_off,
-        parse_ports, path_prefixes, prefixes, ratio, read_token, socket_addr, statuses, table_size, upstream,
-        xdp_mode,
+        parse_ports, path_prefixes, power_of_two_in, prefixes, ratio, read_token, socket_addr, statuses,
+        upstream, xdp_mode,
     },
 };
 
@@ -163,6 +163,13 @@ pub static KEYS: &[Key] = &[
         }),
     },
     Key {
+        name: "kernel.connectionTableSize",
+        default: DefaultValue::Value("262144"),
+        reload: Reload::Restart,
+        doc: "connections the gate can count at once (a power of two, 4096 to 16777216; 16 bytes each)",
+        set: plain!(|c, v| c.kernel.connection_table_size = power_of_two_in(v, 4096, 1 << 24)?),
+    },
+    Key {
         name: "kernel.sourcePrefixV4",
         default: DefaultValue::Value("32"),
         reload: Reload::Restart,
@@ -181,7 +188,7 @@ pub static KEYS: &[Key] = &[
         default: DefaultValue::Value("65536"),
         reload: Reload::Restart,
         doc: "slots of the per-source table (a power of two, 1024 to 1048576)",
-        set: plain!(|c, v| c.kernel.source_table_size = table_size(v)?),
+        set: plain!(|c, v| c.kernel.source_table_size = power_of_two_in(v, 1024, 1 << 20)?),
     },
     Key {
         name: "kernel.trusted",

@@ -123,6 +123,9 @@ pub struct KernelConfig {
     pub source_prefix_v6: u32,
     /// Slots in the source table (`kernel.sourceTableSize`, a power of two).
     pub source_table_size: u32,
+    /// Entries in the connection table (`kernel.connectionTableSize`, a
+    /// power of two): the most connections the gate counts at once.
+    pub connection_table_size: u32,
     /// Trusted client prefixes (`kernel.trusted`).
     pub trusted: Vec<Prefix>,
     /// Connections from trusted prefixes admitted past a full port

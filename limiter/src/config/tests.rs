@@ -261,6 +261,8 @@ fn per_port_options_source_groups_and_trusted_prefixes() {
         (d.source_prefix_v4, d.source_prefix_v6, d.source_table_size, d.trusted_reserve),
         (32, 64, 65_536, 3)
     );
+    assert_eq!(d.connection_table_size, 262_144);
+    assert_eq!(parse("kernel.connectionTableSize = 4096").unwrap().kernel.connection_table_size, 4096);
     assert_eq!(d.xdp_mode, XdpModeChoice::Auto);
 }
 
@@ -277,6 +279,8 @@ fn bad_kernel_options_name_what_is_wrong() {
         ("kernel.sourcePrefixV6 = 0", "must be between 1 and 128"),
         ("kernel.sourceTableSize = 5000", "5000 is not a power of two"),
         ("kernel.sourceTableSize = 512", "must be between 1024 and 1048576"),
+        ("kernel.connectionTableSize = 100000", "100000 is not a power of two"),
+        ("kernel.connectionTableSize = 2048", "must be between 4096 and 16777216"),
         ("kernel.trusted = 10.0.0.1/8", "`10.0.0.1/8` has host bits set; did you mean 10.0.0.0/8?"),
         ("kernel.trusted = 10.0.0.0/33", "prefix length must be 0-32"),
         ("kernel.trusted = fd00::/8, fd00::/8", "fd00::/8 is listed twice"),

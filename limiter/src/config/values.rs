@@ -146,10 +146,11 @@ pub(super) fn int_in(value: &str, min: u32, max: u32) -> Result<u32, String> {
     }
 }
 
-pub(super) fn table_size(value: &str) -> Result<u32, String> {
-    let n = int_in(value, 1024, 1 << 20)?;
+/// A power of two from `min` to `max` (the size of a kernel table).
+pub(super) fn power_of_two_in(value: &str, min: u32, max: u32) -> Result<u32, String> {
+    let n = int_in(value, min, max)?;
     if !n.is_power_of_two() {
-        return Err(format!("{n} is not a power of two (such as 65536)"));
+        return Err(format!("{n} is not a power of two (such as {})", min * 16));
     }
     Ok(n)
 }

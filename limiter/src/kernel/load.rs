@@ -21,7 +21,7 @@ use aya::{
     maps::{Array, MapData},
     programs::{CgroupAttachMode, Iter, SkLookup, SockOps, Xdp, XdpMode, links::FdLink},
 };
-use limiter_common::{GateConfig, LAYOUT_VERSION, map_names, program_names};
+use limiter_common::{GateConfig, LAYOUT_VERSION, conns, map_names, program_names};
 use serde::Serialize;
 
 use super::{
@@ -172,6 +172,15 @@ fn check_shape(
         (u64::from(pinned.source_mask) + 1).to_string(),
         config.source_table_size.to_string(),
     )?;
+    // Layouts before 5 have no connection table: the migration creates it
+    // at the configured size.
+    if let Some(buckets) = pinned_len(&pin_dir.join(map_names::CONNS))? {
+        same(
+            "kernel.connectionTableSize",
+            (u64::from(buckets) * u64::from(conns::BUCKET_SLOTS)).to_string(),
+            config.connection_table_size.to_string(),
+        )?;
+    }
     same("kernel.sourcePrefixV4", pinned.prefix_v4.to_string(), config.source_prefix_v4.to_string())?;
     same("kernel.sourcePrefixV6", pinned.prefix_v6.to_string(), config.source_prefix_v6.to_string())?;
     let pinned_xdp = pins::xdp_interfaces(pin_dir);
@@ -183,6 +192,16 @@ fn check_shape(
         same("kernel.xdp.interfaces", pinned_xdp.join(", "), wanted.join(", "))?;
     }
     Ok(pinned_xdp)
+}
+
+/// The `max_entries` of the map pinned at `path`, if one is pinned there.
+fn pinned_len(path: &Path) -> Result<Option<u32>, KernelError> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let info = aya::maps::MapInfo::from_pin(path)
+        .map_err(|e| KernelError::io(format!("reading {}", path.display()), io::Error::other(e)))?;
+    Ok(Some(info.max_entries()))
 }
 
 /// Adopts the gate pinned at `config.pin_path`: checks its shape, applies
@@ -203,7 +222,7 @@ fn adopt(config: &KernelConfig, probed: Probed) -> Result<Started, KernelError> 
     }
     // Against the pinned maps; a map an older layout lacks is created and
     // pinned here (aya pins what it does not find).
-    let mut ebpf = load_object(config.source_table_size, Some(pin_dir))?;
+    let mut ebpf = load_object(config, Some(pin_dir))?;
     install(&mut ebpf, &pinned_xdp, &mut Swap { pin_dir })?;
     migrate::finish(pin_dir, plan)?;
     let mut gate = Gate::open(pin_dir)?;
@@ -227,7 +246,7 @@ fn adopt(config: &KernelConfig, probed: Probed) -> Result<Started, KernelError> 
 /// pins the programs. A failure removes every pin it made.
 fn load(config: &KernelConfig, probed: Probed, mounted_bpffs: bool) -> Result<Started, KernelError> {
     let pin_dir = &config.pin_path;
-    let mut ebpf = load_object(config.source_table_size, None)?;
+    let mut ebpf = load_object(config, None)?;
     let kernel_btf = aya::Btf::from_sys_fs().map_err(KernelError::KernelBtf)?;
     let created = GateConfig {
         layout_version: LAYOUT_VERSION,
@@ -278,15 +297,20 @@ fn load(config: &KernelConfig, probed: Probed, mounted_bpffs: bool) -> Result<St
 
 /// Loads the embedded object with the walk's offsets for this kernel; with
 /// `pinned`, against the maps pinned there instead of new ones.
-fn load_object(source_slots: u32, pinned: Option<&Path>) -> Result<Ebpf, KernelError> {
+fn load_object(config: &KernelConfig, pinned: Option<&Path>) -> Result<Ebpf, KernelError> {
     let offsets = btf::sock_offsets()?;
     let paths: Vec<(&str, PathBuf)> =
         pinned.map(|dir| map_names::ALL.iter().map(|n| (*n, dir.join(n))).collect()).unwrap_or_default();
+    let source_slots = config.source_table_size;
+    let buckets = conns::buckets(config.connection_table_size);
+    let mask = buckets - 1;
     let mut loader = EbpfLoader::new();
     loader.map_max_entries(map_names::SOURCES, source_slots);
+    loader.map_max_entries(map_names::CONNS, buckets);
     loader
         .map_max_entries(map_names::SRCVER, limiter_common::source::index_len(source_slots))
-        .override_global("LIMITER_OFFSETS", &offsets, true);
+        .override_global("LIMITER_OFFSETS", &offsets, true)
+        .override_global("LIMITER_CONN_MASK", &mask, true);
     for (name, path) in &paths {
         loader.map_pin_path(name, path.as_path());
     }

@@ -14,8 +14,8 @@ use aya::maps::{
     lpm_trie::{Key, LpmTrie},
 };
 use limiter_common::{
-    GateConfig, GateCounters, IfMac, LAYOUT_VERSION, LIMIT_FLAG_DRY_RUN, MIGRATES_FROM, PortKey, PortLimit,
-    PortStats, Refusals, ShedCounts, ShedPort, SourceSlot, map_names,
+    ConnBucket, GateConfig, GateCounters, IfMac, LAYOUT_VERSION, LIMIT_FLAG_DRY_RUN, MIGRATES_FROM, PortKey,
+    PortLimit, PortStats, Refusals, ShedCounts, ShedPort, SourceSlot, conns, map_names,
 };
 
 use super::{
@@ -46,6 +46,8 @@ pub struct Gate {
     /// handle (`shed::ShedFlags`).
     shed: Array<MapData, ShedPort>,
     shed_counts: PerCpuHashMap<MapData, PortKey, ShedCounts>,
+    /// Entries of the connection table (`kernel.connectionTableSize`).
+    connection_slots: u32,
 }
 
 impl std::fmt::Debug for Gate {
@@ -136,6 +138,10 @@ impl Gate {
         if u64::from(sources.len()) != expected {
             return Err(incompatible(Incompatible::SourceTable { found: sources.len(), expected }));
         }
+        // Opened for its shape only: nothing here reads its entries.
+        let conns: Array<MapData, ConnBucket> =
+            Array::try_from(open(map_names::CONNS)?).map_err(bad(map_names::CONNS))?;
+        let connection_slots = conns.len().saturating_mul(conns::BUCKET_SLOTS);
         let reach = PinReach::open(pin_dir)
             .map_err(|e| KernelError::io(format!("opening the pin directory {}", pin_dir.display()), e))?;
         Ok(Self {
@@ -153,6 +159,7 @@ impl Gate {
             shed_counts: PerCpuHashMap::try_from(open(map_names::SHED_COUNTS)?)
                 .map_err(bad(map_names::SHED_COUNTS))?,
             config,
+            connection_slots,
             sources: SourceIndex::new(fd(map_names::SOURCES)?, fd(map_names::SRCVER)?, sources.len()),
         })
     }
@@ -354,6 +361,11 @@ impl Gate {
         self.stats
             .get(&u32::from(port), 0)
             .map_err(KernelError::map(format!("reading the counters of port {port}")))
+    }
+
+    /// Entries in the connection table.
+    pub(super) fn connection_slots(&self) -> u32 {
+        self.connection_slots
     }
 
     /// Slots in the source table.

@@ -14,7 +14,8 @@
 //! |---|---|---|
 //! | 2 | 3 | `LIMITER_SRCVER` (the source table's change counters; readers read the whole table once), `LIMITER_PERMITS` (the HTTP permit ledger, see `ledger`) |
 //! | 3 | 4 | `LIMITER_SHED`, `LIMITER_SHEDCNT` (coupled shedding: flags lowered, nothing counted) |
-//! | 2 | 4 | both rows above |
+//! | 4 | 5 | `LIMITER_CONNS` (the connection table; sockets the old programs marked in `LIMITER_SOCKS` are uncounted through their marks at their close, new ones go into the table) |
+//! | 2 or 3 | 5 | every row from there |
 
 use std::path::Path;
 

@@ -31,7 +31,8 @@
 //! | `LIMITER_STATS` | array, index port → [`PortStats`](limiter_common::PortStats): counters of every local port |
 //! | `LIMITER_ACTIVE` | hash `PortKey` → `u32`: ports with counters (readers' index) |
 //! | `LIMITER_REFUSED` | per-CPU hash `PortKey` → [`Refusals`](limiter_common::Refusals): refusals per port |
-//! | `LIMITER_SOCKS` | sk_storage: marks of counted sockets |
+//! | `LIMITER_CONNS` | array of buckets: the counted sockets by cookie (`limiter_common::conns`) |
+//! | `LIMITER_SOCKS` | sk_storage: marks of sockets a gate of layout 2 to 4 counted |
 //! | `LIMITER_SOURCES` | array of [`SourceSlot`](limiter_common::SourceSlot): connections per client group |
 //! | `LIMITER_IFMAC` | hash ifindex → [`IfMac`](limiter_common::IfMac): MACs of the XDP interfaces |
 //! | `LIMITER_TRUSTED` | LPM trie [`TrustedKey`](limiter_common::TrustedKey) → `u32`: trusted prefixes |

@@ -182,6 +182,10 @@ pub struct Snapshot {
     pub untracked_sources: u64,
     /// Connections older than the gate, counted at start-up.
     pub walked: u64,
+    /// Entries of the connection table: the most connections the gate
+    /// counts at once.
+    #[serde(default)]
+    pub connection_slots: u64,
     pub source_prefix_v4: u32,
     pub source_prefix_v6: u32,
     pub source_slots: u64,
@@ -231,6 +235,7 @@ impl Gate {
             untracked_sockets: counters.untracked_sockets,
             untracked_sources: counters.untracked_sources,
             walked: counters.walked,
+            connection_slots: u64::from(self.connection_slots()),
             source_prefix_v4: config.prefix_v4,
             source_prefix_v6: config.prefix_v6,
             source_slots: u64::from(self.source_slots()),
@@ -375,6 +380,7 @@ pub(crate) fn every_refusal() -> Snapshot {
         untracked_sockets: 0,
         untracked_sources: 0,
         walked: 0,
+        connection_slots: 4096,
         source_prefix_v4: 32,
         source_prefix_v6: 128,
         source_slots: 16,

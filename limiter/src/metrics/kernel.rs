@@ -155,7 +155,8 @@ pub fn write(page: &mut Page, snap: &Snapshot) {
     page.family(
         "limiter_kernel_untracked_sockets_total",
         "counter",
-        "Established sockets the gate could not mark, so did not count.",
+        "Established sockets the gate could not count (its connection table had no room, or their state \
+         callbacks could not be asked for): neither counted nor, at their close, decremented.",
     )
     .sample("limiter_kernel_untracked_sockets_total", &[], snap.untracked_sockets);
     page.family(
@@ -170,6 +171,13 @@ pub fn write(page: &mut Page, snap: &Snapshot) {
         "Connections older than the gate, counted by the start-up walk.",
     )
     .sample("limiter_kernel_preexisting_counted_total", &[], snap.walked);
+    page.family(
+        "limiter_kernel_connection_slots",
+        "gauge",
+        "Entries of the connection table: the most connections the gate counts at once \
+         (kernel.connectionTableSize).",
+    )
+    .sample("limiter_kernel_connection_slots", &[], snap.connection_slots);
     page.family(
         "limiter_kernel_source_slots",
         "gauge",
