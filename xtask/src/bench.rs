@@ -17,7 +17,8 @@ pub fn main(args: &[String]) -> Result<()> {
         "shed" => "bench-shed",
         "adaptive" => "bench-adaptive",
         "breaker" => return breaker(),
-        _ => bail!("usage: cargo xtask bench kernel|http [--before REV]|scrape|shed|adaptive|breaker"),
+        "shared" => return crate::scaling::main(),
+        _ => bail!("usage: cargo xtask bench kernel|http [--before REV]|scrape|shed|adaptive|breaker|shared"),
     };
     setup::ensure(setup::Purpose::Test)?;
     let daemon = build_daemon(true)?;
@@ -69,19 +70,41 @@ pub fn main(args: &[String]) -> Result<()> {
     status(&format!("benchmark {which}"), &mut cmd)
 }
 
-/// The breaker's criterion benchmark; its estimates go into BENCHMARKS.md.
-fn breaker() -> Result<()> {
+/// Runs the criterion benchmark `bench` of the limiter crate.
+pub(crate) fn criterion(bench: &str) -> Result<()> {
     setup::ensure(setup::Purpose::Build)?;
     let mut cmd = cargo();
-    cmd.args(["bench", "--package", "limiter", "--bench", "breaker"]);
-    status("benchmark breaker", &mut cmd)?;
-    let estimate = |name: &str| -> Result<f64> {
-        let path = crate::root().join("target/criterion").join(name).join("new/estimates.json");
-        let v: serde_json::Value =
-            serde_json::from_str(&fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?)?;
-        // criterion's headline figure: the slope when it fitted one, else the mean.
-        v["slope"]["point_estimate"].as_f64().or(v["mean"]["point_estimate"].as_f64()).context("no estimate")
+    cmd.args(["bench", "--package", "limiter", "--bench", bench]);
+    status(&format!("benchmark {bench}"), &mut cmd)
+}
+
+/// criterion's headline figure of the benchmark `name` (ns): the slope
+/// when it fitted one, else the mean.
+pub(crate) fn estimate(name: &str) -> Result<f64> {
+    let path = crate::root().join("target/criterion").join(name).join("new/estimates.json");
+    let v: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?)?;
+    v["slope"]["point_estimate"].as_f64().or(v["mean"]["point_estimate"].as_f64()).context("no estimate")
+}
+
+/// Replaces the section `key` of BENCHMARKS.md (between its markers) with
+/// `title` and `report`, or appends it.
+pub(crate) fn write_section(key: &str, title: &str, report: &str) -> Result<()> {
+    let path = crate::root().join("BENCHMARKS.md");
+    let (begin, end) = (format!("<!-- bench {key}: begin -->"), format!("<!-- bench {key}: end -->"));
+    let section = format!("{begin}\n## {title}\n\nReproduce: `cargo xtask bench {key}`.\n\n{report}{end}");
+    let text = fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n\n".into());
+    let text = match (text.find(&begin), text.find(&end)) {
+        (Some(b), Some(e)) => format!("{}{section}{}", &text[..b], &text[e + end.len()..]),
+        _ => format!("{}\n\n{section}\n", text.trim_end()),
     };
+    fs::write(&path, text)?;
+    Ok(())
+}
+
+/// The breaker's criterion benchmark; its estimates go into BENCHMARKS.md.
+fn breaker() -> Result<()> {
+    criterion("breaker")?;
     let single = estimate("single_thread_success")?;
     let mixed = estimate("single_thread_5pct_failures")?;
     let contended = estimate("all_cores_contending_success")?;
@@ -103,15 +126,5 @@ fn breaker() -> Result<()> {
         single / contended,
     );
     print!("{report}");
-    let path = crate::root().join("BENCHMARKS.md");
-    let (begin, end) = ("<!-- bench breaker: begin -->", "<!-- bench breaker: end -->");
-    let section =
-        format!("{begin}\n## Circuit breaker\n\nReproduce: `cargo xtask bench breaker`.\n\n{report}{end}");
-    let text = fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n\n".into());
-    let text = match (text.find(begin), text.find(end)) {
-        (Some(b), Some(e)) => format!("{}{section}{}", &text[..b], &text[e + end.len()..]),
-        _ => format!("{}\n\n{section}\n", text.trim_end()),
-    };
-    fs::write(&path, text)?;
-    Ok(())
+    write_section("breaker", "Circuit breaker", &report)
 }

@@ -7,6 +7,7 @@
 mod bench;
 mod deadline;
 mod programs;
+mod scaling;
 mod setup;
 
 use std::{

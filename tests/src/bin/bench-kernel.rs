@@ -567,7 +567,11 @@ fn report(
     out.push_str(&format!("| no gate | {} | 1.00 |\n", spread(&accept[0])));
     out.push_str(&format!("| limiter gate | {} | {} |\n", spread(&accept[1]), ratio(&gate_r)));
     out.push_str(&format!("| iptables connlimit | {} | {} |\n\n", spread(&accept[2]), ratio(&ipt_r)));
-    out.push_str(&format!("Target: gate >= 0.97 of no gate: {} ({gate:.3}).\n\n", verdict(gate >= 0.97)));
+    out.push_str(&format!(
+        "Targets: gate >= 0.97 of no gate: {}; >= 0.95: {} ({gate:.3}).\n\n",
+        verdict(gate >= 0.97),
+        verdict(gate >= 0.95)
+    ));
     out.push_str(
         "(a2) HTTP requests/s, one request per connection, limit far above the load (the accepting side \
          a minimal HTTP/1.1 server: it reads the request head, writes a fixed 200 with Content-Length and \
@@ -582,6 +586,11 @@ fn report(
          carries a request and its response: the gate keeps {:.3} of no gate's request rate here, against \
          {gate:.3} of the bare accept rate in (a). A server doing real work per request would dilute it \
          further.\n\n",
+        median(&http_gate_r)
+    ));
+    out.push_str(&format!(
+        "Target: gate >= 0.98 of no gate: {} ({:.3}).\n\n",
+        verdict(median(&http_gate_r) >= 0.98),
         median(&http_gate_r)
     ));
     out.push_str("(b) refused attempts/s against a full port\n\n");
