@@ -51,6 +51,23 @@
 //! within 2.5 s, a lock word is taken over after 2 s, and a record it took
 //! from a daemon is claimed back 2 s after its last beat there.
 //!
+//! A daemon alone (no other live record at its last look under the lock)
+//! decides without the ledger's lock: its admissions are already ordered
+//! by its own lock, and nobody reads its record at the same time but a
+//! daemon that joins. It still publishes every change in its record. It
+//! says so in its record (`ALONE`, written under the lock), and a daemon
+//! that joins waits, after claiming its record, until no live record says
+//! so (at most 2.5 s; warned): the one alone notices the new record at its
+//! next admission, release or beat (the other record's token or beat is
+//! no longer what it saw), finishes what it was deciding, takes the lock
+//! from then on and clears its `ALONE`. So the pair never decides apart.
+//! A daemon of a version before this protocol neither waits nor writes
+//! `ALONE` (and always takes the lock): started beside one alone, its
+//! first decision may not see one decision of the other that was under
+//! way as it joined. Per request, the lock and the clock read it needs
+//! were most of what the daemons' shared state cost (`cargo xtask bench
+//! shared`).
+//!
 //! Sessions are published in a table of 4,096 slots per record; a session
 //! that finds no slot in 16 probes is counted only locally (the other
 //! daemon cannot see it), and counted in [`Ledger::unpublished`].
@@ -62,7 +79,7 @@
 //! pool from there, no more; the controller moves on from it.
 //!
 //! Layout (64-bit words): `[lock, format, seed0, seed1, 0, 0, 0, 0]` then
-//! per record `[token, beat, normal, reserved, web, learnt, 0, 0]` and the
+//! per record `[token, beat, normal, reserved, web, learnt, alone, 0]` and the
 //! session table as `(key, count)` pairs.
 
 use std::{
@@ -70,7 +87,7 @@ use std::{
     collections::HashMap,
     path::{Path, PathBuf},
     sync::{
-        Arc, Mutex, MutexGuard, PoisonError,
+        Arc, Mutex, MutexGuard, PoisonError, TryLockError,
         atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
@@ -100,6 +117,8 @@ const WEB: usize = 4;
 /// The adaptive limit the daemon learnt (high 32 bits) and its base
 /// latency in microseconds (low 32 bits); 0: none.
 const LEARNT: usize = 5;
+/// 1 while the daemon decides without the lock (it found itself alone).
+const ALONE: usize = 6;
 const SESSIONS: usize = 8;
 const OWNER_WORDS: usize = SESSIONS + 2 * SESSION_SLOTS;
 
@@ -120,6 +139,8 @@ const LOCK_MS: u64 = STALE_MS;
 const COUNT_MAX: u64 = 1 << 30;
 /// [`Ledger::record`] while this daemon has none.
 const NO_RECORD: usize = usize::MAX;
+/// How long a daemon that joins waits for one alone to take the lock.
+const JOIN_WAIT: Duration = Duration::from_millis(STALE_MS + AHEAD_MS);
 
 /// Why a daemon could not join the ledger.
 #[derive(Debug, thiserror::Error)]
@@ -155,6 +176,10 @@ struct Mine {
     counts: [u64; 3],
     /// Requests in flight by session key, for sessions that have a slot.
     sessions: HashMap<u64, u64>,
+    /// What the other records held (token, beat) when this daemon last
+    /// found itself alone under the lock, and decides without it since;
+    /// `None`: it takes the lock.
+    alone: Option<[(u64, u64); OWNERS]>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -249,6 +274,7 @@ impl Ledger {
             std::thread::sleep(Duration::from_millis(100));
         };
         tracing::debug!(record = me, "joined the HTTP permit ledger");
+        wait_for_lone_daemons(mem.words(), me, &clock);
         Ok(Arc::new(Self {
             mem,
             clock,
@@ -286,9 +312,36 @@ impl Ledger {
         match self.record() {
             Some(me) if w[owner(me) + TOKEN].load(Ordering::Acquire) == self.token => {
                 w[owner(me) + BEAT].store(self.clock.now_ms(), Ordering::Release);
+                // Alone and idle while another joined: take the lock, which
+                // tells the joiner this daemon no longer decides apart. (If
+                // `mine` is held, a decision is under way, and the next one
+                // looks.)
+                let joined = match self.mine.try_lock() {
+                    Ok(mine) => mine.alone.is_some_and(|seen| !self.still_alone(w, &seen)),
+                    Err(TryLockError::Poisoned(p)) => {
+                        p.into_inner().alone.is_some_and(|seen| !self.still_alone(w, &seen))
+                    }
+                    Err(TryLockError::WouldBlock) => false,
+                };
+                if joined {
+                    drop(self.lock());
+                }
             }
             _ => drop(self.lock()),
         }
+    }
+
+    /// Whether this daemon, alone when the other records held `seen`, still
+    /// is: its record is its own and the others have not changed.
+    fn still_alone(&self, w: &[AtomicU64], seen: &[(u64, u64); OWNERS]) -> bool {
+        let Some(me) = self.record() else {
+            return false;
+        };
+        w[owner(me) + TOKEN].load(Ordering::Acquire) == self.token
+            && (0..OWNERS).filter(|&o| o != me).all(|o| {
+                (w[owner(o) + TOKEN].load(Ordering::Acquire), w[owner(o) + BEAT].load(Ordering::Acquire))
+                    == seen[o]
+            })
     }
 
     /// This daemon's record, if it has one.
@@ -307,6 +360,20 @@ impl Ledger {
     pub fn lock(&self) -> Locked<'_> {
         let mut mine = self.mine.lock().unwrap_or_else(PoisonError::into_inner);
         let w = self.mem.words();
+        if let Some(seen) = mine.alone {
+            if self.still_alone(w, &seen) {
+                // Nobody else decides: this daemon's own lock (held) orders
+                // its decisions, and what it publishes a joiner reads once
+                // this daemon has cleared its `ALONE`.
+                return Locked {
+                    ledger: self,
+                    counted: [false; OWNERS],
+                    _guard: None,
+                    mine: RefCell::new(mine),
+                };
+            }
+            mine.alone = None;
+        }
         let guard = lock_words(w, self.token, &self.clock);
         let now = self.clock.now_ms();
         let mut me = self.record();
@@ -330,8 +397,19 @@ impl Ledger {
             self.record.store(o, Ordering::Relaxed);
             tracing::warn!(record = o, "claimed a record in the HTTP permit ledger again");
         }
-        let counted = std::array::from_fn(|o| me != Some(o) && !free(w, o, now));
-        Locked { ledger: self, counted, _guard: guard, mine: RefCell::new(mine) }
+        let counted: [bool; OWNERS] = std::array::from_fn(|o| me != Some(o) && !free(w, o, now));
+        if let Some(r) = me {
+            // Decided under the lock (this call's decision included) until
+            // the next look finds it alone again.
+            let alone = !counted.contains(&true);
+            mine.alone = alone.then(|| {
+                std::array::from_fn(|o| {
+                    (w[owner(o) + TOKEN].load(Ordering::Relaxed), w[owner(o) + BEAT].load(Ordering::Relaxed))
+                })
+            });
+            w[owner(r) + ALONE].store(u64::from(alone), Ordering::Release);
+        }
+        Locked { ledger: self, counted, _guard: Some(guard), mine: RefCell::new(mine) }
     }
 
     /// Writes what this daemon holds into record `o`, just claimed.
@@ -374,7 +452,8 @@ pub struct Locked<'a> {
     /// The records counted as other daemons': every live one but this
     /// daemon's own (both while it has none).
     counted: [bool; OWNERS],
-    _guard: Guard<'a>,
+    /// The ledger's lock; `None` while this daemon is alone.
+    _guard: Option<Guard<'a>>,
     mine: RefCell<MutexGuard<'a, Mine>>,
 }
 
@@ -530,6 +609,27 @@ fn stale(beat: u64, now: u64) -> bool {
 /// Whether record `o` may be claimed: no daemon's, or a gone one's.
 fn free(w: &[AtomicU64], o: usize, now: u64) -> bool {
     w[owner(o) + TOKEN].load(Ordering::Relaxed) == 0 || stale(w[owner(o) + BEAT].load(Ordering::Relaxed), now)
+}
+
+/// Waits, after this daemon claimed record `me`, until no other live
+/// record says its daemon decides alone, for at most [`JOIN_WAIT`].
+fn wait_for_lone_daemons(w: &[AtomicU64], me: usize, clock: &Clock) {
+    let start = Instant::now();
+    let lone = || {
+        let now = clock.now_ms();
+        (0..OWNERS).any(|o| o != me && !free(w, o, now) && w[owner(o) + ALONE].load(Ordering::Acquire) != 0)
+    };
+    while lone() {
+        if start.elapsed() >= JOIN_WAIT {
+            tracing::warn!(
+                "the other daemon in the HTTP permit ledger still decides alone {} ms after this one joined: \
+                 going on (its record is counted from now on)",
+                JOIN_WAIT.as_millis()
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Makes record `o` the empty record of `token` (under the lock).

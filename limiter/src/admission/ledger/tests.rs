@@ -358,3 +358,76 @@ fn another_records_counts_are_read_as_at_most_2_pow_30() {
     assert_eq!(x.admit(token).unwrap_err(), Refusal::Session);
     drop(p);
 }
+
+#[test]
+fn alone_a_daemon_decides_without_the_lock_and_a_joiner_waits_until_it_takes_it_again() {
+    let fd = memory();
+    let (clock, _ms) = fake_clock();
+    let a = join_at(&fd, &clock);
+    let raw = map(&fd);
+    let w = raw.words();
+    let alone = |l: &Ledger| w[record_of(l) + ALONE].load(Ordering::SeqCst);
+    // The first look is under the lock; it finds no one else.
+    assert!(!a.lock().has_peer());
+    assert_eq!(alone(&a), 1);
+    // From then on it neither takes nor waits for the lock (a foreign
+    // holder would keep it spinning for 2 s of a clock that does not
+    // move), and still publishes what it holds.
+    w[LOCK].store(0x5555, Ordering::SeqCst);
+    let (done, decided) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            a.lock().publish(Change { normal: 3, ..Change::default() });
+            done.send(()).unwrap();
+        });
+        decided.recv_timeout(Duration::from_secs(5)).expect("a daemon alone waited for the lock");
+    });
+    assert_eq!(w[record_of(&a) + NORMAL].load(Ordering::SeqCst), 3);
+    assert_eq!(w[LOCK].load(Ordering::SeqCst), 0x5555, "the lock word was not touched");
+    w[LOCK].store(0, Ordering::SeqCst);
+
+    // A daemon that joins waits until the one alone takes the lock again,
+    // which it does at its next decision, and reads what it published.
+    let (joined, b) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| joined.send(join_at(&fd, &clock)).unwrap());
+        assert!(b.recv_timeout(Duration::from_millis(300)).is_err(), "joined while the other decided alone");
+        let shared = a.lock();
+        assert!(shared.has_peer(), "the new record is counted at once");
+        drop(shared);
+        let b = b.recv_timeout(Duration::from_secs(5)).expect("the joiner never went on");
+        assert_eq!(alone(&a), 0);
+        assert_eq!(b.lock().others().normal, 3);
+        // The one that was alone decides under the lock while the other is there.
+        w[LOCK].store(0x5555, Ordering::SeqCst);
+        let (done, decided) = std::sync::mpsc::channel();
+        let a = &a;
+        s.spawn(move || {
+            drop(a.lock());
+            done.send(()).unwrap();
+        });
+        assert!(decided.recv_timeout(Duration::from_millis(200)).is_err(), "decided apart from the other");
+        w[LOCK].store(0, Ordering::SeqCst);
+        decided.recv_timeout(Duration::from_secs(5)).expect("the lock was free again");
+        // Once the other leaves, it is alone again.
+        drop(b);
+        assert!(!a.lock().has_peer());
+        assert_eq!(alone(a), 1);
+    });
+}
+
+#[test]
+fn an_idle_daemon_alone_lets_a_joiner_in_at_its_next_beat() {
+    let fd = memory();
+    let (clock, _ms) = fake_clock();
+    let a = join_at(&fd, &clock);
+    drop(a.lock());
+    let (joined, b) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| joined.send(join_at(&fd, &clock)).unwrap());
+        assert!(b.recv_timeout(Duration::from_millis(300)).is_err(), "joined while the other decided alone");
+        a.beat();
+        let b = b.recv_timeout(Duration::from_secs(5)).expect("the beat did not let the joiner in");
+        assert!(b.lock().has_peer());
+    });
+}
