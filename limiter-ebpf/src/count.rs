@@ -45,47 +45,38 @@ fn buckets(cookie: u64) -> [u32; 2] {
     conns::buckets_of(cookie, mask)
 }
 
-/// The entry holding `cookie`, if this gate counted that socket.
+/// The first of the entries `cookie` may sit in for which `pick` holds.
 #[inline(always)]
-fn find(cookie: u64) -> Option<*mut ConnSlot> {
+fn first(cookie: u64, mut pick: impl FnMut(*mut u64) -> bool) -> Option<*mut ConnSlot> {
     for b in buckets(cookie) {
         let Some(bucket) = LIMITER_CONNS.get_ptr_mut(b) else {
             continue;
         };
         for i in 0..conns::BUCKET_SLOTS as usize {
-            // SAFETY: an array value, live as long as the map; an aligned
-            // 8-byte load cannot tear.
-            unsafe {
-                let slot = &raw mut (*bucket).slots[i];
-                if (&raw const (*slot).cookie).read_volatile() == cookie {
-                    return Some(slot);
-                }
+            // SAFETY: an array value, live as long as the map.
+            let slot = unsafe { &raw mut (*bucket).slots[i] };
+            // SAFETY: as above.
+            if pick(unsafe { &raw mut (*slot).cookie }) {
+                return Some(slot);
             }
         }
     }
     None
 }
 
+/// The entry holding `cookie`, if this gate counted that socket.
+#[inline(always)]
+fn find(cookie: u64) -> Option<*mut ConnSlot> {
+    // SAFETY: an entry's cookie field; an aligned 8-byte load cannot tear.
+    first(cookie, |field| unsafe { field.read_volatile() } == cookie)
+}
+
 /// Claims a free entry for `cookie`; `None` if both its buckets are full.
 #[inline(always)]
 fn claim(cookie: u64) -> Option<*mut ConnSlot> {
-    for b in buckets(cookie) {
-        let Some(bucket) = LIMITER_CONNS.get_ptr_mut(b) else {
-            continue;
-        };
-        for i in 0..conns::BUCKET_SLOTS as usize {
-            // SAFETY: as in `find`; the compare-and-swap settles a race
-            // with another socket for the same free entry.
-            unsafe {
-                let slot = &raw mut (*bucket).slots[i];
-                let field = &raw mut (*slot).cookie;
-                if field.read_volatile() == 0 && atomic::cas(field, 0, cookie).is_ok() {
-                    return Some(slot);
-                }
-            }
-        }
-    }
-    None
+    // SAFETY: as in `find`; the compare-and-swap settles a race with
+    // another socket for the same free entry.
+    first(cookie, |field| unsafe { field.read_volatile() == 0 && atomic::cas(field, 0, cookie).is_ok() })
 }
 
 /// Whether the socket with this cookie is counted.

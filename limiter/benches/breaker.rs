@@ -9,22 +9,9 @@ use std::{
 };
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use limiter::breaker::{Breaker, Decision, MonotonicClock, Policy};
+use limiter::breaker::{Breaker, Decision};
 
-fn breaker() -> Arc<Breaker> {
-    let settings = Policy {
-        threshold: 0.5,
-        // Never trips: this measures the closed-state path a healthy
-        // upstream takes on every request.
-        min_requests: u64::MAX,
-        sleep_window_ms: 30_000,
-        window_ms: 30_000,
-        bucket_ms: 1_000,
-        half_open_max_probes: 1,
-        half_open_successes: 1,
-    };
-    Arc::new(Breaker::new(settings, MonotonicClock::default(), Box::new(|_| {})))
-}
+mod common;
 
 fn request(b: &Breaker, success: bool) {
     if let Decision::Admit(kind) = black_box(b.admit()) {
@@ -33,7 +20,7 @@ fn request(b: &Breaker, success: bool) {
 }
 
 fn benches(c: &mut Criterion) {
-    let b = breaker();
+    let b = common::closed_breaker();
     c.bench_function("single_thread_success", |bench| bench.iter(|| request(&b, true)));
     let mut n = 0u32;
     c.bench_function("single_thread_5pct_failures", |bench| {

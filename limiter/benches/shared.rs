@@ -20,9 +20,11 @@ use std::{
 };
 
 use criterion::{Criterion, criterion_group, criterion_main};
+
+mod common;
 use limiter::{
     admission::{Admission, Ask, Limits, ledger},
-    breaker::{Breaker, Decision, MonotonicClock, Policy},
+    breaker::Decision,
     kernel::shared_memory::Mapping,
     shard::Counter,
 };
@@ -49,19 +51,6 @@ fn ledger() -> (OwnedFd, Arc<ledger::Ledger>) {
     let map = Mapping::new(fd.as_fd(), ledger::BYTES as usize).unwrap();
     let ledger = ledger::Ledger::join(map, Path::new("/bench"), Duration::ZERO).unwrap();
     (fd, ledger)
-}
-
-fn breaker() -> Arc<Breaker> {
-    let policy = Policy {
-        threshold: 0.5,
-        min_requests: u64::MAX,
-        sleep_window_ms: 30_000,
-        window_ms: 30_000,
-        bucket_ms: 1_000,
-        half_open_max_probes: 1,
-        half_open_successes: 1,
-    };
-    Arc::new(Breaker::new(policy, MonotonicClock::default(), Box::new(|_| {})))
 }
 
 /// Runs `op` `iters` times on every core at once; the wall time over all
@@ -101,7 +90,7 @@ fn benches(c: &mut Criterion) {
             Arc::new(move || drop(black_box(a.admit(Ask::default()))))
         }),
         ("breaker", {
-            let b = breaker();
+            let b = common::closed_breaker();
             Arc::new(move || {
                 if let Decision::Admit(kind) = black_box(b.admit()) {
                     b.record(kind, true);
