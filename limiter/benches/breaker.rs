@@ -2,11 +2,7 @@
 //! with every core contending. Run by `cargo xtask bench breaker`, which
 //! writes the figures into BENCHMARKS.md.
 
-use std::{
-    hint::black_box,
-    sync::{Arc, Barrier},
-    time::{Duration, Instant},
-};
+use std::{hint::black_box, sync::Arc, time::Duration};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use limiter::breaker::{Breaker, Decision};
@@ -32,26 +28,9 @@ fn benches(c: &mut Criterion) {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     // Reported per request of the aggregate: wall time / (threads x iters).
     c.bench_function("all_cores_contending_success", |bench| {
-        bench.iter_custom(|iters| {
-            let start = Arc::new(Barrier::new(threads + 1));
-            let workers: Vec<_> = (0..threads)
-                .map(|_| {
-                    let (b, start) = (b.clone(), start.clone());
-                    std::thread::spawn(move || {
-                        start.wait();
-                        for _ in 0..iters {
-                            request(&b, true);
-                        }
-                    })
-                })
-                .collect();
-            start.wait();
-            let t = Instant::now();
-            for w in workers {
-                w.join().unwrap();
-            }
-            t.elapsed() / threads as u32
-        })
+        let b = b.clone();
+        let op: common::Op = Arc::new(move || request(&b, true));
+        bench.iter_custom(|iters| common::contended(threads, iters, op.clone()))
     });
 }
 

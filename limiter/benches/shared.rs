@@ -13,10 +13,10 @@ use std::{
     os::fd::{AsFd as _, OwnedFd},
     path::Path,
     sync::{
-        Arc, Barrier,
+        Arc,
         atomic::{AtomicU64, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -28,9 +28,6 @@ use limiter::{
     kernel::shared_memory::Mapping,
     shard::Counter,
 };
-
-/// One request's (or connection's) operation on the state under test.
-type Op = Arc<dyn Fn() + Send + Sync>;
 
 fn limits() -> Limits {
     Limits {
@@ -53,34 +50,10 @@ fn ledger() -> (OwnedFd, Arc<ledger::Ledger>) {
     (fd, ledger)
 }
 
-/// Runs `op` `iters` times on every core at once; the wall time over all
-/// the operations (so a fully serialised operation shows its whole cost
-/// per operation, and one that scales shows its cost divided by the cores).
-fn contended(threads: usize, iters: u64, op: Op) -> Duration {
-    let start = Arc::new(Barrier::new(threads + 1));
-    let workers: Vec<_> = (0..threads)
-        .map(|_| {
-            let (op, start) = (op.clone(), start.clone());
-            std::thread::spawn(move || {
-                start.wait();
-                for _ in 0..iters {
-                    op();
-                }
-            })
-        })
-        .collect();
-    start.wait();
-    let t = Instant::now();
-    for w in workers {
-        w.join().unwrap();
-    }
-    t.elapsed() / threads as u32
-}
-
 fn benches(c: &mut Criterion) {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let (_memory, ledger) = ledger();
-    let cases: Vec<(&str, Op)> = vec![
+    let cases: Vec<(&str, common::Op)> = vec![
         ("admission", {
             let a = Admission::new(limits());
             Arc::new(move || drop(black_box(a.admit(Ask::default()))))
@@ -112,7 +85,7 @@ fn benches(c: &mut Criterion) {
     for (name, op) in cases {
         c.bench_function(&format!("{name}_one_thread"), |b| b.iter(|| op()));
         c.bench_function(&format!("{name}_all_cores"), |b| {
-            b.iter_custom(|iters| contended(threads, iters, op.clone()))
+            b.iter_custom(|iters| common::contended(threads, iters, op.clone()))
         });
     }
 }
