@@ -119,19 +119,10 @@ fn main() -> Result<()> {
     let previous = fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")?;
     fs::write("/proc/sys/kernel/bpf_stats_enabled", "1")?;
     let snapshot = || -> Result<Vec<(u64, u64)>> { programs.iter().map(|(_, id)| prog_stats(*id)).collect() };
-    let admitted = || limiter_tests::port(&limiter_tests::dump(&gated.pin_path), PORT).admitted;
-    // A sock_ops program that returns at once, beside the gate's on the
-    // same cgroup: it runs on the same callbacks, so its cost is what the
-    // hook and the statistics' own clock reads cost before any program
-    // does anything.
-    let floor_prog = bpf::FloorSockOps::attach(&fs::File::open(&gated.cgroup)?)
-        .context("attaching the floor sock_ops program")?;
-    let (s0, a0, f0) = (snapshot()?, admitted(), floor_prog.stats()?);
-    accept_rate(&gated, addr)?;
-    let (s1, a1, f1) = (snapshot()?, admitted(), floor_prog.stats()?);
-    drop(floor_prog);
-    let counted = a1.saturating_sub(a0);
-    let floor_cost = Floor { ns: f1.0 - f0.0, runs: f1.1 - f0.1, counted };
+    let ids: Vec<u32> = programs.iter().map(|(_, id)| *id).collect();
+    let load = accept_beside_floor(&gated, addr, &ids)?;
+    let (s0, s1, floor_cost) = (load.before, load.after, load.floor);
+    let counted = floor_cost.counted;
     fs::write(
         &gate_config,
         fs::read_to_string(&gate_config)?.replace(&format!("{PORT}:{HIGH_LIMIT}"), &format!("{PORT}:1")),
@@ -185,23 +176,45 @@ fn gate_cost_only(addr: SocketAddr) -> Result<()> {
         program_ids(&gated)?.into_iter().find(|(n, _)| n.starts_with("sock_ops")).context("sock_ops")?;
     let _stats = bpf::enable_stats()?;
     for _ in 0..3 {
-        let floor_prog = bpf::FloorSockOps::attach(&fs::File::open(&gated.cgroup)?)?;
-        let admitted = || limiter_tests::port(&limiter_tests::dump(&gated.pin_path), PORT).admitted;
-        let (s0, a0, f0) = (prog_stats(id)?, admitted(), floor_prog.stats()?);
-        let rate = accept_rate(&gated, addr)?;
-        let (s1, a1, f1) = (prog_stats(id)?, admitted(), floor_prog.stats()?);
-        let floor = Floor { ns: f1.0 - f0.0, runs: f1.1 - f0.1, counted: a1 - a0 };
-        let gross = (s1.0 - s0.0) as f64 / floor.counted.max(1) as f64;
+        let AcceptLoad { rate, before, after, floor } = accept_beside_floor(&gated, addr, &[id])?;
+        let (ns, runs) = (after[0].0 - before[0].0, after[0].1 - before[0].1);
+        let gross = ns as f64 / floor.counted.max(1) as f64;
         println!(
             "accepted/s {rate:.0}; sock_ops {:.0} ns/run, {gross:.0} ns per counted connection, {:.0} net of the floor \
              ({:.0} ns/run, {:.1} runs per connection)",
-            (s1.0 - s0.0) as f64 / (s1.1 - s0.1).max(1) as f64,
+            ns as f64 / runs.max(1) as f64,
             gross - floor.per_connection(),
             floor.per_run(),
             floor.runs_per_connection()
         );
     }
     Ok(())
+}
+
+/// One accept load on the gated sandbox with run-time statistics on.
+struct AcceptLoad {
+    /// Accepted connections per second.
+    rate: f64,
+    /// (run_time_ns, run_cnt) of each program asked for, before and after.
+    before: Vec<(u64, u64)>,
+    after: Vec<(u64, u64)>,
+    floor: Floor,
+}
+
+/// An accept load with the floor program attached beside the gate's: a
+/// sock_ops program that returns at once, on the same cgroup, runs on the
+/// same callbacks, so its cost is what the hook and the statistics' own
+/// clock reads cost before any program does anything.
+fn accept_beside_floor(gated: &Sandbox, addr: SocketAddr, programs: &[u32]) -> Result<AcceptLoad> {
+    let snapshot = || -> Result<Vec<(u64, u64)>> { programs.iter().map(|id| prog_stats(*id)).collect() };
+    let admitted = || limiter_tests::port(&limiter_tests::dump(&gated.pin_path), PORT).admitted;
+    let floor_prog = bpf::FloorSockOps::attach(&fs::File::open(&gated.cgroup)?)
+        .context("attaching the floor sock_ops program")?;
+    let (before, a0, f0) = (snapshot()?, admitted(), floor_prog.stats()?);
+    let rate = accept_rate(gated, addr)?;
+    let (after, a1, f1) = (snapshot()?, admitted(), floor_prog.stats()?);
+    let floor = Floor { ns: f1.0 - f0.0, runs: f1.1 - f0.1, counted: a1.saturating_sub(a0) };
+    Ok(AcceptLoad { rate, before, after, floor })
 }
 
 /// `connlimit` in the sandbox: above `limit` connections to PORT, SYNs get
