@@ -19,6 +19,8 @@
 //!   upstream): server, per-request pipeline, forwarding, responses;
 //! - [`access_log`]: the access log, one JSON line per request, written
 //!   by a thread of its own;
+//! - [`fleet`]: fleet-wide limits (sessions, web clients) counted across
+//!   daemons in Redis, with leases that end with a node that dies;
 //! - [`admission`]: HTTP permits (pools, sessions, web clients), counted
 //!   with the other daemon's during a handover through a ledger in the
 //!   kernel gate's shared memory (so it imports `kernel`);
@@ -60,6 +62,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod dir_trust;
+pub mod fleet;
 pub mod histogram;
 #[cfg(test)]
 mod import_graph;

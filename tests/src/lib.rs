@@ -43,6 +43,7 @@ pub mod replay;
 pub mod sched;
 pub mod scrape;
 pub mod shed_load;
+pub mod store;
 pub mod tls;
 pub mod upstream;
 pub mod user;

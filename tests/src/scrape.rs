@@ -1,7 +1,7 @@
 //! One real scrape with every part of the daemon that exports metrics in
 //! use: the kernel gate (a port-wide limit, a per-source cap, trusted
 //! prefixes, XDP on a veth, dry-run shedding), the proxy over cleartext,
-//! h2c and TLS, the access log. The tests that hold the metrics to their
+//! h2c and TLS, the access log, fleet limits over a Redis. The tests that hold the metrics to their
 //! conventions and the deployment files and README to the real metric
 //! names all read this page, so none of them compares against a list that
 //! could be wrong in the same way.
@@ -14,6 +14,7 @@ use crate::{Daemon, Sandbox, peer::Peer};
 pub struct Full {
     pub daemon: Daemon,
     pub page: String,
+    _redis: crate::store::Redis,
     // Held for the daemon's lifetime; dropped (removed) after it.
     _peer: Peer,
     pub sb: Sandbox,
@@ -27,16 +28,22 @@ pub fn full() -> Full {
     let sb = Sandbox::new().unwrap();
     let peer = sb.peer().unwrap();
     let (cert, key) = crate::tls::self_signed(&sb.dir, "metrics");
+    let redis = crate::store::Redis::start_in(&sb, "127.0.0.1", 6379, &sb.dir.join("redis"), &[]).unwrap();
+    let hash_key = sb.dir.join("fleet.key");
+    crate::write_secret(&hash_key, crate::store::HASH_KEY);
     let config = sb.config(
         "8080:100",
         &format!(
             "port.8080.perSourceMax = 50\nkernel.trusted = 10.99.0.0/16\nkernel.xdp.interfaces = {}\n\
              http.upstream = sample\nhttp.h2c = true\nhttp.tls.listen = 127.0.0.1:0\n\
-             http.tls.certFile = {}\nhttp.tls.keyFile = {}\nhttp.accessLog = {}\nhttp.adaptive = on\n",
+             http.tls.certFile = {}\nhttp.tls.keyFile = {}\nhttp.accessLog = {}\nhttp.adaptive = on\n\
+             fleet.store = redis://127.0.0.1:6379\nfleet.hashKeyFile = {}\nfleet.maxSessionConnections = 5\n\
+             fleet.maxWebConnections = 5\n",
             peer.server_if,
             cert.display(),
             key.display(),
             sb.dir.join("access.log").display(),
+            hash_key.display(),
         ),
     );
     let daemon = Daemon::start_inside(&sb, &config, &[]).expect("the daemon starts");
@@ -44,10 +51,11 @@ pub fn full() -> Full {
     let proxy: std::net::SocketAddr =
         text.lines().find_map(|l| l.strip_prefix("http.listen = ")).expect("http.listen").parse().unwrap();
     // The daemon serves in the sandbox's namespace: the client goes there.
-    let reply = sb.in_netns(move || crate::client::get(proxy, "/", &[]));
+    let reply =
+        sb.in_netns(move || crate::client::get(proxy, "/", &["Authorization: Bearer t", "X-Client-Id: c"]));
     assert_eq!(reply.status, 200, "a request through the proxy: {}", reply.text());
     let page = daemon.metrics();
-    Full { daemon, page, _peer: peer, sb }
+    Full { daemon, page, _redis: redis, _peer: peer, sb }
 }
 
 /// The metric families a page declares with `# TYPE`.

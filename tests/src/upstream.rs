@@ -94,33 +94,15 @@ impl Upstream {
         let runtime =
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let shared = Arc::new(Shared::default());
-        listener.set_nonblocking(true).unwrap();
-        let listener = {
-            let _entered = runtime.enter();
-            TcpListener::from_std(listener).unwrap()
-        };
-        let addr = listener.local_addr().unwrap();
-        let s = shared.clone();
-        runtime.spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let s = s.clone();
-                s.accepted.fetch_add(1, Ordering::SeqCst);
-                let open = s.open.fetch_add(1, Ordering::SeqCst) + 1;
-                s.open_peak.fetch_max(open, Ordering::SeqCst);
-                tokio::spawn(async move {
-                    let service = service_fn({
-                        let s = s.clone();
-                        move |req| answer(req, s.clone())
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .with_upgrades()
-                        .await;
-                    s.open.fetch_sub(1, Ordering::SeqCst);
-                });
-            }
-        });
+        let addr = serve(&runtime, listener, shared.clone());
         Self { addr, shared, _runtime: runtime }
+    }
+
+    /// Serves `listener` too, as the same upstream: its counters and its
+    /// `/hold` count what reaches either (one service behind several
+    /// daemons, each in its own namespace). Returns the listener's address.
+    pub fn also_on(&self, listener: std::net::TcpListener) -> SocketAddr {
+        serve(&self._runtime, listener, self.shared.clone())
     }
 
     /// How many `/work` requests are served at once from now (those over
@@ -161,6 +143,11 @@ impl Upstream {
     /// The most `/slowhead` requests the upstream had in progress at once.
     pub fn slow_peak(&self) -> u64 {
         self.shared.slow_peak.load(Ordering::SeqCst)
+    }
+
+    /// Starts [`Self::slow_peak`] again from what is in progress now.
+    pub fn reset_slow_peak(&self) {
+        self.shared.slow_peak.store(self.shared.slow_now.load(Ordering::SeqCst), Ordering::SeqCst);
     }
 
     /// Connections the upstream accepted, in all.
@@ -210,6 +197,40 @@ impl Upstream {
     pub fn release(&self) {
         self.shared.release.notify_waiters();
     }
+}
+
+/// Accepts on `listener` with `runtime`, answering from `shared`.
+fn serve(
+    runtime: &tokio::runtime::Runtime,
+    listener: std::net::TcpListener,
+    shared: Arc<Shared>,
+) -> SocketAddr {
+    listener.set_nonblocking(true).unwrap();
+    let listener = {
+        let _entered = runtime.enter();
+        TcpListener::from_std(listener).unwrap()
+    };
+    let addr = listener.local_addr().unwrap();
+    runtime.spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let s = shared.clone();
+            s.accepted.fetch_add(1, Ordering::SeqCst);
+            let open = s.open.fetch_add(1, Ordering::SeqCst) + 1;
+            s.open_peak.fetch_max(open, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let service = service_fn({
+                    let s = s.clone();
+                    move |req| answer(req, s.clone())
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .with_upgrades()
+                    .await;
+                s.open.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    addr
 }
 
 fn full(text: impl Into<Bytes>) -> Body {

@@ -3,7 +3,8 @@
 //! alone, no kernel gate, so no privileges), rewrites its file, reloads
 //! through `POST /reload`, and observes the new behaviour on the wire. The
 //! kernel's live keys are proven with the real gate in `reload.rs` (and
-//! the older kernel tests named in [`ELSEWHERE`]), `admin.logLevel` in
+//! the older kernel tests named in [`ELSEWHERE`]), the fleet's with a
+//! real Redis in `fleet.rs`, `admin.logLevel` in
 //! `live_log_level.rs` (its own process: the logger is process-wide);
 //! [`every_live_key_has_a_behaviour_test`] keeps the lists honest against
 //! the table.
@@ -99,6 +100,10 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
     ("http.adaptive.minLimit", "adaptive.rs", "the_floor_and_the_classes_change_live"),
     ("http.critical", "adaptive.rs", "the_floor_and_the_classes_change_live"),
     ("http.sheddable", "adaptive.rs", "the_floor_and_the_classes_change_live"),
+    ("fleet.maxSessionConnections", "fleet.rs", "fleet_limits_timeout_and_store_policy_change_live"),
+    ("fleet.maxWebConnections", "fleet.rs", "fleet_limits_timeout_and_store_policy_change_live"),
+    ("fleet.timeoutMs", "fleet.rs", "fleet_limits_timeout_and_store_policy_change_live"),
+    ("fleet.onStoreDown", "fleet.rs", "fleet_limits_timeout_and_store_policy_change_live"),
 ];
 
 #[test]
@@ -112,6 +117,7 @@ fn every_live_key_has_a_behaviour_test() {
         ("live_log_level.rs", include_str!("live_log_level.rs")),
         ("shedding.rs", include_str!("shedding.rs")),
         ("adaptive.rs", include_str!("adaptive.rs")),
+        ("fleet.rs", include_str!("fleet.rs")),
     ];
     let mut covered: Vec<&str> = Vec::new();
     for (key, test) in HERE {

@@ -94,6 +94,11 @@ pub const PROGRAMS: &[Program] = &[
     // (tests/jetty/LimiterUpstream.java).
     debian("java", "jetty9"),
     debian("javac", "default-jdk-headless"),
+    // The fleet's shared store (fleet.store): Debian's Redis 7, one server
+    // or a cluster of three started by the tests and the fleet benchmark,
+    // and its client, which creates the cluster.
+    debian("redis-server", "redis-server"),
+    debian("redis-cli", "redis-tools"),
     // `cargo xtask test` and `bench http --before` build older revisions
     // in a git worktree.
     debian("git", "git"),

@@ -79,6 +79,9 @@ pub struct HttpStatus {
     /// Coupled shedding (`http.shedAtSyn`); `None`: no kernel gate.
     #[serde(default)]
     pub shedding: Option<ShedStatus>,
+    /// The fleet-wide limits (`fleet.store`); `None`: none.
+    #[serde(default)]
+    pub fleet: Option<crate::fleet::Snapshot>,
 }
 
 /// The coupled shedding's controller, as `/status` shows it.

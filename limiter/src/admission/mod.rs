@@ -30,6 +30,8 @@ pub mod adaptive;
 pub mod ledger;
 mod session;
 
+pub use self::session::normalised;
+
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex, MutexGuard},
@@ -58,16 +60,25 @@ pub enum Refusal {
     Sheddable,
     /// The normal pool refused a critical request (`http.critical`).
     Critical,
+    /// The session's limit across the fleet (`fleet.maxSessionConnections`).
+    FleetSession,
+    /// The web-client limit across the fleet (`fleet.maxWebConnections`).
+    FleetWeb,
+    /// The fleet's store does not answer and `fleet.onStoreDown = refuse`.
+    FleetDown,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 6] = [
+    pub const ALL: [Refusal; 9] = [
         Refusal::Normal,
         Refusal::Debug,
         Refusal::Web,
         Refusal::Session,
         Refusal::Sheddable,
         Refusal::Critical,
+        Refusal::FleetSession,
+        Refusal::FleetWeb,
+        Refusal::FleetDown,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -78,7 +89,15 @@ impl Refusal {
             Self::Session => "session",
             Self::Sheddable => "sheddable",
             Self::Critical => "critical",
+            Self::FleetSession => "fleet_session",
+            Self::FleetWeb => "fleet_web",
+            Self::FleetDown => "fleet_down",
         }
+    }
+
+    /// A refusal of the fleet's (decided by `crate::fleet`, counted here).
+    pub fn of_fleet(self) -> bool {
+        matches!(self, Self::FleetSession | Self::FleetWeb | Self::FleetDown)
     }
 
     /// A refusal of the normal pool, whatever the request's class.
@@ -350,6 +369,9 @@ pub struct Permit {
     /// How long the upstream took to its response head (µs), told to the
     /// controller when the permit goes back.
     answered_us: Option<u64>,
+    /// What else the request holds that goes back with the permit (the
+    /// fleet's permits), dropped after the local slots are given back.
+    attached: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Permit {
@@ -361,6 +383,11 @@ impl Permit {
     /// request was sent.
     pub fn answered(&mut self, latency: Duration) {
         self.answered_us = Some(latency.as_micros() as u64);
+    }
+
+    /// Holds `other` as long as the permit: it is dropped with it.
+    pub fn attach(&mut self, other: Box<dyn std::any::Any + Send + Sync>) {
+        self.attached = Some(other);
     }
 }
 
@@ -531,6 +558,7 @@ impl Admission {
             session_published,
             generation,
             answered_us: None,
+            attached: None,
         })
     }
 
@@ -564,6 +592,20 @@ impl Admission {
                 Err(reason)
             }
             _ => Ok(()),
+        }
+    }
+
+    /// A limit decided elsewhere (the fleet's) refused the request:
+    /// counted as a refusal, or in dry-run as a would-be refusal. `true`:
+    /// refuse it (not in dry-run).
+    pub fn refused_elsewhere(&self, reason: Refusal) -> bool {
+        let mut inner = self.lock();
+        if inner.limits.dry_run {
+            inner.would_refuse[reason.index()] += 1;
+            false
+        } else {
+            inner.refused[reason.index()] += 1;
+            true
         }
     }
 

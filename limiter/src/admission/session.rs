@@ -43,17 +43,30 @@ impl SessionKeys {
 
     /// The session key of an `Authorization` value.
     pub(super) fn key(&self, authorization: &[u8]) -> u64 {
-        let (scheme, credentials) = split(authorization);
         #[expect(deprecated, reason = "see the import")]
         let mut h = SipHasher::new_with_keys(self.0, self.1);
-        for b in scheme {
-            h.write_u8(b.to_ascii_lowercase());
-        }
-        // A scheme is a token, never a space: nothing else can hash the same.
-        h.write_u8(b' ');
-        h.write(credentials);
+        normalised(authorization, |bytes| h.write(bytes));
         h.finish()
     }
+}
+
+/// Feeds `sink` the normalised form of an `Authorization` value, in
+/// pieces: the lower-cased scheme, one space, the credentials as they
+/// are. (A scheme is a token, never a space: no other value gives the
+/// same bytes.) Every keyed hash of a session is taken over this: the
+/// local one here and the fleet's.
+pub fn normalised(authorization: &[u8], mut sink: impl FnMut(&[u8])) {
+    let (scheme, credentials) = split(authorization);
+    let mut lower = [0u8; 32];
+    for chunk in scheme.chunks(lower.len()) {
+        let out = &mut lower[..chunk.len()];
+        for (o, b) in out.iter_mut().zip(chunk) {
+            *o = b.to_ascii_lowercase();
+        }
+        sink(out);
+    }
+    sink(b" ");
+    sink(credentials);
 }
 
 /// The scheme and the credentials of an `Authorization` value.
@@ -92,6 +105,19 @@ mod tests {
         let (c, d) = (SessionKeys::with_seed((1, 2)), SessionKeys::with_seed((1, 2)));
         assert_eq!(c.key(b"Bearer T"), d.key(b"bearer  T"));
         assert_ne!(c.key(b"Bearer T"), SessionKeys::with_seed((1, 3)).key(b"Bearer T"));
+    }
+
+    #[test]
+    fn the_normalised_form_is_the_lower_cased_scheme_a_space_and_the_credentials() {
+        let form = |v: &[u8]| {
+            let mut out = Vec::new();
+            normalised(v, |b| out.extend_from_slice(b));
+            out
+        };
+        assert_eq!(form(b" BeArEr  Tok en "), b"bearer Tok en");
+        assert_eq!(form(b"Basic"), b"basic ");
+        let long = [b'A'; 100];
+        assert_eq!(form(&long), [&[b'a'; 100][..], b" "].concat());
     }
 
     #[test]

@@ -240,7 +240,20 @@ fn the_check_at_the_head_takes_nothing_and_counts_its_refusal_once() {
 #[test]
 fn refusals_are_listed_once_each_at_their_counters_index() {
     let names: Vec<&str> = Refusal::ALL.iter().map(|r| r.as_str()).collect();
-    assert_eq!(names, ["normal", "debug", "web", "session", "sheddable", "critical"]);
+    assert_eq!(
+        names,
+        [
+            "normal",
+            "debug",
+            "web",
+            "session",
+            "sheddable",
+            "critical",
+            "fleet_session",
+            "fleet_web",
+            "fleet_down"
+        ]
+    );
     assert!(Refusal::ALL.iter().enumerate().all(|(i, r)| r.index() == i));
 }
 

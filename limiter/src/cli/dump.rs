@@ -263,6 +263,12 @@ fn pools(http: &HttpStatus) -> String {
     if let Some(s) = &http.shedding {
         out.push_str(&format!("shedding at the SYN: {}\n", shed_summary(s)));
     }
+    if let Some(f) = &http.fleet {
+        for line in fleet_lines(f) {
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
     out.push_str(&format!("http requests by protocol: {}\n", http.protocols(|_, n| n.to_string())));
     let b = &http.breaker;
     let next =
@@ -287,6 +293,37 @@ pub fn breaker_summary(b: &crate::breaker::Snapshot) -> String {
         b.error_rate * 100.0,
         b.trips,
     )
+}
+
+/// The fleet's limits in two lines, for `dump` and `top`: the store and
+/// what this node holds, then the busiest sessions by their fleet-wide
+/// count (by the start of their hashed key: no token is ever shown).
+pub fn fleet_lines(f: &crate::fleet::Snapshot) -> [String; 2] {
+    let limit = |n: u32| if n == 0 { "none".to_owned() } else { n.to_string() };
+    let first = format!(
+        "fleet {} ({}): store {}, onStoreDown {}; limits session {} web {}; held here session {} web {}; \
+         web in flight across the fleet {}; {} asks, {} store failures, {} admitted unpublished",
+        f.name,
+        f.store,
+        if f.up { "UP" } else { "DOWN" },
+        f.on_store_down,
+        limit(f.session_limit),
+        limit(f.web_limit),
+        f.held_session,
+        f.held_web,
+        f.web_fleet.map_or_else(|| "unknown".to_owned(), |n| n.to_string()),
+        f.asks,
+        f.store_failures,
+        f.admitted_unpublished,
+    );
+    let busiest: Vec<String> =
+        f.busiest_sessions.iter().map(|s| format!("{} {}/{}", s.key, s.here, s.fleet)).collect();
+    let second = format!(
+        "fleet sessions held here: {} (busiest, hashed key here/fleet: {})",
+        f.tracked_sessions,
+        if busiest.is_empty() { "none".to_owned() } else { busiest.join(", ") }
+    );
+    [first, second]
 }
 
 /// One line on the coupled shedding's controller, for `dump` and `top`.

@@ -132,6 +132,9 @@ pub fn render(cur: &Sample, prev: Option<&Sample>) -> Vec<String> {
             "HTTP req/s by protocol: {}",
             http.protocols(|p, n| rate(n, before_proto(p), secs))
         )));
+        if let Some(f) = &http.fleet {
+            out.extend(dump::fleet_lines(f).into_iter().map(fit));
+        }
         out.push(fit(format!("breaker {}", dump::breaker_summary(&http.breaker))));
         if let Some(s) = &http.shedding {
             out.push(fit(format!("shedding at the SYN: {}", dump::shed_summary(s))));

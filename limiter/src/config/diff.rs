@@ -30,6 +30,7 @@ impl Config {
         if self.admin.token_file == new.admin.token_file && self.admin.token != new.admin.token {
             out.push("admin.tokenFile: (contents changed)".into());
         }
+        out.extend(self.secret_changes(new).map(|key| format!("{key}: (contents changed)")));
         let (a, b) = (&self.http, &new.http);
         if (&a.tls_cert_file, &a.tls_key_file) == (&b.tls_cert_file, &b.tls_key_file) && a.tls != b.tls {
             out.push("http.tls.certFile/keyFile: (contents changed: new handshakes use the new pair)".into());
@@ -52,7 +53,19 @@ impl Config {
                 }
             })
             .map(|k| k.name)
+            .chain(self.secret_changes(new))
             .collect()
+    }
+
+    /// Restart-only secret files whose contents changed under the same
+    /// path (the fleet's: its connection and its hash were made with them).
+    fn secret_changes(&self, new: &Config) -> impl Iterator<Item = &'static str> {
+        let (a, b) = (&self.fleet, &new.fleet);
+        let password = a.password_file == b.password_file && a.password != b.password;
+        let hash_key = a.hash_key_file == b.hash_key_file && a.hash_key != b.hash_key;
+        [password.then_some("fleet.passwordFile"), hash_key.then_some("fleet.hashKeyFile")]
+            .into_iter()
+            .flatten()
     }
 
     /// The written values of a per-port key, by concrete key.

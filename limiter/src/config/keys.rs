@@ -10,10 +10,11 @@
 
 use super::{
     Addr, Config, MIN_MAX_THREADS, Secret,
+    store::{OnStoreDown, StoreUrl, fleet_name},
     values::{
         absolute_path, access_log, boolean, int_at_least, int_in, interfaces, log_level, ms, on_off,
-        parse_ports, path_prefixes, power_of_two_in, prefixes, ratio, read_token, socket_addr, statuses,
-        upstream, xdp_mode,
+        parse_ports, path_prefixes, power_of_two_in, prefixes, ratio, read_secret, read_token, socket_addr,
+        statuses, upstream, xdp_mode,
     },
 };
 
@@ -102,7 +103,7 @@ macro_rules! plain {
 
 /// Namespaces where every key is the daemon's: an unknown key there is an
 /// error (a typo must not silently disable a limit).
-pub const OWNED_NAMESPACES: [&str; 3] = ["kernel", "breaker", "admin"];
+pub const OWNED_NAMESPACES: [&str; 4] = ["kernel", "breaker", "admin", "fleet"];
 
 /// The daemon's keys, in the order `check-config` lists them.
 pub static KEYS: &[Key] = &[
@@ -602,6 +603,78 @@ pub static KEYS: &[Key] = &[
         reload: Reload::Live,
         doc: "/debug/ requests pass an open breaker and are not recorded",
         set: plain!(|c, v| c.breaker.bypass_debug = boolean(v)?),
+    },
+    // Fleet-wide limits (crate::fleet).
+    Key {
+        name: "fleet.store",
+        default: DefaultValue::Unset("(none: no fleet limits)"),
+        reload: Reload::Restart,
+        doc: "where the fleet's counts live: redis://[user@]host[:port][/db], rediss://… (TLS) or redis+cluster://host:port,… (a Redis Cluster's seeds)",
+        set: plain!(|c, v| c.fleet.store = Some(StoreUrl::parse(v)?)),
+    },
+    Key {
+        name: "fleet.passwordFile",
+        default: DefaultValue::Unset("(none: no AUTH)"),
+        reload: Reload::Restart,
+        doc: "file whose first line is the store's password (checked as admin.tokenFile is)",
+        set: plain!(|c, v| {
+            let path = absolute_path(v)?;
+            c.fleet.password = Some(Secret(read_secret(&path, 1, "the password")?));
+            c.fleet.password_file = Some(path);
+        }),
+    },
+    Key {
+        name: "fleet.hashKeyFile",
+        default: DefaultValue::Unset("(none)"),
+        reload: Reload::Restart,
+        doc: "file every node of the fleet shares whose first line (at least 16 characters) keys the hash of a session in the store; needed by fleet.maxSessionConnections",
+        set: plain!(|c, v| {
+            let path = absolute_path(v)?;
+            c.fleet.hash_key = Some(Secret(read_secret(&path, 16, "the hash key")?));
+            c.fleet.hash_key_file = Some(path);
+        }),
+    },
+    Key {
+        name: "fleet.maxSessionConnections",
+        default: DefaultValue::Value("0"),
+        reload: Reload::Live,
+        doc: "in-flight requests per Authorization value across every daemon of the fleet (0: no fleet limit)",
+        set: plain!(|c, v| c.fleet.max_session_connections = int_at_least(v, 0)?),
+    },
+    Key {
+        name: "fleet.maxWebConnections",
+        default: DefaultValue::Value("0"),
+        reload: Reload::Live,
+        doc: "in-flight requests carrying X-Client-Id across every daemon of the fleet (0: no fleet limit)",
+        set: plain!(|c, v| c.fleet.max_web_connections = int_at_least(v, 0)?),
+    },
+    Key {
+        name: "fleet.name",
+        default: DefaultValue::Value("default"),
+        reload: Reload::Restart,
+        doc: "daemons with the same store and name share their budgets (A-Z a-z 0-9 . _ -)",
+        set: plain!(|c, v| c.fleet.name = fleet_name(v)?),
+    },
+    Key {
+        name: "fleet.leaseMs",
+        default: DefaultValue::Value("3000"),
+        reload: Reload::Restart,
+        doc: "how long a node's permits outlive it when it stops renewing them (renewed every third of it)",
+        set: plain!(|c, v| c.fleet.lease_ms = ms(v, 300)?),
+    },
+    Key {
+        name: "fleet.timeoutMs",
+        default: DefaultValue::Value("20"),
+        reload: Reload::Live,
+        doc: "a store that has not answered a request's ask within this long is down until it answers again",
+        set: plain!(|c, v| c.fleet.timeout_ms = ms(v, 1)?),
+    },
+    Key {
+        name: "fleet.onStoreDown",
+        default: DefaultValue::Value("local"),
+        reload: Reload::Live,
+        doc: "while the store is down: local (the node's own limits alone) or refuse (503 fleet_down)",
+        set: plain!(|c, v| c.fleet.on_store_down = OnStoreDown::parse(v)?),
     },
 ];
 

@@ -7,8 +7,8 @@
 use std::{collections::BTreeMap, fs, path::Path};
 
 use super::{
-    AdminConfig, BreakerConfig, Config, ConfigError, DEBUG_SLOTS, HttpConfig, KEYS, KernelConfig, Upstream,
-    Written, grammar,
+    AdminConfig, BreakerConfig, Config, ConfigError, DEBUG_SLOTS, FleetConfig, HttpConfig, KEYS,
+    KernelConfig, Upstream, Written, grammar,
     keys::{self, Lookup, Set},
 };
 
@@ -38,6 +38,7 @@ impl Config {
             http: HttpConfig::default(),
             breaker: BreakerConfig::default(),
             admin: AdminConfig::default(),
+            fleet: FleetConfig::default(),
             ignored: Vec::new(),
             warnings: Vec::new(),
             written: BTreeMap::new(),
@@ -217,6 +218,38 @@ impl Config {
         }
     }
 
+    /// The fleet's limits need a store, a session limit the shared hash
+    /// key, and the store's timeout fits well inside a lease.
+    fn check_fleet(&self) -> Result<(), (String, String)> {
+        let f = &self.fleet;
+        for (key, limit) in [
+            ("fleet.maxSessionConnections", f.max_session_connections),
+            ("fleet.maxWebConnections", f.max_web_connections),
+        ] {
+            if limit > 0 && f.store.is_none() {
+                return Err((key.into(), "needs fleet.store (where the fleet's counts live)".into()));
+            }
+        }
+        if f.max_session_connections > 0 && f.hash_key.is_none() {
+            return Err((
+                "fleet.maxSessionConnections".into(),
+                "needs fleet.hashKeyFile: the store keys sessions by a hash every node must compute alike \
+                 (a file of at least 16 random characters, the same on every node)"
+                    .into(),
+            ));
+        }
+        if f.timeout_ms * 3 > f.lease_ms {
+            return Err((
+                "fleet.timeoutMs".into(),
+                format!("{} ms is more than a third of fleet.leaseMs ({} ms)", f.timeout_ms, f.lease_ms),
+            ));
+        }
+        if f.store.is_some() && self.http.upstream.is_none() {
+            return Err(("fleet.store".into(), "needs http.upstream (fleet limits are the proxy's)".into()));
+        }
+        Ok(())
+    }
+
     /// Checks that involve more than one key; names the key to blame.
     fn check(&self) -> Result<(), (String, String)> {
         for (port, options) in &self.kernel.port_options {
@@ -265,6 +298,7 @@ impl Config {
             ));
         }
         self.check_own_connections()?;
+        self.check_fleet()?;
         let admin = self.admin.listen.0.ip();
         if !admin.is_loopback() && self.admin.token_file.is_none() {
             return Err((

@@ -17,7 +17,7 @@
 //! The daemon owns the keys of the table: `http.maxThreads`,
 //! `http.maxSessionConnections`, `http.maxWebConnections`, `http.listen`,
 //! `http.upstream`, the other `http.*` keys it lists, and every key under
-//! `kernel.`, `breaker.` and `admin.`. Unknown keys in those three
+//! `kernel.`, `breaker.`, `admin.` and `fleet.`. Unknown keys in those four
 //! namespaces are errors (a typo must not silently disable a limit); other
 //! `http.*` keys and other sections belong to the business runtime and are
 //! ignored, so the runtime's own `config.ini` works unchanged.
@@ -31,6 +31,7 @@ mod grammar;
 pub mod keys;
 mod listing;
 mod load;
+mod store;
 mod values;
 
 use std::{collections::BTreeMap, fmt, net::SocketAddr, path::PathBuf};
@@ -39,6 +40,7 @@ pub use self::{
     error::ConfigError,
     keys::{KEYS, Key, Reload},
     listing::Setting,
+    store::{FleetConfig, OnStoreDown, StoreUrl},
 };
 
 /// Threads the runtime keeps for its acceptor/selector/housekeeping.
@@ -90,6 +92,7 @@ pub struct Config {
     pub http: HttpConfig,
     pub breaker: BreakerConfig,
     pub admin: AdminConfig,
+    pub fleet: FleetConfig,
     /// Keys the file had that belong to the business runtime.
     pub ignored: Vec<String>,
     /// What loads but an operator should know (an expired certificate).

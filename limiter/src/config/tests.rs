@@ -526,3 +526,90 @@ fn a_retired_key_is_warned_about_not_refused() {
     assert!(!c.ignored.iter().any(|k| k == "http.h1Engine"), "not listed as one of the runtime's keys");
     assert_eq!(c.http.max_threads, 20, "the rest of the file applies");
 }
+
+#[test]
+fn fleet_keys_need_their_store_their_hash_key_and_a_timeout_inside_the_lease() {
+    let dir = std::env::temp_dir().join(format!("limiter-fleet-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("fleet.key");
+    std::fs::write(&key, "0123456789abcdef-fleet\n").unwrap();
+    chmod(&key, 0o600);
+    let pass = dir.join("redis.pass");
+    std::fs::write(&pass, "pw\n").unwrap();
+    chmod(&pass, 0o600);
+    let up = "http.upstream = 127.0.0.1:9000\n";
+    let ok = format!(
+        "{up}[fleet]\nstore = redis+cluster://10.0.0.1:7000,10.0.0.2:7000\npasswordFile = {}\nhashKeyFile = {}\n\
+         maxSessionConnections = 5\nmaxWebConnections = 100\nname = eu-1\nleaseMs = 3000\ntimeoutMs = 1000\nonStoreDown = refuse\n",
+        pass.display(),
+        key.display()
+    );
+    let c = parse(&ok).unwrap();
+    let f = &c.fleet;
+    assert_eq!(
+        f.store.as_ref().map(ToString::to_string).as_deref(),
+        Some("redis+cluster://10.0.0.1:7000,10.0.0.2:7000")
+    );
+    assert_eq!(
+        (f.max_session_connections, f.max_web_connections, f.on_store_down),
+        (5, 100, OnStoreDown::Refuse)
+    );
+    assert_eq!(f.password.as_ref().map(|p| p.0.as_str()), Some("pw"));
+    assert!(!format!("{c:?}").contains("0123456789abcdef-fleet"), "the hash key is never shown");
+    let defaults = Config::default().fleet;
+    assert_eq!((defaults.store, defaults.lease_ms, defaults.timeout_ms), (None, 3000, 20));
+    assert_eq!((defaults.name.as_str(), defaults.on_store_down), ("default", OnStoreDown::Local));
+    for (text, says) in [
+        (format!("{up}fleet.maxWebConnections = 3\n"), "fleet.maxWebConnections: needs fleet.store"),
+        (
+            format!("{up}fleet.store = redis://h\nfleet.maxSessionConnections = 3\n"),
+            "fleet.maxSessionConnections: needs fleet.hashKeyFile",
+        ),
+        (
+            format!("{up}fleet.store = redis://h\nfleet.timeoutMs = 1001\n"),
+            "more than a third of fleet.leaseMs",
+        ),
+        ("fleet.store = redis://h\n".to_owned(), "fleet.store: needs http.upstream"),
+        (format!("{up}fleet.store = redis://u:pw@h\n"), "fleet.passwordFile"),
+        (format!("{up}fleet.nmae = x\n"), "unknown key under `fleet.`"),
+        (format!("{up}fleet.onStoreDown = open\n"), "expected local or refuse"),
+        (format!("{up}fleet.leaseMs = 100\n"), "at least 300"),
+        (format!("{up}fleet.name = a:b\n"), "A-Z a-z 0-9"),
+    ] {
+        let err = error(&text);
+        assert!(err.contains(says), "{text}: {err}");
+    }
+    // A hash key others may read, or too short, is refused naming it.
+    chmod(&key, 0o644);
+    assert!(error(&ok).contains("other users can read it"));
+    chmod(&key, 0o600);
+    std::fs::write(&key, "short\n").unwrap();
+    assert!(error(&ok).contains("the hash key must be one line of at least 16 characters"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_reload_that_changes_a_fleet_secret_needs_a_restart() {
+    let dir = std::env::temp_dir().join(format!("limiter-fleet-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("fleet.key");
+    let write = |text: &str| {
+        std::fs::write(&key, text).unwrap();
+        chmod(&key, 0o600);
+    };
+    write("0123456789abcdef-one\n");
+    let text = format!(
+        "http.upstream = 127.0.0.1:9000\nfleet.store = redis://h\nfleet.hashKeyFile = {}\nfleet.maxSessionConnections = 2\n",
+        key.display()
+    );
+    let before = parse(&text).unwrap();
+    let live = parse(&text.replace("maxSessionConnections = 2", "maxSessionConnections = 3")).unwrap();
+    assert!(before.restart_changes(&live).is_empty());
+    write("0123456789abcdef-two\n");
+    let after = parse(&text).unwrap();
+    assert_eq!(before.restart_changes(&after), ["fleet.hashKeyFile"]);
+    assert!(before.changes_to(&after).contains(&"fleet.hashKeyFile: (contents changed)".to_owned()));
+    let moved = parse(&text.replace("redis://h", "redis://other")).unwrap();
+    assert_eq!(after.restart_changes(&moved), ["fleet.store"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -102,6 +102,13 @@ pub(super) fn xdp_mode(value: &str) -> Result<XdpModeChoice, String> {
 
 /// The first line of a token file: at least 16 characters, no spaces.
 pub(super) fn read_token(path: &Path) -> Result<String, String> {
+    read_secret(path, 16, "the token")
+}
+
+/// A secret from a file that only its owner (or group) may read: its
+/// first line, of at least `min` characters without spaces (`what` names
+/// it in the error).
+pub(super) fn read_secret(path: &Path, min: usize, what: &str) -> Result<String, String> {
     use std::{io::Read as _, os::unix::fs::MetadataExt as _};
     let mut file = crate::dir_trust::open_trusted(path)?;
     // A secret every local user can read is no secret: refuse it, as ssh
@@ -121,9 +128,9 @@ pub(super) fn read_token(path: &Path) -> Result<String, String> {
     let mut text = String::new();
     file.read_to_string(&mut text).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let token = text.lines().next().unwrap_or("").trim();
-    if token.len() < 16 || token.contains(char::is_whitespace) {
+    if token.len() < min || token.contains(char::is_whitespace) {
         return Err(format!(
-            "{}: the token must be one line of at least 16 characters without spaces",
+            "{}: {what} must be one line of at least {min} characters without spaces",
             path.display()
         ));
     }

@@ -116,12 +116,11 @@ impl Control for Daemon {
             .sample("limiter_kernel_scrape_success", &[], u8::from(ok));
         }
         if let Some(proxy) = &self.proxy {
-            metrics::http::write(
-                &mut page,
-                &proxy.admission.snapshot(),
-                &proxy.counters,
-                proxy.budget.used(),
-            );
+            let pools = proxy.admission.snapshot();
+            metrics::http::write(&mut page, &pools, &proxy.counters, proxy.budget.used());
+            if let Some(fleet) = &proxy.fleet {
+                metrics::fleet::write(&mut page, fleet, &fleet.snapshot(), &pools);
+            }
             metrics::http::write_front_door(&mut page, &proxy.counters, &proxy.access_log.stats);
             metrics::http::write_upstreams(&mut page, &proxy.upstreams);
             metrics::http::write_reset_groups(&mut page, &proxy.reset_groups);
@@ -162,6 +161,7 @@ impl Control for Daemon {
                 })
                 .collect(),
             shedding: self.shedding.as_ref().map(|s| s.view()),
+            fleet: p.fleet.as_ref().map(|f| f.snapshot()),
         });
         let config = self.config.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         Ok(Status {

@@ -245,7 +245,8 @@ pub async fn run(
                     addr.to_string()
                 }
             };
-            Some(Proxy::new(&config, upstream, ledger.clone()))
+            let fleet = start_fleet(&config, ledger.clone()).await;
+            Some(Proxy::new(&config, upstream, ledger.clone(), fleet))
         }
     };
     if let (Some(proxy), Some(listeners)) = (&proxy, &http_listeners) {
@@ -435,4 +436,15 @@ pub async fn run(
         tracing::info!(pin_path = %pin_path.display(), "stopped; the kernel gate stays pinned and enforcing");
     }
     Ok(())
+}
+
+/// The fleet-wide limits, when `fleet.store` is set. This node's identity
+/// in the fleet is its host name, pin path and listening address: the
+/// same daemon restarted (or handed over to) is the same node.
+async fn start_fleet(config: &Config, ledger: Option<Arc<Ledger>>) -> Option<Arc<crate::fleet::Fleet>> {
+    config.fleet.store.as_ref()?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let identity = format!("{}\n{}\n{}", host.trim(), config.kernel.pin_path.display(), config.http.listen);
+    let handover = Box::new(move || ledger.as_ref().is_some_and(|l| l.lock().has_peer()));
+    crate::fleet::start(&config.fleet, &identity, handover).await
 }

@@ -309,7 +309,7 @@ where
             return own(io, c, Early { read, ..early(a) }, log).await;
         }
     };
-    let (ticket, permit) = match pipeline::admit(ctx, &req, class) {
+    let (ticket, permit) = match pipeline::admit(ctx, &req, class).await {
         Ok(admitted) => admitted,
         Err(a) => {
             let read = body.read_whole();

@@ -235,7 +235,7 @@ async fn serve_stream(
         Ok(received) => received,
         Err(a) => return Ok(own(&s, a, log, open, 0)),
     };
-    let (ticket, permit) = match pipeline::admit(ctx, &req, class) {
+    let (ticket, permit) = match pipeline::admit(ctx, &req, class).await {
         Ok(admitted) => admitted,
         Err(a) => return Ok(own(&s, a, log, open, received.bytes.len() as u64)),
     };

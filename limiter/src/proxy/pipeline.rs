@@ -14,7 +14,9 @@
 //!    holding no permit (within `http.requestBodyTimeoutMs` and the memory
 //!    budget); a larger one streams later.
 //! 4. [`admit`]: the breaker's ticket (a half-open probe is taken only
-//!    now) and the permits, taken together or not at all.
+//!    now) and the permits, the node's then the fleet's (`crate::fleet`,
+//!    one store round trip, only for a request a fleet limit applies to),
+//!    taken together or not at all.
 //! 5. [`forward`]: the upstream ([`super::upstream`]), its result on the
 //!    ticket, an accepted upgrade, the response body read ahead when it
 //!    fits `http.responseBufferBytes` (the permit goes back) or streamed
@@ -165,8 +167,11 @@ pub async fn receive<B: BodySource>(ctx: Ctx<'_>, req: &Request, source: &mut B)
 }
 
 /// Phase 4: the breaker's ticket, then the permits (the pools, web
-/// clients, sessions), for real now that the body is in.
-pub fn admit(ctx: Ctx<'_>, req: &Request, c: Classified) -> Result<(Option<Ticket>, Permit), Answer> {
+/// clients, sessions), for real now that the body is in, then the
+/// fleet's (`fleet.*`), all or nothing: a fleet refusal gives the local
+/// permits back. Only a request that needs a fleet permit waits for the
+/// store (one round trip).
+pub async fn admit(ctx: Ctx<'_>, req: &Request, c: Classified) -> Result<(Option<Ticket>, Permit), Answer> {
     let proxy = ctx.proxy;
     let ticket = if c.debug {
         None
@@ -178,11 +183,29 @@ pub fn admit(ctx: Ctx<'_>, req: &Request, c: Classified) -> Result<(Option<Ticke
             }
         }
     };
-    match proxy.admission.admit(c.ask(req)) {
-        Ok(permit) => Ok((ticket, permit)),
+    let ask = c.ask(req);
+    let mut permit = match proxy.admission.admit(ask) {
+        Ok(permit) => permit,
         // The ticket is dropped unrecorded: a refusal is not a result.
-        Err(refusal) => Err(Answer::refuse(proxy, Reason::Admission(refusal), ctx.started)),
+        Err(refusal) => return Err(Answer::refuse(proxy, Reason::Admission(refusal), ctx.started)),
+    };
+    // `/debug/` is never subject to the fleet's limits.
+    if let Some(fleet) = &proxy.fleet
+        && !c.debug
+        && fleet.needs(ask.web, ask.session.is_some())
+    {
+        let (held, refusal) = fleet.acquire(ask.web, ask.session).await;
+        if let Some(refusal) = refusal
+            && proxy.admission.refused_elsewhere(refusal)
+        {
+            drop((held, permit, ticket));
+            return Err(Answer::refuse(proxy, Reason::Admission(refusal), ctx.started));
+        }
+        if let Some(held) = held {
+            permit.attach(Box::new(held));
+        }
     }
+    Ok((ticket, permit))
 }
 
 /// How the body goes upstream: in memory with its length, or streamed

@@ -64,6 +64,15 @@ impl Reason {
             Self::Admission(Refusal::Critical) => {
                 "503 Service Unavailable: the server is at its request limit, even for critical requests\n"
             }
+            Self::Admission(Refusal::FleetSession) => {
+                "503 Service Unavailable: this session has too many requests in flight across the fleet\n"
+            }
+            Self::Admission(Refusal::FleetWeb) => {
+                "503 Service Unavailable: the web-client limit is reached across the fleet\n"
+            }
+            Self::Admission(Refusal::FleetDown) => {
+                "503 Service Unavailable: the fleet's limits cannot be checked now; retry later\n"
+            }
             Self::Breaker => "503 Service Unavailable: the upstream is failing; retry later\n",
             Self::BufferFull => "503 Service Unavailable: no memory is free to buffer the request body\n",
             Self::UpstreamFull => "503 Service Unavailable: every upstream connection is busy\n",
@@ -76,7 +85,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reasons_are_the_pools_then_the_breaker_then_the_buffers_then_the_upstream_cap_each_once() {
+    fn reasons_are_the_pools_then_the_fleet_then_the_breaker_then_the_buffers_then_the_upstream_cap_each_once()
+     {
         let names: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
         assert_eq!(
             names,
@@ -87,6 +97,9 @@ mod tests {
                 "session",
                 "sheddable",
                 "critical",
+                "fleet_session",
+                "fleet_web",
+                "fleet_down",
                 "breaker",
                 "buffer_full",
                 "upstream_full"

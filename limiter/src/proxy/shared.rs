@@ -17,6 +17,7 @@ use crate::{
     admission::{Admission, Limits, ledger::Ledger},
     breaker::{self, Breaker, MonotonicClock},
     config::Config,
+    fleet::Fleet,
 };
 
 pub struct Proxy {
@@ -46,12 +47,20 @@ pub struct Proxy {
     upstream: String,
     /// `http.accessLog`.
     pub access_log: AccessLogger,
+    /// The fleet-wide limits (`fleet.store`), if any.
+    pub fleet: Option<Arc<Fleet>>,
 }
 
 impl Proxy {
     /// With `ledger`, admission counts the permits of the other daemon
-    /// serving the same gate too (a handover).
-    pub fn new(config: &Config, upstream: String, ledger: Option<Arc<Ledger>>) -> Arc<Self> {
+    /// serving the same gate too (a handover); with `fleet`, requests take
+    /// the fleet's permits as well.
+    pub fn new(
+        config: &Config,
+        upstream: String,
+        ledger: Option<Arc<Ledger>>,
+        fleet: Option<Arc<Fleet>>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             admission: Admission::with_ledger(Limits::from_config(&config.http), ledger),
             breaker: Arc::new(Breaker::new(
@@ -75,6 +84,7 @@ impl Proxy {
             },
             upstream,
             access_log: AccessLogger::start(&config.http.access_log),
+            fleet,
         })
     }
 
@@ -120,5 +130,8 @@ impl Proxy {
             Arc::new(Tuning::from_config(config));
         self.generation.fetch_add(1, Ordering::Release);
         self.access_log.reload(&config.http.access_log);
+        if let Some(fleet) = &self.fleet {
+            fleet.set_live(&config.fleet);
+        }
     }
 }

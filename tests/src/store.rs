@@ -1,0 +1,326 @@
+//! The fleet's store for tests and the fleet benchmark: Debian's
+//! `redis-server`, one or a cluster of three, in a namespace of their own
+//! with a bridge, and daemons in namespaces of theirs, each joined to the
+//! bridge by a veth pair, so that several daemons reach one store as
+//! nodes of a fleet do, and clients in the store's namespace reach every
+//! daemon.
+//!
+//! ```text
+//!   store netns: br0 10.77.0.1/24, redis-server(s) on 10.77.0.1, clients
+//!      |-- veth -- node 1 netns: 10.77.0.11 (limiter, its upstream on 127.0.0.1)
+//!      |-- veth -- node 2 netns: 10.77.0.12
+//!      `-- veth -- node 3 netns: 10.77.0.13
+//! ```
+
+use std::{
+    fs,
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use nix::{
+    sys::signal::{Signal, kill},
+    unistd::Pid,
+};
+
+use crate::{Daemon, Sandbox, process, run, upstream::Upstream, write_secret};
+
+/// The store's address on the bridge.
+pub const STORE_IP: &str = "10.77.0.1";
+
+/// The store's namespace and bridge.
+pub struct StoreNet {
+    pub sb: Sandbox,
+    joined: AtomicU32,
+    /// The password `redis-cli` gives (`requirepass`).
+    password: std::sync::Mutex<Option<String>>,
+}
+
+impl StoreNet {
+    pub fn new() -> Result<Self> {
+        let sb = Sandbox::new()?;
+        let n = sb.name.as_str();
+        run("ip", &["-n", n, "link", "add", "br0", "type", "bridge"])?;
+        run("ip", &["-n", n, "addr", "add", &format!("{STORE_IP}/24"), "dev", "br0"])?;
+        run("ip", &["-n", n, "link", "set", "br0", "up"])?;
+        Ok(Self { sb, joined: AtomicU32::new(0), password: std::sync::Mutex::new(None) })
+    }
+
+    /// Joins `node`'s namespace to the bridge: its address there.
+    pub fn join(&self, node: &Sandbox) -> Result<IpAddr> {
+        let i = self.joined.fetch_add(1, Ordering::Relaxed) + 1;
+        let (store, (host, peer)) = (self.sb.name.as_str(), (format!("vs{i}"), format!("vn{i}")));
+        let ip = format!("10.77.0.{}", 10 + i);
+        run(
+            "ip",
+            &["-n", store, "link", "add", &host, "type", "veth", "peer", "name", &peer, "netns", &node.name],
+        )?;
+        run("ip", &["-n", store, "link", "set", &host, "master", "br0", "up"])?;
+        run("ip", &["-n", &node.name, "addr", "add", &format!("{ip}/24"), "dev", &peer])?;
+        run("ip", &["-n", &node.name, "link", "set", &peer, "up"])?;
+        Ok(ip.parse()?)
+    }
+
+    /// `redis-cli` authenticates with `password` from now on.
+    pub fn set_password(&self, password: &str) {
+        *self.password.lock().unwrap() = Some(password.to_owned());
+    }
+
+    /// `redis-cli` against the node on `port`, in the store's namespace:
+    /// its output.
+    pub fn cli(&self, port: u16, args: &[&str]) -> Result<String> {
+        let mut cmd = Command::new("nsenter");
+        if let Some(password) = &*self.password.lock().unwrap() {
+            cmd.env("REDISCLI_AUTH", password);
+        }
+        let out = process::run_with_deadline(
+            cmd.arg(format!("--net={}", self.sb.netns_path.display()))
+                .args(["redis-cli", "-h", STORE_IP, "-p", &port.to_string()])
+                .args(args),
+            Duration::from_secs(30),
+        );
+        if !out.status.success() {
+            bail!("redis-cli {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// One Redis on `port` (with `extra` arguments, `--requirepass x`
+    /// say), answering.
+    pub fn redis(&self, port: u16, extra: &[&str]) -> Result<Redis> {
+        let dir = self.sb.dir.join(format!("redis-{port}"));
+        fs::create_dir_all(&dir)?;
+        let args: Vec<String> = extra.iter().map(ToString::to_string).collect();
+        Redis::start_in(&self.sb, STORE_IP, port, &dir, &args)
+    }
+
+    /// A Redis Cluster of three masters on `ports` (no replicas), every
+    /// slot served.
+    pub fn cluster(&self, ports: [u16; 3]) -> Result<Vec<Redis>> {
+        let nodes = ports
+            .iter()
+            .map(|&p| {
+                let conf = format!("nodes-{p}.conf");
+                self.redis(
+                    p,
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        &conf,
+                        "--cluster-node-timeout",
+                        "3000",
+                    ],
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut args = vec!["--cluster".to_owned(), "create".to_owned()];
+        args.extend(ports.iter().map(|p| format!("{STORE_IP}:{p}")));
+        args.extend(["--cluster-replicas".to_owned(), "0".to_owned(), "--cluster-yes".to_owned()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.cli(ports[0], &args)?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for p in ports {
+            while !self.cli(p, &["cluster", "info"])?.contains("cluster_state:ok") {
+                if Instant::now() > deadline {
+                    bail!("the cluster did not come up on {p}");
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(nodes)
+    }
+
+    /// Every key on the Redis on `port` and its members and scores, one
+    /// line each (what a reader of the store sees).
+    pub fn contents(&self, port: u16) -> Result<String> {
+        let mut out = String::new();
+        for key in self.cli(port, &["--scan"])?.lines().filter(|k| !k.is_empty()) {
+            out.push_str(key);
+            out.push('\n');
+            out.push_str(&self.cli(port, &["zrange", key, "0", "-1", "withscores"])?);
+        }
+        Ok(out)
+    }
+
+    /// `ZCARD key` on the node on `port`.
+    pub fn zcard(&self, port: u16, key: &str) -> Result<u64> {
+        Ok(self.cli(port, &["-c", "zcard", key])?.trim().parse()?)
+    }
+}
+
+/// A `redis-server` the test started (stopped with it, by its pid).
+pub struct Redis {
+    netns: PathBuf,
+    host: String,
+    pub port: u16,
+    args: Vec<String>,
+    pub dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Redis {
+    /// A Redis on `host:port` in `sb`'s namespace, keeping nothing on
+    /// disk, with `extra` arguments; answering when this returns.
+    pub fn start_in(
+        sb: &Sandbox,
+        host: &str,
+        port: u16,
+        dir: &std::path::Path,
+        extra: &[String],
+    ) -> Result<Self> {
+        fs::create_dir_all(dir)?;
+        let mut args: Vec<String> =
+            ["--bind", host, "--port", &port.to_string(), "--save", "", "--appendonly", "no"]
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+        args.extend(["--protected-mode".into(), "no".into(), "--dir".into(), dir.display().to_string()]);
+        args.extend(extra.iter().cloned());
+        let mut redis = Self {
+            netns: sb.netns_path.clone(),
+            host: host.to_owned(),
+            port,
+            args,
+            dir: dir.to_path_buf(),
+            child: None,
+        };
+        redis.start()?;
+        Ok(redis)
+    }
+
+    /// Starts it (again: a restart starts empty, nothing is saved).
+    pub fn start(&mut self) -> Result<()> {
+        let log = fs::File::create(self.dir.join("redis.log"))?;
+        // nsenter execs redis-server: the child's pid is the server's.
+        let child = Command::new("nsenter")
+            .arg(format!("--net={}", self.netns.display()))
+            .arg("redis-server")
+            .args(&self.args)
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .context("start redis-server (installed by `cargo xtask setup`)")?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let ping = Command::new("nsenter")
+                .arg(format!("--net={}", self.netns.display()))
+                .args(["redis-cli", "-h", &self.host, "-p", &self.port.to_string(), "ping"])
+                .output()?;
+            // A server with a password answers NOAUTH: it is up.
+            let said = String::from_utf8_lossy(&ping.stdout);
+            if said.contains("PONG") || said.contains("NOAUTH") {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("redis-server on {} did not answer:\n{}", self.port, self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn pid(&self) -> Option<Pid> {
+        self.child.as_ref().map(|c| Pid::from_raw(c.id() as i32))
+    }
+
+    /// `kill -9`: its data is gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Freezes it (`SIGSTOP`): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        if let Some(pid) = self.pid() {
+            kill(pid, Signal::SIGSTOP).expect("stop redis");
+        }
+    }
+
+    pub fn resume(&self) {
+        if let Some(pid) = self.pid() {
+            kill(pid, Signal::SIGCONT).expect("continue redis");
+        }
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
+    }
+
+    /// Its address as `fleet.store` names a node.
+    pub fn addr(&self) -> SocketAddr {
+        format!("{}:{}", self.host, self.port).parse().expect("an address")
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.resume();
+        self.kill();
+    }
+}
+
+/// One daemon of a fleet: its namespace (joined to the store's bridge),
+/// the daemon, and where it listens on the bridge.
+pub struct Node {
+    pub daemon: Daemon,
+    pub addr: SocketAddr,
+    pub config: PathBuf,
+    pub sb: Sandbox,
+}
+
+/// The key every node of a test fleet shares (`fleet.hashKeyFile`).
+pub const HASH_KEY: &str = "fleet-test-hash-key-0123456789abcdef";
+
+/// `n` daemons in front of `upstream` (each with a listener of its own in
+/// its namespace), joined to `net`, with `fleet` keys appended to the
+/// configuration (`fleet.store` among them).
+pub fn fleet(net: &StoreNet, upstream: &Upstream, n: usize, fleet: &str) -> Result<Vec<Node>> {
+    (0..n).map(|_| node(net, upstream, fleet)).collect()
+}
+
+/// One node of [`fleet`].
+pub fn node(net: &StoreNet, upstream: &Upstream, fleet: &str) -> Result<Node> {
+    let sb = Sandbox::new()?;
+    let ip = net.join(&sb)?;
+    let listener = sb.in_netns(|| std::net::TcpListener::bind("127.0.0.1:0").expect("an upstream port"));
+    let up = upstream.also_on(listener);
+    let key = sb.dir.join("fleet.key");
+    write_secret(&key, HASH_KEY);
+    let addr: SocketAddr = format!("{ip}:8080").parse()?;
+    let config = sb.dir.join("limiter.ini");
+    fs::write(
+        &config,
+        format!(
+            "kernel.enabled = false\nkernel.pinPath = {}\nadmin.listen = 127.0.0.1:9901\nadmin.socket = {}\n\
+             http.listen = {addr}\nhttp.upstream = {up}\nfleet.hashKeyFile = {}\n{fleet}\n",
+            sb.pin_path.display(),
+            sb.dir.join("admin.sock").display(),
+            key.display(),
+        ),
+    )?;
+    let daemon = Daemon::start_inside(&sb, &config, &[])?;
+    Ok(Node { daemon, addr, config, sb })
+}
+
+impl Node {
+    /// Stops the daemon with `kill -9` (its fleet permits are left in the
+    /// store, to end with their lease).
+    pub fn kill9(&mut self) {
+        self.daemon.signal(Signal::SIGKILL);
+        let _ = self.daemon.wait();
+    }
+
+    /// Starts the daemon again on the same configuration (the same node).
+    pub fn restart(&mut self) -> Result<()> {
+        self.daemon = Daemon::start_inside(&self.sb, &self.config, &[])?;
+        Ok(())
+    }
+}
