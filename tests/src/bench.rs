@@ -2,9 +2,9 @@
 //! section of BENCHMARKS.md between its markers (the hand-written notes
 //! around the markers are kept).
 
-use std::{fs, path::Path};
+use std::{fs, path::Path, process::Command};
 
-use anyhow::Result;
+use anyhow::{Context as _, Result, ensure};
 
 pub fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
@@ -84,4 +84,68 @@ pub fn softirq_seconds() -> f64 {
         .and_then(|l| l.split_whitespace().nth(7))
         .and_then(|v| v.parse::<f64>().ok())
         .map_or(0.0, |t| t / 100.0)
+}
+
+/// One wrk run's figures.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Run {
+    pub rps: f64,
+    pub non_2xx_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// Requests it completed.
+    pub requests: f64,
+}
+
+/// Runs `wrk` (`cmd`: `wrk` itself, or a wrapper that execs it in a
+/// namespace) with two threads (one for one connection), `connections`,
+/// for `seconds`, with
+/// `headers` and optionally a Lua script, and reads its figures.
+pub fn wrk(
+    mut cmd: Command,
+    connections: u32,
+    seconds: u32,
+    url: &str,
+    headers: &[&str],
+    script: Option<&Path>,
+) -> Result<Run> {
+    let threads = connections.min(2);
+    cmd.args([&format!("-t{threads}"), &format!("-c{connections}"), &format!("-d{seconds}s"), "--latency"]);
+    if let Some(script) = script {
+        cmd.arg("-s").arg(script);
+    }
+    for h in headers {
+        cmd.args(["-H", h]);
+    }
+    let out = cmd.arg(url).output().context("run wrk")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(out.status.success(), "wrk failed: {text}");
+    let field = |prefix: &str| -> Option<&str> {
+        text.lines().find_map(|l| l.trim().strip_prefix(prefix)).map(str::trim)
+    };
+    let ms = |v: &str| -> f64 {
+        let (num, unit): (String, String) = v.chars().partition(|c| c.is_ascii_digit() || *c == '.');
+        let n: f64 = num.parse().unwrap_or(f64::NAN);
+        match unit.as_str() {
+            "us" => n / 1000.0,
+            "ms" => n,
+            "s" => n * 1000.0,
+            "m" => n * 60_000.0,
+            _ => f64::NAN,
+        }
+    };
+    let non_2xx: f64 = field("Non-2xx or 3xx responses:").and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    // "123456 requests in 5.00s, 12.34MB read"
+    let requests = text
+        .lines()
+        .find(|l| l.contains(" requests in "))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN);
+    Ok(Run {
+        rps: field("Requests/sec:").and_then(|v| v.parse().ok()).context("no Requests/sec in wrk output")?,
+        non_2xx_per_s: non_2xx / f64::from(seconds),
+        p50_ms: field("50%").map(ms).unwrap_or(f64::NAN),
+        p99_ms: field("99%").map(ms).unwrap_or(f64::NAN),
+        requests,
+    })
 }

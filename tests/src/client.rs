@@ -100,7 +100,10 @@ pub fn read_reply(stream: &mut TcpStream) -> io::Result<Reply> {
 
 /// Sends `raw` on a new connection and reads one response.
 pub fn send(addr: SocketAddr, raw: &[u8]) -> io::Result<Reply> {
-    let mut s = connect(addr);
+    // A refused connection is an error like any other (a node killed
+    // under its clients), not a panic.
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(20)))?;
     s.write_all(raw)?;
     read_reply(&mut s)
 }

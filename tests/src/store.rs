@@ -225,6 +225,11 @@ impl Redis {
         }
     }
 
+    /// Its process id, while it runs.
+    pub fn process_id(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     fn pid(&self) -> Option<Pid> {
         self.child.as_ref().map(|c| Pid::from_raw(c.id() as i32))
     }
@@ -286,8 +291,18 @@ pub fn fleet(net: &StoreNet, upstream: &Upstream, n: usize, fleet: &str) -> Resu
     (0..n).map(|_| node(net, upstream, fleet)).collect()
 }
 
-/// One node of [`fleet`].
+/// One node of [`fleet`] (logging at debug, as tests do).
 pub fn node(net: &StoreNet, upstream: &Upstream, fleet: &str) -> Result<Node> {
+    start_node(net, upstream, fleet, false)
+}
+
+/// A node logging at its configuration's level, as in production (for
+/// the benchmark).
+pub fn quiet_node(net: &StoreNet, upstream: &Upstream, fleet: &str) -> Result<Node> {
+    start_node(net, upstream, fleet, true)
+}
+
+fn start_node(net: &StoreNet, upstream: &Upstream, fleet: &str, quiet: bool) -> Result<Node> {
     let sb = Sandbox::new()?;
     let ip = net.join(&sb)?;
     let listener = sb.in_netns(|| std::net::TcpListener::bind("127.0.0.1:0").expect("an upstream port"));
@@ -306,7 +321,11 @@ pub fn node(net: &StoreNet, upstream: &Upstream, fleet: &str) -> Result<Node> {
             key.display(),
         ),
     )?;
-    let daemon = Daemon::start_inside(&sb, &config, &[])?;
+    let daemon = if quiet {
+        Daemon::start_inside_at_config_log_level(&sb, &config)?
+    } else {
+        Daemon::start_inside(&sb, &config, &[])?
+    };
     Ok(Node { daemon, addr, config, sb })
 }
 

@@ -560,3 +560,31 @@ fn fleet_limits_timeout_and_store_policy_change_live() {
     let (status, _) = first_on_frozen(&redis);
     assert_eq!(status, 503);
 }
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, network namespaces and redis-server; run by `cargo xtask test`"]
+fn a_node_stopped_gives_its_permits_back_to_the_store_before_it_exits() {
+    require_kernel!();
+    let net = StoreNet::new().unwrap();
+    let _redis = net.redis(6379, &[]).unwrap();
+    let up = Upstream::start();
+    let mut node = store::node(
+        &net,
+        &up,
+        &format!("fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 5\nfleet.leaseMs = 30000\n{PATIENT}"),
+    )
+    .unwrap();
+    let token = "Bearer drained";
+    let key = session_key_for("default", HASH_KEY, token.as_bytes());
+    let held: Vec<_> = (0..3).map(|_| spawn_get(&net, node.addr, "/hold", &auth(token))).collect();
+    up.wait_holding(3);
+    assert_eq!(net.zcard(6379, &key).unwrap(), 3);
+    // SIGTERM: the drain lets the three finish, and their releases reach
+    // the store before the process exits (not 30 s later, with the lease).
+    node.daemon.signal(nix::sys::signal::Signal::SIGTERM);
+    thread::sleep(Duration::from_millis(100));
+    up.release();
+    assert!(statuses(held).iter().all(|r| r.status == 200));
+    assert_eq!(node.daemon.wait(), Some(0));
+    assert_eq!(net.zcard(6379, &key).unwrap(), 0, "{}", node.daemon.log());
+}

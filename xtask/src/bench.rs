@@ -1,4 +1,4 @@
-//! `cargo xtask bench kernel|http|scrape|shed|adaptive`: builds the daemon in release mode and runs
+//! `cargo xtask bench kernel|http|scrape|shed|adaptive|fleet`: builds the daemon in release mode and runs
 //! the benchmark program (tests/src/bin/bench-*.rs), which runs its
 //! peers in the same run and writes BENCHMARKS.md.
 
@@ -16,9 +16,12 @@ pub fn main(args: &[String]) -> Result<()> {
         "scrape" => "bench-scrape",
         "shed" => "bench-shed",
         "adaptive" => "bench-adaptive",
+        "fleet" => "bench-fleet",
         "breaker" => return breaker(),
         "shared" => return crate::scaling::main(),
-        _ => bail!("usage: cargo xtask bench kernel|http [--before REV]|scrape|shed|adaptive|breaker|shared"),
+        _ => bail!(
+            "usage: cargo xtask bench kernel|http [--before REV]|scrape|shed|adaptive|fleet|breaker|shared"
+        ),
     };
     setup::ensure(setup::Purpose::Test)?;
     let daemon = build_daemon(true)?;

@@ -41,9 +41,12 @@ usage: cargo xtask VERB [ARGS]
                              limit_conn and tower-acc's Gradient2 and Vegas before an
                              upstream whose capacity and service time change;
                              writes BENCHMARKS.md
+  bench fleet                fleet-wide limits on and off over a real Redis: req/s,
+                             p50/p99, store commands per request, the bare round
+                             trip; writes BENCHMARKS.md
   bench breaker              the breaker's per-request cost (criterion)
   soak [--short]             overload, flood, upstream-fault, hostile-client,
-                             control-plane, coupled-shedding and adaptive-limit
+                             control-plane, coupled-shedding, adaptive-limit and fleet
                              scenarios against the real daemon and
                              gate; prints a table, fails if anything was lost
   fuzz [--seconds N]         the HTTP/1 framing module's fuzz target under libFuzzer

@@ -418,6 +418,15 @@ pub async fn run(
         proxy.counters.reset_log.flush();
         let left = proxy.counters.connections_open.load(Ordering::Relaxed);
         tracing::info!(took_ms = started.elapsed().as_millis() as u64, connections_cut = left, "drained");
+        // What the requests gave back reaches the store before the exit,
+        // not with its lease.
+        if let Some(fleet) = &proxy.fleet
+            && !fleet.settle(std::time::Duration::from_millis(500)).await
+        {
+            tracing::warn!(
+                "fleet: some permits given back did not reach the store; their leases will end them"
+            );
+        }
     }
     let _ = admin_stop_tx.send(true);
     let _ = admin_task.await;

@@ -65,6 +65,9 @@ pub(super) struct Stats {
     pub(super) unpublished: AtomicU64,
     pub(super) renewals: AtomicU64,
     pub(super) releases: AtomicU64,
+    /// Permits given back here and not yet sent to the store (or dropped
+    /// for their lease to end them).
+    pub(super) unsent: AtomicU64,
     /// The web budget's fleet count as last seen (`u32::MAX`: never).
     pub(super) web_fleet: AtomicU32,
 }
@@ -333,10 +336,25 @@ impl Fleet {
             table.release(part);
         }
         drop(table);
+        self.stats.unsent.fetch_add(parts.len() as u64, Ordering::Relaxed);
         for part in parts.drain(..) {
             // The task ends only with the fleet: a send cannot fail here.
             let _ = self.releases.send(part);
         }
+    }
+
+    /// Waits (at most `within`) until what was given back has reached the
+    /// store, so that a daemon that stops leaves nothing for its lease to
+    /// end: `true` when it has.
+    pub async fn settle(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while self.stats.unsent.load(Ordering::Relaxed) > 0 {
+            if Instant::now() > deadline || !self.up.load(Ordering::Relaxed) {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
     }
 
     /// The round trips of the asks on requests' paths.

@@ -73,7 +73,12 @@ pub(super) async fn run(fleet: Weak<Fleet>, mut rx: mpsc::UnboundedReceiver<Part
             tokio::select! {
                 part = rx.recv() => match part {
                     Some(part) if pending.len() < PENDING_MAX => pending.push(part),
-                    Some(_) => {}
+                    Some(_) => {
+                        // Its lease ends it.
+                        if let Some(f) = fleet.upgrade() {
+                            f.stats.unsent.fetch_sub(1, Ordering::Relaxed);
+                        }
+                    }
                     None => return,
                 },
                 () = tokio::time::sleep_until(deadline) => break,
@@ -120,6 +125,7 @@ impl Fleet {
             by_key.entry(key).or_default().push(self.member(seq));
         }
         let n: usize = by_key.values().map(Vec::len).sum();
+        let unsent = Unsent(&self.stats.unsent, n as u64);
         let mut set = JoinSet::new();
         for (key, members) in by_key {
             let mut conn = conn.clone();
@@ -134,6 +140,7 @@ impl Fleet {
             },
             Err(_) => self.went_down("releasing: no answer within a third of fleet.leaseMs"),
         }
+        drop(unsent);
     }
 
     /// Renews the lease of every permit this node holds, adding back those
@@ -196,5 +203,15 @@ impl Fleet {
             }
             Err(_) => self.went_down("renewing: no answer within a third of fleet.leaseMs"),
         }
+    }
+}
+
+/// Releases no longer unsent once their batch is done (sent or failed):
+/// taken off the count when dropped.
+struct Unsent<'a>(&'a std::sync::atomic::AtomicU64, u64);
+
+impl Drop for Unsent<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Ordering::Relaxed);
     }
 }

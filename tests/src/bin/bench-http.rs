@@ -67,7 +67,7 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 use limiter_tests::{
     Daemon,
-    bench::{cpu_seconds, median, spread},
+    bench::{Run, cpu_seconds, median, spread},
     client,
     counted::{self, Load, Server},
     free_port, http_get,
@@ -96,53 +96,13 @@ fn nginx_proxy_server(listen: u16, upstream: SocketAddr, per_session: u32) -> St
     )
 }
 
-/// One wrk run's figures.
-#[derive(Clone, Copy, Debug, Default)]
-struct Run {
-    rps: f64,
-    non_2xx_per_s: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-}
-
 fn wrk(url: &str, headers: &[&str]) -> Result<Run> {
     wrk_with(url, headers, None)
 }
 
 /// wrk with a Lua script (for a request with a body).
 fn wrk_with(url: &str, headers: &[&str], script: Option<&Path>) -> Result<Run> {
-    let mut cmd = Command::new("wrk");
-    cmd.args(["-t2", &format!("-c{CONNECTIONS}"), &format!("-d{SECONDS}s"), "--latency"]);
-    if let Some(script) = script {
-        cmd.arg("-s").arg(script);
-    }
-    for h in headers {
-        cmd.args(["-H", h]);
-    }
-    let out = cmd.arg(url).output().context("run wrk")?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    ensure!(out.status.success(), "wrk failed: {text}");
-    let field = |prefix: &str| -> Option<&str> {
-        text.lines().find_map(|l| l.trim().strip_prefix(prefix)).map(str::trim)
-    };
-    let ms = |v: &str| -> f64 {
-        let (num, unit): (String, String) = v.chars().partition(|c| c.is_ascii_digit() || *c == '.');
-        let n: f64 = num.parse().unwrap_or(f64::NAN);
-        match unit.as_str() {
-            "us" => n / 1000.0,
-            "ms" => n,
-            "s" => n * 1000.0,
-            "m" => n * 60_000.0,
-            _ => f64::NAN,
-        }
-    };
-    let non_2xx: f64 = field("Non-2xx or 3xx responses:").and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    Ok(Run {
-        rps: field("Requests/sec:").and_then(|v| v.parse().ok()).context("no Requests/sec in wrk output")?,
-        non_2xx_per_s: non_2xx / f64::from(SECONDS),
-        p50_ms: field("50%").map(ms).unwrap_or(f64::NAN),
-        p99_ms: field("99%").map(ms).unwrap_or(f64::NAN),
-    })
+    limiter_tests::bench::wrk(Command::new("wrk"), CONNECTIONS, SECONDS, url, headers, script)
 }
 
 fn limiter_config(dir: &Path, upstream: SocketAddr, per_session: u32) -> (PathBuf, SocketAddr) {

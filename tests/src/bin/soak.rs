@@ -1246,6 +1246,185 @@ fn streams(short: bool) -> Row {
     row
 }
 
+/// Fleet-wide limits through a store's worst minutes: three daemons and
+/// one Redis, a tracked session held to its fleet limit by clients spread
+/// over every node, ordinary sessions and web clients beside it, a flood
+/// of one-request sessions; meanwhile Redis is restarted empty, frozen,
+/// and a node is killed and restarted. Nothing hangs, nothing is left
+/// held, and the limit holds whenever the store answers.
+fn fleet(short: bool) -> Row {
+    use limiter_tests::store::{self, STORE_IP, StoreNet};
+    let phase = Duration::from_secs(if short { 2 } else { 15 });
+    let (limit, tracked_clients, others) = (4u64, 12usize, 12usize);
+    let net = StoreNet::new().expect("the store's namespace");
+    let mut redis = net.redis(6379, &[]).expect("redis-server");
+    let upstream = Upstream::start();
+    let lease = Duration::from_millis(1500);
+    let mut nodes = store::fleet(
+        &net,
+        &upstream,
+        3,
+        &format!(
+            "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = {limit}\nfleet.maxWebConnections = 20\n\
+             fleet.leaseMs = {}\nfleet.timeoutMs = 100\n",
+            lease.as_millis()
+        ),
+    )
+    .expect("three daemons");
+    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let mut row = Row::new(
+        "fleet limits",
+        format!(
+            "3 daemons, one Redis; {tracked_clients} clients of one session (fleet limit {limit}) and {others} of 120 \
+             other sessions and web clients, spread over every node, plus one-request sessions; Redis restarted empty, \
+             frozen 1 s, a node killed -9 and restarted; {} s a phase",
+            phase.as_secs()
+        ),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    // (outcome, took, started)
+    let outcomes: Arc<Mutex<Vec<(String, Duration, Instant)>>> = Arc::new(Mutex::new(Vec::new()));
+    let client = |c: usize, head: String| {
+        let (stop, outcomes, addrs, netns) =
+            (stop.clone(), outcomes.clone(), addrs.clone(), net.sb.netns_file());
+        thread::spawn(move || {
+            limiter_tests::in_netns(&netns, move || {
+                let mut i = c;
+                while !stop.load(Ordering::Relaxed) {
+                    let raw = head.replace("{i}", &i.to_string()).replace("{m}", &(i % 20).to_string());
+                    let started = Instant::now();
+                    let outcome = match client::send(addrs[i % addrs.len()], raw.as_bytes()) {
+                        Ok(r) if r.status == 200 => "200".to_owned(),
+                        Ok(r) => format!("{} {}", r.status, r.header("x-limiter-refused").unwrap_or("-")),
+                        // A node killed under its clients: their requests break.
+                        Err(e) => format!("error {}", e.kind()),
+                    };
+                    outcomes.lock().unwrap().push((outcome, started.elapsed(), started));
+                    i += 1;
+                }
+            })
+        })
+    };
+    let mut threads: Vec<_> = (0..tracked_clients)
+        .map(|c| {
+            client(
+                c,
+                "GET /slowhead?ms=15 HTTP/1.1\r\nHost: f\r\nAuthorization: Bearer tracked\r\nConnection: close\r\n\r\n"
+                    .to_owned(),
+            )
+        })
+        .collect();
+    threads.extend((0..others).map(|c| {
+        let head = if c % 2 == 0 {
+            // Twenty sessions a client, and the web clients' budget.
+            "GET /x HTTP/1.1\r\nHost: f\r\nAuthorization: Bearer s-{c}-{m}\r\nX-Client-Id: w\r\nConnection: close\r\n\r\n"
+        } else {
+            // Every request a session of its own (a flood of tokens).
+            "GET /x HTTP/1.1\r\nHost: f\r\nAuthorization: Bearer one-{c}-{i}\r\nConnection: close\r\n\r\n"
+        };
+        client(c, head.replace("{c}", &c.to_string()))
+    }));
+    let started = Instant::now();
+    let peak_within = |row: &mut Row, what: &str| {
+        upstream.reset_slow_peak();
+        thread::sleep(phase);
+        let peak = upstream.slow_peak();
+        row.check(
+            peak <= limit,
+            format!("{what}: the tracked session's peak in flight {peak} (fleet limit {limit})"),
+        );
+    };
+    peak_within(&mut row, "steady");
+    // Redis restarted empty.
+    redis.kill();
+    let restarted = Instant::now();
+    redis.start().expect("redis-server again");
+    let mut whole = None;
+    while restarted.elapsed() < lease * 2 {
+        if nodes.iter().all(|n| n.daemon.metric("limiter_fleet_store_up") == 1.0) {
+            whole = Some(restarted.elapsed());
+            break;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    row.check(whole.is_some(), format!("Redis restarted empty: every node up again after {whole:?}"));
+    thread::sleep(Duration::from_millis(300));
+    peak_within(&mut row, "after the restart");
+    // Redis frozen.
+    redis.pause();
+    let frozen = Instant::now();
+    thread::sleep(Duration::from_secs(1));
+    redis.resume();
+    let during = outcomes
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, _, at)| *at >= frozen && *at < frozen + Duration::from_secs(1))
+        .map(|(_, took, _)| *took)
+        .max();
+    row.check(
+        during.is_some_and(|d| d < Duration::from_millis(500)),
+        format!("Redis frozen 1 s: slowest answer {during:?} (fleet.timeoutMs 100, service 15 ms)"),
+    );
+    thread::sleep(Duration::from_millis(1500));
+    peak_within(&mut row, "after the freeze");
+    // A node killed and restarted under the same identity.
+    let killed = Instant::now();
+    nodes[2].kill9();
+    thread::sleep(Duration::from_millis(300));
+    nodes[2].restart().expect("the node again");
+    let back = Instant::now();
+    thread::sleep(lease);
+    peak_within(&mut row, "after a node's kill -9 and restart");
+    stop.store(true, Ordering::Relaxed);
+    threads.drain(..).for_each(|t| t.join().expect("a client thread"));
+    let all = outcomes.lock().unwrap();
+    let mut by: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    for (o, _, _) in all.iter() {
+        *by.entry(o.as_str()).or_insert(0) += 1;
+    }
+    let slowest = all.iter().map(|(_, took, _)| *took).max().unwrap_or_default();
+    row.check(
+        by.keys()
+            .all(|o| ["200", "503 fleet_session", "503 fleet_web"].contains(o) || o.starts_with("error")),
+        format!("{} requests in {:.0} s, by outcome {by:?}", all.len(), started.elapsed().as_secs_f64()),
+    );
+    // Errors only from the node killed: requests it had in flight, and
+    // connections refused while it was down.
+    let stray = all
+        .iter()
+        .filter(|(o, _, at)| {
+            o.starts_with("error") && !(*at + Duration::from_secs(1) >= killed && *at <= back)
+        })
+        .count();
+    row.check(stray == 0, format!("{stray} requests failed outside the node's kill -9 and restart"));
+    row.check(slowest < Duration::from_secs(2), format!("slowest answer {slowest:?}"));
+    drop(all);
+    // Everything given back: on every node and in the store.
+    let deadline = Instant::now() + lease * 2;
+    let empty = loop {
+        let held: f64 = nodes
+            .iter()
+            .map(|n| {
+                n.daemon.metric("limiter_fleet_permits{kind=\"session\"}")
+                    + n.daemon.metric("limiter_fleet_permits{kind=\"web\"}")
+            })
+            .sum();
+        let keys = net.cli(6379, &["dbsize"]).unwrap_or_default().trim().parse::<u64>().unwrap_or(u64::MAX);
+        if (held == 0.0 && keys == 0) || Instant::now() > deadline {
+            break (held, keys);
+        }
+        thread::sleep(Duration::from_millis(50));
+    };
+    row.check(
+        empty == (0.0, 0),
+        format!("afterwards: permits held {}, keys in the store {}", empty.0, empty.1),
+    );
+    let rss = nodes.iter().map(|n| rss_mib(n.daemon.pid().as_raw())).fold(0.0, f64::max);
+    row.check(rss < 100.0, format!("largest RSS {rss:.1} MiB"));
+    row
+}
+
 fn main() -> ExitCode {
     let short = std::env::args().any(|a| a == "--short");
     if let Some(why) = limiter_tests::kernel_tests_blocked() {
@@ -1253,7 +1432,7 @@ fn main() -> ExitCode {
     }
     limiter_tests::raise_fd_limit();
     let started = Instant::now();
-    let scenarios: [fn(bool) -> Row; 9] = [
+    let scenarios: [fn(bool) -> Row; 10] = [
         overload,
         flood,
         upstream_faults,
@@ -1263,6 +1442,7 @@ fn main() -> ExitCode {
         coupled_shedding,
         adaptive,
         streams,
+        fleet,
     ];
     // `--only WORD`: the scenarios whose function name contains WORD (for
     // working on one; CI runs them all).
@@ -1278,6 +1458,7 @@ fn main() -> ExitCode {
         "coupled_shedding",
         "adaptive",
         "streams",
+        "fleet",
     ];
     let mut rows = Vec::new();
     for (s, name) in scenarios.into_iter().zip(names) {
