@@ -414,10 +414,13 @@ fn redis_restarted_empty_and_redis_stopped_under_load_lose_nothing_and_hang_noth
     let load = Load::start(&net, &addrs, 12, loaded);
 
     // Steady: the fleet holds the session to six.
+    let holds_six = |when: &str| {
+        up.reset_slow_peak();
+        thread::sleep(Duration::from_millis(800));
+        assert!(up.slow_peak() <= 6, "{when}: peak {} over the fleet limit", up.slow_peak());
+    };
     thread::sleep(Duration::from_millis(800));
-    up.reset_slow_peak();
-    thread::sleep(Duration::from_millis(800));
-    assert!(up.slow_peak() <= 6, "peak {} over the fleet limit", up.slow_peak());
+    holds_six("steady");
 
     // Redis restarted empty: within a renewal period of its return, the
     // three held permits are in the store again.
@@ -430,9 +433,7 @@ fn redis_restarted_empty_and_redis_stopped_under_load_lose_nothing_and_hang_noth
     // What the nodes admitted on their own meanwhile has finished: the
     // limit holds again.
     thread::sleep(Duration::from_millis(300));
-    up.reset_slow_peak();
-    thread::sleep(Duration::from_millis(800));
-    assert!(up.slow_peak() <= 6, "peak {} over the fleet limit after the restart", up.slow_peak());
+    holds_six("after the restart");
 
     // Redis frozen: every request is answered within fleet.timeoutMs (and
     // its 20 ms of service) by the local limits, the nodes say the store

@@ -85,26 +85,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reasons_are_the_pools_then_the_fleet_then_the_breaker_then_the_buffers_then_the_upstream_cap_each_once()
-     {
+    fn reasons_are_admissions_then_the_breaker_then_the_buffers_then_the_upstream_cap_each_once() {
         let names: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                "normal",
-                "debug",
-                "web",
-                "session",
-                "sheddable",
-                "critical",
-                "fleet_session",
-                "fleet_web",
-                "fleet_down",
-                "breaker",
-                "buffer_full",
-                "upstream_full"
-            ]
-        );
+        // Admission's, in its own order (its test lists them), then the proxy's.
+        let admission: Vec<&str> = Refusal::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(names[..admission.len()], admission);
+        assert_eq!(names[admission.len()..], ["breaker", "buffer_full", "upstream_full"]);
         let texts: std::collections::BTreeSet<&str> = Reason::ALL.iter().map(|r| r.text()).collect();
         assert_eq!(texts.len(), Reason::ALL.len(), "each reason says its own 503");
     }
