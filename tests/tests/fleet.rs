@@ -589,3 +589,53 @@ fn a_node_stopped_gives_its_permits_back_to_the_store_before_it_exits() {
     assert_eq!(node.daemon.wait(), Some(0));
     assert_eq!(net.zcard(6379, &key).unwrap(), 0, "{}", node.daemon.log());
 }
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, network namespaces and redis-server; run by `cargo xtask test`"]
+fn an_http2_stream_reset_while_its_ask_waits_leaves_nothing_held() {
+    use limiter_tests::h2raw;
+    require_kernel!();
+    let net = StoreNet::new().unwrap();
+    let redis = net.redis(6379, &[]).unwrap();
+    let up = Upstream::start();
+    let node = store::node(
+        &net,
+        &up,
+        &format!(
+            "http.h2c = true\nfleet.store = redis://{STORE_IP}:6379\nfleet.maxWebConnections = 2\n{PATIENT}"
+        ),
+    )
+    .unwrap();
+    // The store frozen: the ask waits. The client resets its stream
+    // meanwhile (hyper drops the request), then the store answers.
+    redis.pause();
+    let addr = node.addr;
+    let client = thread::spawn({
+        let netns = net.sb.netns_file();
+        move || {
+            in_netns(&netns, move || {
+                use std::io::Write as _;
+                let mut s = h2raw::connect(addr, &[]);
+                let block = h2raw::get_block("/x", &[("x-client-id", "w")]);
+                s.write_all(&h2raw::frame(h2raw::HEADERS, h2raw::END_HEADERS | h2raw::END_STREAM, 1, &block))
+                    .unwrap();
+                thread::sleep(Duration::from_millis(100));
+                s.write_all(&h2raw::frame(h2raw::RST_STREAM, 0, 1, &8u32.to_be_bytes())).unwrap();
+                thread::sleep(Duration::from_millis(100));
+                s
+            })
+        }
+    });
+    let _s = client.join().unwrap();
+    redis.resume();
+    // Its permit, taken by the store's late answer, is given back at once,
+    // not left to its 3 s lease.
+    let resumed = Instant::now();
+    wait_for("the reset stream's permit given back", Duration::from_secs(1), || {
+        net.zcard(6379, WEB_KEY).unwrap_or(u64::MAX) == 0
+            && node.daemon.metric("limiter_fleet_releases_total") == 1.0
+    });
+    assert_eq!(node.daemon.metric("limiter_fleet_store_failures_total"), 0.0, "the ask was answered in time");
+    eprintln!("given back {:?} after the store answered", resumed.elapsed());
+    assert_eq!(up.hits(), 0, "the reset request never went upstream");
+}

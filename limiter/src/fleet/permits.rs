@@ -16,7 +16,7 @@ use redis::Script;
 use ring::hmac;
 use tokio::sync::{Notify, mpsc};
 
-use super::store::Store;
+use super::store::{Conn, Store};
 use crate::{
     admission::{Refusal, normalised},
     config::{FleetConfig, OnStoreDown},
@@ -228,7 +228,23 @@ impl Fleet {
         let conn = self.store.conn().filter(|_| self.up.load(Ordering::Relaxed));
         let Some(conn) = conn else { return self.store_down(parts) };
         self.stats.asks.fetch_add(1, Ordering::Relaxed);
-        let purge = self.purging();
+        // The ask is a task of its own: a request dropped while it waits (an
+        // HTTP/2 stream reset, say) does not drop the ask, whose permits are
+        // then given back as soon as it is answered, not left to their lease.
+        let (fleet, purge) = (self.clone(), self.purging());
+        let ask = tokio::spawn(async move { fleet.ask(conn, asks, parts, purge).await });
+        ask.await.unwrap_or((None, None))
+    }
+
+    /// The store's answers to `asks` (the keys of `parts`), within
+    /// `fleet.timeoutMs`: what is held, and which limit refused.
+    async fn ask(
+        self: &Arc<Self>,
+        conn: Conn,
+        asks: Vec<(Kind, Arc<str>, u32)>,
+        parts: Vec<(Kind, Part)>,
+        purge: bool,
+    ) -> (Option<Held>, Option<Refusal>) {
         let started = Instant::now();
         let members: Vec<String> = parts.iter().map(|(_, (_, seq))| self.member(*seq)).collect();
         let lease_ms = self.lease.as_millis() as u64;
