@@ -446,6 +446,17 @@ impl Daemon {
         Self::spawn(cmd, config, Some(sb.netns_file()))
     }
 
+    /// [`Self::start_inside`] at the config's log level when `quiet`, with
+    /// `env` set.
+    pub fn start_inside_with(sb: &Sandbox, config: &Path, quiet: bool, env: &[(&str, &str)]) -> Result<Self> {
+        let mut cmd = Self::inside(sb, config, &[]);
+        if quiet {
+            cmd.env_remove("LIMITER_LOG");
+        }
+        cmd.envs(env.iter().copied());
+        Self::spawn(cmd, config, Some(sb.netns_file()))
+    }
+
     /// `limiter run` in the sandbox's network namespace and cgroup.
     fn inside(sb: &Sandbox, config: &Path, extra_args: &[&str]) -> Command {
         let mut cmd = Command::new("sh");

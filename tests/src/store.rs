@@ -98,6 +98,39 @@ impl StoreNet {
         Redis::start_in(&self.sb, STORE_IP, port, &dir, &args)
     }
 
+    /// One Redis serving TLS only on `port`, with the certificate `cert`
+    /// (its key `key`), clients not asked for one.
+    pub fn redis_tls(&self, port: u16, cert: &std::path::Path, key: &std::path::Path) -> Result<Redis> {
+        let dir = self.sb.dir.join(format!("redis-{port}"));
+        fs::create_dir_all(&dir)?;
+        let (cert, key) = (cert.display().to_string(), key.display().to_string());
+        let mut redis = Redis {
+            netns: self.sb.netns_path.clone(),
+            host: STORE_IP.to_owned(),
+            port,
+            args: [
+                "--bind",
+                STORE_IP,
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--tls-cert-file",
+                &cert,
+            ]
+            .iter()
+            .chain(&["--tls-key-file", &key, "--tls-auth-clients", "no", "--save", "", "--appendonly", "no"])
+            .chain(&["--protected-mode", "no", "--dir", &dir.display().to_string()])
+            .map(ToString::to_string)
+            .collect(),
+            cli_args: vec!["--tls".into(), "--cacert".into(), cert.clone()],
+            dir,
+            child: None,
+        };
+        redis.start()?;
+        Ok(redis)
+    }
+
     /// A Redis Cluster of three masters on `ports` (no replicas), every
     /// slot served.
     pub fn cluster(&self, ports: [u16; 3]) -> Result<Vec<Redis>> {
@@ -159,6 +192,8 @@ pub struct Redis {
     host: String,
     pub port: u16,
     args: Vec<String>,
+    /// What `redis-cli` needs besides the address (`--tls --cacert …`).
+    cli_args: Vec<String>,
     pub dir: PathBuf,
     child: Option<Child>,
 }
@@ -186,6 +221,7 @@ impl Redis {
             host: host.to_owned(),
             port,
             args,
+            cli_args: Vec::new(),
             dir: dir.to_path_buf(),
             child: None,
         };
@@ -211,7 +247,9 @@ impl Redis {
         loop {
             let ping = Command::new("nsenter")
                 .arg(format!("--net={}", self.netns.display()))
-                .args(["redis-cli", "-h", &self.host, "-p", &self.port.to_string(), "ping"])
+                .args(["redis-cli", "-h", &self.host, "-p", &self.port.to_string()])
+                .args(&self.cli_args)
+                .arg("ping")
                 .output()?;
             // A server with a password answers NOAUTH: it is up.
             let said = String::from_utf8_lossy(&ping.stdout);
@@ -293,16 +331,27 @@ pub fn fleet(net: &StoreNet, upstream: &Upstream, n: usize, fleet: &str) -> Resu
 
 /// One node of [`fleet`] (logging at debug, as tests do).
 pub fn node(net: &StoreNet, upstream: &Upstream, fleet: &str) -> Result<Node> {
-    start_node(net, upstream, fleet, false)
+    start_node(net, upstream, fleet, false, &[])
+}
+
+/// [`node`] with these environment variables (`SSL_CERT_FILE`, say).
+pub fn node_with_env(net: &StoreNet, upstream: &Upstream, fleet: &str, env: &[(&str, &str)]) -> Result<Node> {
+    start_node(net, upstream, fleet, false, env)
 }
 
 /// A node logging at its configuration's level, as in production (for
 /// the benchmark).
 pub fn quiet_node(net: &StoreNet, upstream: &Upstream, fleet: &str) -> Result<Node> {
-    start_node(net, upstream, fleet, true)
+    start_node(net, upstream, fleet, true, &[])
 }
 
-fn start_node(net: &StoreNet, upstream: &Upstream, fleet: &str, quiet: bool) -> Result<Node> {
+fn start_node(
+    net: &StoreNet,
+    upstream: &Upstream,
+    fleet: &str,
+    quiet: bool,
+    env: &[(&str, &str)],
+) -> Result<Node> {
     let sb = Sandbox::new()?;
     let ip = net.join(&sb)?;
     let listener = sb.in_netns(|| std::net::TcpListener::bind("127.0.0.1:0").expect("an upstream port"));
@@ -321,11 +370,7 @@ fn start_node(net: &StoreNet, upstream: &Upstream, fleet: &str, quiet: bool) -> 
             key.display(),
         ),
     )?;
-    let daemon = if quiet {
-        Daemon::start_inside_at_config_log_level(&sb, &config)?
-    } else {
-        Daemon::start_inside(&sb, &config, &[])?
-    };
+    let daemon = Daemon::start_inside_with(&sb, &config, quiet, env)?;
     Ok(Node { daemon, addr, config, sb })
 }
 

@@ -639,3 +639,41 @@ fn an_http2_stream_reset_while_its_ask_waits_leaves_nothing_held() {
     eprintln!("given back {:?} after the store answered", resumed.elapsed());
     assert_eq!(up.hits(), 0, "the reset request never went upstream");
 }
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, network namespaces and redis-server; run by `cargo xtask test`"]
+fn rediss_verifies_the_stores_certificate_and_holds_the_limit_over_tls() {
+    require_kernel!();
+    let net = StoreNet::new().unwrap();
+    let (cert, key) = limiter_tests::tls::self_signed_for(&net.sb.dir, "redis", &format!("IP:{STORE_IP}"));
+    let _redis = net.redis_tls(6380, &cert, &key).unwrap();
+    let up = Upstream::start();
+    let keys = format!(
+        "fleet.store = rediss://{STORE_IP}:6380\nfleet.maxSessionConnections = 2\nfleet.onStoreDown = refuse\n{PATIENT}"
+    );
+    // A node that trusts the store's certificate (SSL_CERT_FILE, read by
+    // rustls-native-certs) holds the session to two over TLS.
+    let trusting =
+        store::node_with_env(&net, &up, &keys, &[("SSL_CERT_FILE", cert.to_str().unwrap())]).unwrap();
+    let held: Vec<_> = (0..3).map(|_| spawn_get(&net, trusting.addr, "/hold", &auth("Bearer tls"))).collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while up.holding() != 2 {
+        assert!(Instant::now() < deadline, "{} held:\n{}", up.holding(), trusting.daemon.log());
+        thread::sleep(Duration::from_millis(5));
+    }
+    wait_for("the third refused", Duration::from_secs(5), || {
+        held.iter().filter(|h| h.is_finished()).count() == 1
+    });
+    assert_eq!(trusting.daemon.metric("limiter_fleet_store_up"), 1.0);
+    assert_store_never_failed(std::slice::from_ref(&trusting));
+    up.release();
+    let replies = statuses(held);
+    assert_eq!(replies.iter().filter(|r| r.status == 200).count(), 2);
+    replies.iter().filter(|r| r.status != 200).for_each(|r| assert_refused(r, "fleet_session"));
+    // One that does not (the system's roots) refuses the store: down, and
+    // with onStoreDown = refuse its requests get fleet_down.
+    let doubting = store::node(&net, &up, &keys).unwrap();
+    assert_eq!(doubting.daemon.metric("limiter_fleet_store_up"), 0.0, "{}", doubting.daemon.log());
+    assert!(doubting.daemon.log().contains("fleet store down"), "{}", doubting.daemon.log());
+    assert_refused(&get(&net, doubting.addr, "/x", &auth("Bearer tls")), "fleet_down");
+}
