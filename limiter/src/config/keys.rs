@@ -9,12 +9,12 @@
 //! unit test).
 
 use super::{
-    Addr, Config, MIN_MAX_THREADS, Secret,
+    Addr, Config, MIN_MAX_THREADS,
     store::{OnStoreDown, StoreUrl, fleet_name},
     values::{
         absolute_path, access_log, boolean, int_at_least, int_in, interfaces, log_level, ms, on_off,
-        parse_ports, path_prefixes, power_of_two_in, prefixes, ratio, read_secret, read_token, socket_addr,
-        statuses, upstream, xdp_mode,
+        parse_ports, path_prefixes, power_of_two_in, prefixes, ratio, secret_file, socket_addr, statuses,
+        upstream, xdp_mode,
     },
 };
 
@@ -247,9 +247,8 @@ pub static KEYS: &[Key] = &[
         reload: Reload::Live,
         doc: "file holding the bearer token that opens every admin path but /healthz on admin.listen",
         set: plain!(|c, v| {
-            let path = absolute_path(v)?;
-            c.admin.token = Some(Secret(read_token(&path)?));
-            c.admin.token_file = Some(path);
+            let (path, token) = secret_file(v, 16, "the token")?;
+            (c.admin.token, c.admin.token_file) = (Some(token), Some(path));
         }),
     },
     Key {
@@ -618,9 +617,8 @@ pub static KEYS: &[Key] = &[
         reload: Reload::Restart,
         doc: "file whose first line is the store's password (checked as admin.tokenFile is)",
         set: plain!(|c, v| {
-            let path = absolute_path(v)?;
-            c.fleet.password = Some(Secret(read_secret(&path, 1, "the password")?));
-            c.fleet.password_file = Some(path);
+            let (path, password) = secret_file(v, 1, "the password")?;
+            (c.fleet.password, c.fleet.password_file) = (Some(password), Some(path));
         }),
     },
     Key {
@@ -629,9 +627,8 @@ pub static KEYS: &[Key] = &[
         reload: Reload::Restart,
         doc: "file every node of the fleet shares whose first line (at least 16 characters) keys the hash of a session in the store; needed by fleet.maxSessionConnections",
         set: plain!(|c, v| {
-            let path = absolute_path(v)?;
-            c.fleet.hash_key = Some(Secret(read_secret(&path, 16, "the hash key")?));
-            c.fleet.hash_key_file = Some(path);
+            let (path, key) = secret_file(v, 16, "the hash key")?;
+            (c.fleet.hash_key, c.fleet.hash_key_file) = (Some(key), Some(path));
         }),
     },
     Key {

@@ -8,7 +8,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::{AccessLog, Prefix, Upstream, XdpModeChoice, mask_addr};
+use super::{AccessLog, Prefix, Secret, Upstream, XdpModeChoice, mask_addr};
 
 pub(super) fn int_at_least(value: &str, min: u32) -> Result<u32, String> {
     let n: i64 = value.parse().map_err(|_| format!("not a whole number (expected at least {min})"))?;
@@ -100,15 +100,15 @@ pub(super) fn xdp_mode(value: &str) -> Result<XdpModeChoice, String> {
     }
 }
 
-/// The first line of a token file: at least 16 characters, no spaces.
-pub(super) fn read_token(path: &Path) -> Result<String, String> {
-    read_secret(path, 16, "the token")
+/// `KEY = /path`: a secret file's absolute path and its secret (see
+/// [`read_secret`]).
+pub(super) fn secret_file(value: &str, min: usize, what: &str) -> Result<(PathBuf, Secret), String> {
+    let path = absolute_path(value)?;
+    let secret = Secret(read_secret(&path, min, what)?);
+    Ok((path, secret))
 }
 
-/// A secret from a file that only its owner (or group) may read: its
-/// first line, of at least `min` characters without spaces (`what` names
-/// it in the error).
-pub(super) fn read_secret(path: &Path, min: usize, what: &str) -> Result<String, String> {
+fn read_secret(path: &Path, min: usize, what: &str) -> Result<String, String> {
     use std::{io::Read as _, os::unix::fs::MetadataExt as _};
     let mut file = crate::dir_trust::open_trusted(path)?;
     // A secret every local user can read is no secret: refuse it, as ssh

@@ -176,14 +176,16 @@ impl Fleet {
         l.refuse_when_down.store(config.on_store_down == OnStoreDown::Refuse, Ordering::Relaxed);
     }
 
-    pub(super) fn timeout(&self) -> Duration {
-        Duration::from_micros(self.live.timeout_us.load(Ordering::Relaxed))
+    fn on_store_down(&self) -> OnStoreDown {
+        if self.live.refuse_when_down.load(Ordering::Relaxed) {
+            OnStoreDown::Refuse
+        } else {
+            OnStoreDown::Local
+        }
     }
 
-    /// Whether a request needs a fleet permit (`false`: it costs nothing).
-    pub fn needs(&self, web: bool, session: bool) -> bool {
-        (web && self.live.web.load(Ordering::Relaxed) > 0)
-            || (session && self.hash_key.is_some() && self.live.session.load(Ordering::Relaxed) > 0)
+    pub(super) fn timeout(&self) -> Duration {
+        Duration::from_micros(self.live.timeout_us.load(Ordering::Relaxed))
     }
 
     /// The store key of a session.
@@ -196,7 +198,8 @@ impl Fleet {
     }
 
     /// Takes the request's fleet permits: one store round trip for both
-    /// (its web-client key and its session's are asked at once). Returns
+    /// (its web-client key and its session's are asked at once), none for
+    /// a request no fleet limit applies to. Returns
     /// what it holds (to be dropped with the request) and, if a limit
     /// refused, which: the caller refuses or, in dry-run, goes on with
     /// what was taken.
@@ -205,19 +208,21 @@ impl Fleet {
         web: bool,
         session: Option<&[u8]>,
     ) -> (Option<Held>, Option<Refusal>) {
+        let (web_limit, session_limit) =
+            (self.live.web.load(Ordering::Relaxed), self.live.session.load(Ordering::Relaxed));
+        let web = web && web_limit > 0;
+        let session = session.filter(|_| session_limit > 0).and_then(|a| self.session_key(a));
+        // Nothing allocated, nothing asked, for a request no fleet limit
+        // applies to.
+        if !web && session.is_none() {
+            return (None, None);
+        }
         let mut asks: Vec<(Kind, Arc<str>, u32)> = Vec::with_capacity(2);
-        let web_limit = self.live.web.load(Ordering::Relaxed);
-        if web && web_limit > 0 {
+        if web {
             asks.push((Kind::Web, self.web_key.clone(), web_limit));
         }
-        let session_limit = self.live.session.load(Ordering::Relaxed);
-        if session_limit > 0
-            && let Some(key) = session.and_then(|a| self.session_key(a))
-        {
+        if let Some(key) = session {
             asks.push((Kind::Session, key, session_limit));
-        }
-        if asks.is_empty() {
-            return (None, None);
         }
         let first = self.seq.fetch_add(asks.len() as u64, Ordering::Relaxed);
         let parts: Vec<(Kind, Part)> = asks
@@ -309,7 +314,7 @@ impl Fleet {
     /// when it returns) under `local`; under `refuse`, a refusal (with
     /// them held for dry-run).
     fn store_down(self: &Arc<Self>, parts: Vec<(Kind, Part)>) -> (Option<Held>, Option<Refusal>) {
-        let refusal = self.live.refuse_when_down.load(Ordering::Relaxed).then_some(Refusal::FleetDown);
+        let refusal = (self.on_store_down() == OnStoreDown::Refuse).then_some(Refusal::FleetDown);
         if refusal.is_none() {
             self.stats.unpublished.fetch_add(1, Ordering::Relaxed);
         }
@@ -331,7 +336,7 @@ impl Fleet {
     pub(super) fn went_down(&self, why: &str) {
         self.stats.failures.fetch_add(1, Ordering::Relaxed);
         if self.up.swap(false, Ordering::Relaxed) {
-            let policy = if self.live.refuse_when_down.load(Ordering::Relaxed) { "refuse" } else { "local" };
+            let policy = self.on_store_down().as_str();
             tracing::warn!(
                 store = %self.store.describe(),
                 why,
@@ -405,12 +410,7 @@ impl Fleet {
             session_limit: self.live.session.load(Ordering::Relaxed),
             web_limit: self.live.web.load(Ordering::Relaxed),
             lease_ms: self.lease.as_millis() as u64,
-            on_store_down: if self.live.refuse_when_down.load(Ordering::Relaxed) {
-                "refuse"
-            } else {
-                "local"
-            }
-            .to_owned(),
+            on_store_down: self.on_store_down().as_str().to_owned(),
             held_session,
             held_web,
             web_fleet: (web_fleet != u32::MAX).then_some(web_fleet),

@@ -98,8 +98,8 @@ pub(super) async fn run(fleet: Weak<Fleet>, mut rx: mpsc::UnboundedReceiver<Part
 }
 
 impl Fleet {
-    /// Whether the store answers: a new connection and a `PING` within
-    /// `fleet.timeoutMs`.
+    /// Whether the store answers: a new connection, and a `PING` answered
+    /// within `fleet.timeoutMs` (50 ms at least).
     async fn probe(&self) -> bool {
         let Ok(mut conn) = self.store.reconnect(CONNECT).await else { return false };
         matches!(
@@ -125,7 +125,6 @@ impl Fleet {
             by_key.entry(key).or_default().push(self.member(seq));
         }
         let n: usize = by_key.values().map(Vec::len).sum();
-        let unsent = Unsent(&self.stats.unsent, n as u64);
         let mut set = JoinSet::new();
         for (key, members) in by_key {
             let mut conn = conn.clone();
@@ -140,7 +139,8 @@ impl Fleet {
             },
             Err(_) => self.went_down("releasing: no answer within a third of fleet.leaseMs"),
         }
-        drop(unsent);
+        // Sent or failed, the batch is no longer unsent.
+        self.stats.unsent.fetch_sub(n as u64, Ordering::Relaxed);
     }
 
     /// Renews the lease of every permit this node holds, adding back those
@@ -148,7 +148,7 @@ impl Fleet {
     /// whether or not this node holds one).
     async fn renew_all(self: &Arc<Self>) {
         let Some(conn) = self.store.conn() else { return };
-        let held: Vec<(Arc<str>, Vec<String>)> = {
+        let mut held: Vec<(Arc<str>, Vec<String>)> = {
             let table = self.lock();
             table
                 .keys
@@ -156,7 +156,6 @@ impl Fleet {
                 .map(|(key, e)| (key.clone(), e.members.iter().map(|&seq| self.member(seq)).collect()))
                 .collect()
         };
-        let mut held = held;
         // The web clients' fleet count is read at every renewal, held here
         // or not (a cleanup and a ZCARD), so `/status` says it fresh.
         if self.live.web.load(Ordering::Relaxed) > 0 && !held.iter().any(|(k, _)| *k == self.web_key) {
@@ -203,15 +202,5 @@ impl Fleet {
             }
             Err(_) => self.went_down("renewing: no answer within a third of fleet.leaseMs"),
         }
-    }
-}
-
-/// Releases no longer unsent once their batch is done (sent or failed):
-/// taken off the count when dropped.
-struct Unsent<'a>(&'a std::sync::atomic::AtomicU64, u64);
-
-impl Drop for Unsent<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(self.1, Ordering::Relaxed);
     }
 }

@@ -192,7 +192,6 @@ pub async fn admit(ctx: Ctx<'_>, req: &Request, c: Classified) -> Result<(Option
     // `/debug/` is never subject to the fleet's limits.
     if let Some(fleet) = &proxy.fleet
         && !c.debug
-        && fleet.needs(ask.web, ask.session.is_some())
     {
         let (held, refusal) = fleet.acquire(ask.web, ask.session).await;
         if let Some(refusal) = refusal
