@@ -22,15 +22,16 @@
 //! under pressure goes to the higher classes first, without a queue.
 //!
 //! Sessions are kept under a keyed hash of the normalised `Authorization`
-//! value (`session.rs`): the token itself is never stored, and an entry
+//! value (`credential.rs`, `session.rs`): the token itself is never stored, and an entry
 //! disappears when its count reaches zero, so memory is bounded by what is
 //! in flight, whatever the number of distinct tokens.
 
 pub mod adaptive;
+mod credential;
 pub mod ledger;
 mod session;
 
-pub use self::session::normalised;
+pub use self::credential::normalised;
 
 use std::{
     collections::HashMap,

@@ -1,14 +1,6 @@
 //! The session a request belongs to: a keyed hash of its `Authorization`
-//! value, normalised so that one credential is one session however it is
-//! spelled.
-//!
-//! The scheme is case-insensitive (RFC 9110 §11.1) and separated from the
-//! credentials by one or more spaces, so `Bearer T`, `bearer T` and
-//! `Bearer  T` are the same session: the key covers the lower-cased scheme
-//! and the credentials, with surrounding whitespace trimmed and the
-//! credentials themselves compared exactly. A value without a space is a
-//! scheme alone. Spelling variants cannot multiply a client's allowance
-//! (each would still hold one of the upstream's threads).
+//! value, normalised ([`super::credential`]) so that one credential is one
+//! session however it is spelled.
 //!
 //! The key is a SipHash-2-4 under a random 128-bit key: per process, or
 //! the one the daemons serving a gate share in their permit ledger (so
@@ -18,6 +10,8 @@
 #[expect(deprecated, reason = "SipHash-2-4 with explicit keys; std keeps it stable")]
 use std::hash::SipHasher;
 use std::hash::{BuildHasher, Hasher, RandomState};
+
+use super::credential::normalised;
 
 /// Derives session keys.
 #[derive(Debug)]
@@ -50,34 +44,6 @@ impl SessionKeys {
     }
 }
 
-/// Feeds `sink` the normalised form of an `Authorization` value, in
-/// pieces: the lower-cased scheme, one space, the credentials as they
-/// are. (A scheme is a token, never a space: no other value gives the
-/// same bytes.) Every keyed hash of a session is taken over this: the
-/// local one here and the fleet's.
-pub fn normalised(authorization: &[u8], mut sink: impl FnMut(&[u8])) {
-    let (scheme, credentials) = split(authorization);
-    let mut lower = [0u8; 32];
-    for chunk in scheme.chunks(lower.len()) {
-        let out = &mut lower[..chunk.len()];
-        for (o, b) in out.iter_mut().zip(chunk) {
-            *o = b.to_ascii_lowercase();
-        }
-        sink(out);
-    }
-    sink(b" ");
-    sink(credentials);
-}
-
-/// The scheme and the credentials of an `Authorization` value.
-fn split(value: &[u8]) -> (&[u8], &[u8]) {
-    let value = value.trim_ascii();
-    match value.iter().position(|&b| b == b' ' || b == b'\t') {
-        Some(i) => (&value[..i], value[i..].trim_ascii_start()),
-        None => (value, b""),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,6 +62,10 @@ mod tests {
         assert_eq!(key("Bearer"), key("bearer "));
         assert_eq!(key("Digest a=1,  b=2"), key("digest a=1,  b=2"));
         assert_ne!(key("Digest a=1,  b=2"), key("Digest a=1, b=2"));
+        let basic = key("Basic dXNlcjpwYXM=");
+        for same in ["Basic dXNlcjpwYXM", "basic dXNlcjpwYXN=", "BASIC dXNlcjpwYXO=", "Basic dXNlcjpwYXP"] {
+            assert_eq!(key(same), basic, "{same:?}");
+        }
     }
 
     #[test]
@@ -105,25 +75,5 @@ mod tests {
         let (c, d) = (SessionKeys::with_seed((1, 2)), SessionKeys::with_seed((1, 2)));
         assert_eq!(c.key(b"Bearer T"), d.key(b"bearer  T"));
         assert_ne!(c.key(b"Bearer T"), SessionKeys::with_seed((1, 3)).key(b"Bearer T"));
-    }
-
-    #[test]
-    fn the_normalised_form_is_the_lower_cased_scheme_a_space_and_the_credentials() {
-        let form = |v: &[u8]| {
-            let mut out = Vec::new();
-            normalised(v, |b| out.extend_from_slice(b));
-            out
-        };
-        assert_eq!(form(b" BeArEr  Tok en "), b"bearer Tok en");
-        assert_eq!(form(b"Basic"), b"basic ");
-        let long = [b'A'; 100];
-        assert_eq!(form(&long), [&[b'a'; 100][..], b" "].concat());
-    }
-
-    #[test]
-    fn values_split_at_the_first_run_of_spaces() {
-        assert_eq!(split(b"Bearer  abc def"), (&b"Bearer"[..], &b"abc def"[..]));
-        assert_eq!(split(b"  Basic"), (&b"Basic"[..], &b""[..]));
-        assert_eq!(split(b""), (&b""[..], &b""[..]));
     }
 }
