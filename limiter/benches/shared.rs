@@ -38,6 +38,7 @@ fn limits() -> Limits {
         dry_run: false,
         adaptive_min: None,
         critical_reserve: false,
+        tunnels: 0,
     }
 }
 

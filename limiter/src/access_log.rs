@@ -36,6 +36,8 @@ pub fn reopen_all() {
 #[derive(Debug)]
 pub struct Entry {
     pub ts: SystemTime,
+    /// The request's id (its `X-Request-Id` upstream).
+    pub id: crate::request_id::RequestId,
     pub client: std::net::SocketAddr,
     pub proto: &'static str,
     pub method: hyper::Method,
@@ -59,8 +61,9 @@ impl Entry {
         let mut line = String::with_capacity(256);
         let _ = write!(
             line,
-            "{{\"ts\":\"{}\",\"client\":\"{}\",\"proto\":\"{}\",\"method\":{},\"path\":{},\"status\":{}",
+            "{{\"ts\":\"{}\",\"id\":{},\"client\":\"{}\",\"proto\":\"{}\",\"method\":{},\"path\":{},\"status\":{}",
             crate::utc::rfc3339(self.ts),
+            text(self.id.as_str()),
             self.client,
             self.proto,
             text(self.method.as_str()),
@@ -278,6 +281,7 @@ mod tests {
     fn entry() -> Entry {
         Entry {
             ts: std::time::UNIX_EPOCH + Duration::from_millis(1_764_583_200_123),
+            id: crate::request_id::RequestId::Own(*b"00000000000000ab"),
             client: "127.0.0.1:5000".parse().unwrap(),
             proto: "h2+tls",
             method: hyper::Method::GET,
@@ -304,7 +308,8 @@ mod tests {
         assert_eq!(v["ms"], 0.123);
         assert!(v["upstream_ms"].is_null());
         let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
-        assert_eq!(keys.len(), 12, "{keys:?}");
+        assert_eq!(keys.len(), 13, "{keys:?}");
+        assert_eq!(v["id"], "00000000000000ab");
         assert!(line.starts_with("{\"ts\":"), "{line}");
         let plain = Entry { reason: None, session: None, upstream_ms: Some(1.5), ..entry() };
         let v: serde_json::Value = serde_json::from_str(&plain.line()).unwrap();

@@ -38,6 +38,7 @@
 //! - [`config`]: the file's grammar, the one key table, the typed
 //!   configuration everything above reads (with the TLS pair it names);
 //! - [`tls`]: the TLS certificate pair and the rustls configuration;
+//! - [`request_id`] (leaf): a request's id, for the upstream and the logs;
 //! - [`utc`] (leaf): UTC dates for the access log and certificates;
 //! - [`dir_trust`] (leaf): who may own and write the directories limiter
 //!   keeps its pins and its admin socket in, and the links it follows to
@@ -69,6 +70,7 @@ mod import_graph;
 pub mod kernel;
 pub mod metrics;
 pub mod proxy;
+pub mod request_id;
 pub mod shard;
 pub mod shedding;
 pub mod tls;

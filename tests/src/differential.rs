@@ -56,8 +56,12 @@ fn kept(name: &str, connection_named: &[String]) -> bool {
         "expect",
         "host",
     ];
-    let forwarding = limiter::proxy::headers::FORWARDING.iter().any(|h| h.as_str() == name);
-    !forwarding && !PROXYS.contains(&name) && !connection_named.iter().any(|n| n == name)
+    let forwarding = limiter::proxy::headers::forwarding_index(name.as_bytes()).is_some();
+    // A name with `_` never passes (`http.underscoresInHeaders = off`).
+    !forwarding
+        && !name.contains('_')
+        && !PROXYS.contains(&name)
+        && !connection_named.iter().any(|n| n == name)
 }
 
 fn normalise(method: &str, target: &str, fields: Vec<(String, Vec<u8>)>, body: Vec<u8>) -> Seen {

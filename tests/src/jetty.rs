@@ -1,8 +1,12 @@
 //! A real Jetty 9.4 (Debian's `jetty9`, installed by set-up) as the
 //! upstream: `tests/jetty/LimiterUpstream.java`, compiled here with `javac`
-//! against Debian's jars and run with `java`. It records every request it
-//! serves and counts how many it works on at once; a control listener of
-//! its own (a JDK HTTP server: none of Jetty's threads) reports both.
+//! against Debian's jars and run with `java`, with Jetty's
+//! `ForwardedRequestCustomizer` as operators run it behind a proxy. It
+//! records every request it serves and counts how many it works on at
+//! once; a control listener of its own (a JDK HTTP server: none of Jetty's
+//! threads) reports both. `GET /view` answers Jetty's view of a request
+//! ([`View`]); `?ms=N` holds a request N ms, `?bytes=N` streams N bytes
+//! over them; `/secure/` is behind Jetty's `BasicAuthenticator` (`user:pas`).
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -34,6 +38,40 @@ pub struct Served {
     pub body_len: u64,
     /// `X-Forwarded-For`, `-` without one.
     pub forwarded_for: String,
+    /// `X-Request-Id`, `-` without one.
+    pub request_id: String,
+}
+
+/// What the servlet API told Jetty's servlet of a request (`GET /view`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct View {
+    /// `name value` lines: `secure`, `remote_addr`, `scheme`, `server_name`,
+    /// `server_port`, `ssl_session_id`, `cipher_suite`, `certificate`.
+    pub facts: Vec<(String, String)>,
+    /// The headers it got: names lower case, and values.
+    pub headers: Vec<(String, String)>,
+}
+
+impl View {
+    /// The view in a `GET /view` answer's body.
+    pub fn parse(text: &str) -> Self {
+        let mut view = Self::default();
+        for line in text.lines() {
+            let (name, value) = line.split_once(' ').unwrap_or((line, ""));
+            if name == "header" {
+                let (name, value) = value.split_once(' ').unwrap_or((value, ""));
+                view.headers.push((name.to_owned(), value.to_owned()));
+            } else {
+                view.facts.push((name.to_owned(), value.to_owned()));
+            }
+        }
+        assert!(view.facts.len() == 8, "a view of eight facts: {text:?}");
+        view
+    }
+
+    pub fn fact(&self, name: &str) -> &str {
+        self.facts.iter().find(|(n, _)| n == name).map_or("", |(_, v)| v)
+    }
 }
 
 /// What Jetty's servlet counted since the last [`Jetty::reset`].
@@ -130,12 +168,13 @@ impl Jetty {
             .lines()
             .map(|line| {
                 let f: Vec<&str> = line.split('\t').collect();
-                assert_eq!(f.len(), 4, "a record of four fields: {line:?}");
+                assert_eq!(f.len(), 5, "a record of five fields: {line:?}");
                 Served {
                     method: f[0].to_owned(),
                     target: f[1].to_owned(),
                     body_len: f[2].parse().expect("a body length"),
                     forwarded_for: f[3].to_owned(),
+                    request_id: f[4].to_owned(),
                 }
             })
             .collect()

@@ -23,7 +23,7 @@ use limiter::proxy::{
         body::{Decoder, Encoder},
     },
     proto::Proto,
-    request::{Outgoing, Request},
+    request::{Outgoing, Request, Upstreamed},
 };
 
 use crate::wire;
@@ -104,7 +104,16 @@ fn forward(stream: &[u8], cuts: &[usize], chunked: bool) -> Forwarded {
             (false, true) => (Outgoing::Chunked, Encoder::Chunked),
             (false, false) => (Outgoing::Length(body.len() as u64), Encoder::Length(body.len() as u64)),
         };
-        req.write_upstream(&mut out.bytes, &fwd, "upstream:80", outgoing, false);
+        let id = limiter::request_id::RequestId::Own(*b"0000000000000000");
+        let upstreamed = Upstreamed {
+            fwd: &fwd,
+            upstream: "upstream:80",
+            body: outgoing,
+            upgrade: false,
+            id: &id,
+            underscores: false,
+        };
+        req.write_upstream(&mut out.bytes, &upstreamed);
         for piece in &pieces_of_body {
             encoder.data(&mut out.bytes, piece).expect("the encoder takes what the decoder gave");
         }

@@ -278,8 +278,8 @@ fn client_aborts_keep_their_permits_until_the_upstream_is_done() {
     s.upstream.wait_holding(1);
     drop(waiting);
     // Gone in the middle of a 100 MB response: the rest is read in the
-    // background up to 64 KiB, then limiter closes the upstream connection
-    // (which ends the upstream's work on it) and the permit goes back.
+    // background to its end (the upstream is done then), and the permit
+    // goes back.
     let mut reading = connect(s.proxy);
     reading.write_all(b"GET /big?bytes=104857600 HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
     let mut some = [0u8; 65536];
@@ -287,8 +287,8 @@ fn client_aborts_keep_their_permits_until_the_upstream_is_done() {
     socket2::SockRef::from(&reading).set_linger(Some(Duration::ZERO)).unwrap();
     drop(reading);
     // Gone in the middle of the request body: the upstream connection is
-    // closed under the upload (the upstream's read fails), the permit goes
-    // back.
+    // half-closed under the upload (the upstream's read ends), the upstream
+    // answers or closes, and the permit goes back.
     let mut uploading = connect(s.proxy);
     uploading.write_all(b"POST /sink HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\n").unwrap();
     uploading.write_all(&[b'x'; 1000]).unwrap();

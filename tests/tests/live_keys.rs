@@ -55,6 +55,7 @@ const HERE: &[(&str, &str)] = &[
     ("admin.tokenFile", "admin_token_file_changes_live"),
     ("http.trustedForwarders", "trusted_forwarders_change_for_new_connections"),
     ("admin.watchConfig", "admin_watch_config_reloads_on_a_change_and_on_a_configmap_swap"),
+    ("http.underscoresInHeaders", "underscores_in_headers_changes_live"),
 ];
 
 /// Which test in another file proves each remaining live key: the gate's
@@ -104,6 +105,16 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
     ("fleet.maxWebConnections", "fleet.rs", "fleet_limits_timeout_and_store_policy_change_live"),
     ("fleet.timeoutMs", "fleet.rs", "fleet_limits_timeout_and_store_policy_change_live"),
     ("fleet.onStoreDown", "fleet.rs", "fleet_limits_timeout_and_store_policy_change_live"),
+    (
+        "http.upstreamAbandonMs",
+        "permit_contract.rs",
+        "http_upstream_abandon_ms_bounds_how_long_a_permit_waits",
+    ),
+    (
+        "http.maxTunnels",
+        "permit_contract.rs",
+        "tunnels_over_http_max_tunnels_are_refused_and_each_closed_one_is_logged",
+    ),
 ];
 
 #[test]
@@ -118,6 +129,7 @@ fn every_live_key_has_a_behaviour_test() {
         ("shedding.rs", include_str!("shedding.rs")),
         ("adaptive.rs", include_str!("adaptive.rs")),
         ("fleet.rs", include_str!("fleet.rs")),
+        ("permit_contract.rs", include_str!("permit_contract.rs")),
     ];
     let mut covered: Vec<&str> = Vec::new();
     for (key, test) in HERE {
@@ -726,4 +738,19 @@ fn admin_watch_config_reloads_on_a_change_and_on_a_configmap_swap() {
     // the change.
     thread::sleep(Duration::from_millis(2500));
     assert_eq!(limit(), 5.0, "watching is off");
+}
+
+#[test]
+fn underscores_in_headers_changes_live() {
+    let upstream = Upstream::start();
+    let d = InProcess::start(upstream.addr, "");
+    let head = |d: &InProcess| {
+        d.get("/headers", &["X_Custom: 1", "X_Forwarded_For: 6.6.6.6"]).text().to_ascii_lowercase()
+    };
+    let before = head(&d);
+    assert!(!before.contains("x_custom") && !before.contains("6.6.6.6"), "{before}");
+    d.reload("http.underscoresInHeaders = on\n");
+    let after = head(&d);
+    assert!(after.contains("x_custom: 1"), "{after}");
+    assert!(!after.contains("6.6.6.6"), "a forwarding header passed in its `_` spelling: {after}");
 }

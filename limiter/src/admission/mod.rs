@@ -67,10 +67,12 @@ pub enum Refusal {
     FleetWeb,
     /// The fleet's store does not answer and `fleet.onStoreDown = refuse`.
     FleetDown,
+    /// An upgrade request found `http.maxTunnels` tunnels open.
+    Tunnels,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 9] = [
+    pub const ALL: [Refusal; 10] = [
         Refusal::Normal,
         Refusal::Debug,
         Refusal::Web,
@@ -80,6 +82,7 @@ impl Refusal {
         Refusal::FleetSession,
         Refusal::FleetWeb,
         Refusal::FleetDown,
+        Refusal::Tunnels,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -93,6 +96,7 @@ impl Refusal {
             Self::FleetSession => "fleet_session",
             Self::FleetWeb => "fleet_web",
             Self::FleetDown => "fleet_down",
+            Self::Tunnels => "tunnels",
         }
     }
 
@@ -130,6 +134,8 @@ pub struct Limits {
     /// Critical paths are configured: under pressure, normal requests
     /// leave them a reserve.
     pub critical_reserve: bool,
+    /// Tunnels (upgraded connections) open at once; 0 = unlimited.
+    pub tunnels: u32,
 }
 
 impl Limits {
@@ -142,6 +148,7 @@ impl Limits {
             dry_run: http.dry_run,
             adaptive_min: http.adaptive.then_some(http.adaptive_min_limit),
             critical_reserve: !http.critical.is_empty(),
+            tunnels: http.max_tunnels,
         }
     }
 }
@@ -195,6 +202,9 @@ pub struct Ask<'a> {
     pub session: Option<&'a [u8]>,
     /// Its class (ignored for `/debug/`).
     pub class: Class,
+    /// It asks to become a tunnel (an upgrade): it takes a tunnel slot too,
+    /// which outlives the permit once the upstream accepts.
+    pub tunnel: bool,
 }
 
 /// Which pool slot a permit holds.
@@ -213,6 +223,8 @@ struct Inner {
     /// Reserved slots in use.
     reserved: u32,
     web: u32,
+    /// Tunnels open, and upgrade requests that may become one.
+    tunnels: u32,
     /// Keyed hash of the session → requests in flight. Only kept while
     /// a per-session limit is set.
     sessions: HashMap<u64, u32>,
@@ -238,6 +250,7 @@ impl Inner {
             normal: 0,
             reserved: 0,
             web: 0,
+            tunnels: 0,
             sessions: HashMap::new(),
             admitted: [0; 2],
             refused: [0; Refusal::ALL.len()],
@@ -313,6 +326,12 @@ pub struct Snapshot {
     pub debug_limit: u32,
     pub web_in_use: u32,
     pub web_limit: u32,
+    /// Tunnels open (and upgrade requests that may become one), and their
+    /// limit (0 = unlimited).
+    #[serde(default)]
+    pub tunnels_in_use: u32,
+    #[serde(default)]
+    pub tunnels_limit: u32,
     pub session_limit: u32,
     /// Sessions with a request in flight (tracked only when limited).
     pub sessions: usize,
@@ -362,6 +381,9 @@ pub struct Permit {
     admission: Arc<Admission>,
     slot: Slot,
     web: bool,
+    /// It holds a tunnel slot (given back with it unless [`Self::tunnel`]
+    /// takes it).
+    tunnel: bool,
     session: Option<u64>,
     /// The session's unit is in the ledger (to be taken back there).
     session_published: bool,
@@ -390,6 +412,23 @@ impl Permit {
     pub fn attach(&mut self, other: Box<dyn std::any::Any + Send + Sync>) {
         self.attached = Some(other);
     }
+
+    /// The upstream accepted the upgrade: the tunnel slot, taken out of the
+    /// permit, is held until the tunnel closes (the rest of the permit goes
+    /// back when it is dropped). `None` for a request that took none.
+    pub fn tunnel(&mut self) -> Option<TunnelSlot> {
+        std::mem::take(&mut self.tunnel).then(|| TunnelSlot(self.admission.clone()))
+    }
+}
+
+/// One open tunnel under `http.maxTunnels`, given back when dropped.
+#[derive(Debug)]
+pub struct TunnelSlot(Arc<Admission>);
+
+impl Drop for TunnelSlot {
+    fn drop(&mut self) {
+        self.0.lock().tunnels -= 1;
+    }
 }
 
 impl Drop for Permit {
@@ -406,6 +445,9 @@ impl Drop for Permit {
         }
         if self.web {
             inner.web -= 1;
+        }
+        if self.tunnel {
+            inner.tunnels -= 1;
         }
         if let Some(h) = self.session
             && let Some(n) = inner.sessions.get_mut(&h)
@@ -508,13 +550,14 @@ impl Admission {
     }
 
     /// Takes every permit the request needs, or none: `Err` names the first
-    /// check that failed, in the order pool, web client, session.
+    /// check that failed, in the order pool, web client, session, tunnels.
     pub fn admit(self: &Arc<Self>, ask: Ask<'_>) -> Result<Permit, Refusal> {
         let session = self.session_of(ask);
         let mut inner = self.lock();
         let shared = self.shared();
         let limits = inner.limits;
-        let Decision { slot, web, session, refusal } = decide(&inner, &limits, ask, session, shared.as_ref());
+        let Decision { slot, web, tunnel, session, refusal } =
+            decide(&inner, &limits, ask, session, shared.as_ref());
         if let Some(reason) = refusal {
             inner.pool_refused(reason);
             if !limits.dry_run {
@@ -541,6 +584,9 @@ impl Admission {
         if web {
             inner.web += 1;
         }
+        if tunnel {
+            inner.tunnels += 1;
+        }
         if let Some(h) = session {
             *inner.sessions.entry(h).or_insert(0) += 1;
         }
@@ -555,6 +601,7 @@ impl Admission {
             admission: self.clone(),
             slot,
             web,
+            tunnel,
             session,
             session_published,
             generation,
@@ -636,6 +683,8 @@ impl Admission {
             debug_limit: limits.debug_reserved,
             web_in_use: inner.web,
             web_limit: limits.web,
+            tunnels_in_use: inner.tunnels,
+            tunnels_limit: limits.tunnels,
             session_limit: limits.per_session,
             sessions: inner.sessions.len(),
             dry_run: limits.dry_run,
@@ -654,9 +703,12 @@ struct Decision {
     slot: Result<Slot, (Refusal, Slot)>,
     /// It counts against the web-client limit.
     web: bool,
+    /// It takes a tunnel slot.
+    tunnel: bool,
     /// Its session's key, when sessions are limited.
     session: Option<u64>,
-    /// The first check that fails, in the order pool, web client, session.
+    /// The first check that fails, in the order pool, web client, session,
+    /// tunnels.
     refusal: Option<Refusal>,
 }
 
@@ -697,13 +749,18 @@ fn decide(
         let theirs = shared.map_or(0, |s| s.other_session(h));
         inner.sessions.get(&h).copied().unwrap_or(0) + theirs >= limits.per_session
     });
+    // Tunnels are this daemon's alone (not in the ledger), and bound
+    // `/debug/` upgrades too: a tunnel is not a request.
+    let tunnel = ask.tunnel;
+    let tunnels_full = tunnel && limits.tunnels > 0 && inner.tunnels >= limits.tunnels;
     let refusal = match slot {
         Err((reason, _)) => Some(reason),
         Ok(_) if web_full => Some(Refusal::Web),
         Ok(_) if session_full => Some(Refusal::Session),
+        Ok(_) if tunnels_full => Some(Refusal::Tunnels),
         Ok(_) => None,
     };
-    Decision { slot, web, session, refusal }
+    Decision { slot, web, tunnel, session, refusal }
 }
 
 #[cfg(test)]

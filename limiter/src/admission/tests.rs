@@ -11,6 +11,7 @@ fn limits(normal: u32, per_session: u32, web: u32) -> Limits {
         dry_run: false,
         adaptive_min: None,
         critical_reserve: false,
+        tunnels: 0,
     }
 }
 
@@ -251,7 +252,8 @@ fn refusals_are_listed_once_each_at_their_counters_index() {
             "critical",
             "fleet_session",
             "fleet_web",
-            "fleet_down"
+            "fleet_down",
+            "tunnels"
         ]
     );
     assert!(Refusal::ALL.iter().enumerate().all(|(i, r)| r.index() == i));
@@ -336,4 +338,36 @@ fn the_adaptive_limit_is_the_normal_pool_s_limit_in_force() {
     a.set_limits(limits(20, 0, 0));
     assert_eq!(a.snapshot().normal_limit, 20);
     assert!(a.snapshot().adaptive.is_none());
+}
+
+#[test]
+fn tunnels_are_limited_and_outlive_the_permit_once_the_upstream_accepts() {
+    let a = Admission::new(Limits { tunnels: 2, ..limits(8, 0, 0) });
+    let upgrade = Ask { tunnel: true, ..Ask::default() };
+    // Two upgrade requests take the two places; a third is refused, a
+    // plain request is not.
+    let mut first = a.admit(upgrade).unwrap();
+    let second = a.admit(upgrade).unwrap();
+    assert_eq!(a.admit(upgrade).unwrap_err(), Refusal::Tunnels);
+    assert_eq!(a.check(upgrade), Err(Refusal::Tunnels));
+    let plain = a.admit(Ask::default()).unwrap();
+    assert_eq!(a.snapshot().tunnels_in_use, 2);
+    // The first becomes a tunnel: its permit goes back, its place stays.
+    let tunnel = first.tunnel().expect("it took a place");
+    drop(first);
+    assert_eq!((a.snapshot().normal_in_use, a.snapshot().tunnels_in_use), (2, 2));
+    // The second was refused upstream (no 101): its place goes with it.
+    drop(second);
+    assert_eq!(a.snapshot().tunnels_in_use, 1);
+    let third = a.admit(upgrade).unwrap();
+    assert_eq!(a.admit(upgrade).unwrap_err(), Refusal::Tunnels);
+    drop((tunnel, third, plain));
+    let s = a.snapshot();
+    assert_eq!((s.normal_in_use, s.tunnels_in_use, s.tunnels_limit), (0, 0, 2));
+    // 0: unlimited; a plain request takes no place.
+    let unlimited = Admission::new(limits(8, 0, 0));
+    let held: Vec<_> = (0..5).map(|_| unlimited.admit(upgrade).unwrap()).collect();
+    assert_eq!(unlimited.snapshot().tunnels_in_use, 5);
+    drop(held);
+    assert!(a.admit(Ask::default()).unwrap().tunnel().is_none());
 }

@@ -414,6 +414,27 @@ pub static KEYS: &[Key] = &[
         set: plain!(|c, v| c.http.upstream_timeout_ms = ms(v, 1)?),
     },
     Key {
+        name: "http.upstreamAbandonMs",
+        default: DefaultValue::Value("60000"),
+        reload: Reload::Live,
+        doc: "after limiter gave up on a request the upstream still works on (a 504, a client gone mid-response, a body that failed mid-upload), how long its permits stay held waiting for the upstream's answer (0: given back at once)",
+        set: plain!(|c, v| c.http.upstream_abandon_ms = ms(v, 0)?),
+    },
+    Key {
+        name: "http.maxTunnels",
+        default: DefaultValue::Value("1024"),
+        reload: Reload::Live,
+        doc: "upgraded connections (WebSocket tunnels) open at once; an upgrade request past it gets 503 tunnels (0: unlimited)",
+        set: plain!(|c, v| c.http.max_tunnels = int_at_least(v, 0)?),
+    },
+    Key {
+        name: "http.underscoresInHeaders",
+        default: DefaultValue::Value("off"),
+        reload: Reload::Live,
+        doc: "on: request fields whose name holds a `_` reach the upstream, unless the name stands for a forwarding header or one limiter interprets; off: they are dropped (nginx's underscores_in_headers)",
+        set: plain!(|c, v| c.http.underscores_in_headers = on_off(v)?),
+    },
+    Key {
         name: "http.maxHeaderBytes",
         default: DefaultValue::Value("16384"),
         reload: Reload::Live,

@@ -294,6 +294,15 @@ pub struct HttpConfig {
     pub max_upstream_connections: u32,
     /// From the request sent upstream to the upstream's response head.
     pub upstream_timeout_ms: u64,
+    /// After limiter gave up on an exchange (a 504, a client gone), how long
+    /// its permit stays held for the upstream's answer (`http.upstreamAbandonMs`).
+    pub upstream_abandon_ms: u64,
+    /// Upgraded connections (WebSocket) open at once; 0 = unlimited
+    /// (`http.maxTunnels`).
+    pub max_tunnels: u32,
+    /// Fields whose name holds a `_` may reach the upstream
+    /// (`http.underscoresInHeaders`).
+    pub underscores_in_headers: bool,
     /// Request heads larger than this get 431.
     pub max_header_bytes: u32,
     /// How long a connection closed after a 503 keeps draining what the

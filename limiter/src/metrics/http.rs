@@ -13,7 +13,10 @@ use crate::{
         head::Bad,
         proto::Proto,
         reset_groups::ResetGroups,
-        upstream::Upstreams,
+        upstream::{
+            Upstreams,
+            abandon::{Cause, End},
+        },
     },
 };
 
@@ -150,11 +153,25 @@ pub fn write_upstreams(page: &mut Page, u: &Upstreams) {
         .sample("limiter_http_upstream_connects_total", &[("result", "ok")], load(&u.connects_ok))
         .sample("limiter_http_upstream_connects_total", &[("result", "error")], load(&u.connects_failed));
     page.family(
-        "limiter_http_upstream_orphans_total",
+        "limiter_http_abandoned_total",
         "counter",
-        "Responses whose client went away, reset its stream, read too slowly or was cut, read to their end in the background holding their permits (or their connections closed).",
+        "Requests limiter gave up on while the upstream still worked on them (cause: timeout, a 504; client_gone; client_body, an upload that failed half-way), followed holding their permits until the upstream was done (end: answered, closed) or http.upstreamAbandonMs passed (end: bound).",
+    );
+    for cause in Cause::ALL {
+        for end in End::ALL {
+            page.sample(
+                "limiter_http_abandoned_total",
+                &[("cause", cause.as_str()), ("end", end.as_str())],
+                u.abandoned.count(cause, end),
+            );
+        }
+    }
+    page.family(
+        "limiter_http_abandoned",
+        "gauge",
+        "Requests limiter gave up on that the upstream is still working on now, holding their permits.",
     )
-    .sample("limiter_http_upstream_orphans_total", &[], load(&u.orphans_finished));
+    .sample("limiter_http_abandoned", &[], load(&u.abandoned.now));
     page.family(
         "limiter_http_upstream_retries_total",
         "counter",
@@ -196,7 +213,14 @@ pub fn write(page: &mut Page, a: &admission::Snapshot, c: &Counters, buffered_by
         .sample("limiter_http_pool_limit", &[("pool", "normal")], a.normal_ceiling)
         .sample("limiter_http_pool_limit", &[("pool", "debug")], a.debug_limit)
         .sample("limiter_http_pool_limit", &[("pool", "web")], a.web_limit)
-        .sample("limiter_http_pool_limit", &[("pool", "session")], a.session_limit);
+        .sample("limiter_http_pool_limit", &[("pool", "session")], a.session_limit)
+        .sample("limiter_http_pool_limit", &[("pool", "tunnels")], a.tunnels_limit);
+    page.family(
+        "limiter_http_tunnels",
+        "gauge",
+        "Upgraded connections (WebSocket tunnels) open, and upgrade requests that may become one, under http.maxTunnels.",
+    )
+    .sample("limiter_http_tunnels", &[], a.tunnels_in_use);
     page.family(
         "limiter_http_limit",
         "gauge",
@@ -349,6 +373,16 @@ pub fn write(page: &mut Page, a: &admission::Snapshot, c: &Counters, buffered_by
         "Connections switched to another protocol (WebSocket).",
     )
     .sample("limiter_http_upgrades_total", &[], c.upgrades.load(Ordering::Relaxed));
+    page.family(
+        "limiter_http_underscore_fields_dropped_total",
+        "counter",
+        "Request fields not passed upstream for a _ in their name (http.underscoresInHeaders).",
+    )
+    .sample(
+        "limiter_http_underscore_fields_dropped_total",
+        &[],
+        c.underscore_fields_dropped.load(Ordering::Relaxed),
+    );
     page.histogram(
         "limiter_http_upstream_latency_seconds",
         "From the request sent upstream to the upstream's response head.",

@@ -52,6 +52,9 @@ pub struct Counters {
     pub slow_readers: AtomicU64,
     /// Request bodies too slow (408), by [`BodyTimeout`] rule.
     pub body_timeouts: [AtomicU64; BodyTimeout::ALL.len()],
+    /// Request fields left out for a `_` in their name
+    /// (`http.underscoresInHeaders`).
+    pub underscore_fields_dropped: AtomicU64,
     pub connections_open: Counter,
     pub connections_total: Counter,
     pub upgrades: AtomicU64,

@@ -40,7 +40,7 @@ use super::{
     io::ClientIo,
     pipeline::{self, Admitted, Body, CLIENT_GONE, Ctx, Logged, Outcome, Reply},
     pressure::{PATIENCE, Pressure},
-    request::{BodyLen, Refused, Request, Version},
+    request::{BodyLen, Refused, Request, Upstreamed, Version},
     upstream::{BodySource, Pool, ResponseBody},
 };
 
@@ -289,7 +289,8 @@ where
     let started = Instant::now();
     proxy.counters.requests_by_proto[c.client.proto.index()].fetch_add(1, Ordering::Relaxed);
     let ctx = Ctx { proxy, tuning, client: c.client, started };
-    let log = Logged::start(proxy, &req, started);
+    let id = req.id(c.client.trusted);
+    let log = Logged::start(proxy, &req, started, &id);
     let to_head = req.method == Method::HEAD;
     // A request without a body was read whole with its head.
     let no_body = req.body == BodyLen::None;
@@ -319,7 +320,18 @@ where
     let upgrade = req.is_upgrade();
     let framing = pipeline::outgoing(&req, &received);
     let mut head = Vec::with_capacity(512);
-    req.write_upstream(&mut head, c.fwd, proxy.upstream(), framing, upgrade);
+    let upstreamed = Upstreamed {
+        fwd: c.fwd,
+        upstream: proxy.upstream(),
+        body: framing,
+        upgrade,
+        id: &id,
+        underscores: tuning.underscores_in_headers,
+    };
+    let dropped = req.write_upstream(&mut head, &upstreamed);
+    if dropped > 0 {
+        proxy.counters.underscore_fields_dropped.fetch_add(u64::from(dropped), Ordering::Relaxed);
+    }
     let admitted = Admitted {
         proxy,
         tuning,
@@ -332,6 +344,7 @@ where
         ticket,
         permit,
         started,
+        id,
     };
     let mut bytes_in = 0;
     let reply = pipeline::forward(admitted, &mut body, &mut bytes_in).await;
@@ -346,9 +359,13 @@ where
             }
             return next;
         }
-        Reply::Upgraded { head, head_bytes, conn } => {
+        Reply::Upgraded { head, head_bytes, conn, slot } => {
             out.status = 101;
-            tunnel(io, buf, &head, &head_bytes, conn).await;
+            let (up, down) = tunnel(io, buf, &head, &head_bytes, conn).await;
+            // The tunnel's place goes back as it closes.
+            drop(slot);
+            out.bytes_in += up;
+            out.bytes_out = down;
             Next::Gone
         }
         Reply::Upstream { head, head_bytes, body, took } => {
@@ -678,29 +695,90 @@ fn length_line(out: &mut Vec<u8>, n: u64) {
 
 /// An upgrade the upstream accepted: its `101` goes to the client, then the
 /// two connections are joined byte for byte (what either side sent past
-/// the heads goes first) until one closes. The tunnel no longer counts
-/// under the upstream connections' cap.
+/// the heads goes first) until one closes: nothing either side sends is
+/// read as HTTP any more. The tunnel no longer counts under the upstream
+/// connections' cap. Returns the bytes that went up (client to upstream)
+/// and down, past the heads.
 async fn tunnel<S>(
     io: &mut ClientIo<S>,
     buf: &mut BytesMut,
     head: &ResponseHead,
     bytes: &[u8],
     conn: super::upstream::Conn,
-) where
+) -> (u64, u64)
+where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut out = Vec::with_capacity(head.len + 64);
     write_head(&mut out, head, bytes, ToClient::Empty, false, false);
     let (mut upstream, early) = conn.into_tunnel();
+    let (mut up, down) = (0, early.len() as u64);
     out.extend_from_slice(&early);
     if io.write_all(&out).await.is_err() {
-        return;
+        return (up, 0);
     }
-    if !buf.is_empty() && upstream.write_all(buf).await.is_err() {
-        return;
+    if !buf.is_empty() {
+        if upstream.write_all(buf).await.is_err() {
+            return (up, down);
+        }
+        up += buf.len() as u64;
     }
     buf.clear();
-    let _ = tokio::io::copy_bidirectional(io, &mut upstream).await;
+    let (mut client, mut upstream) = (Counted::new(io), Counted::new(&mut upstream));
+    // Either side closing or failing ends the tunnel; what moved is counted
+    // either way.
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+    (up + client.read, down + upstream.read)
+}
+
+/// A stream that counts the bytes read from it (a tunnel's traffic each
+/// way, also when it ends in an error).
+struct Counted<'a, S> {
+    inner: &'a mut S,
+    read: u64,
+}
+
+impl<'a, S> Counted<'a, S> {
+    fn new(inner: &'a mut S) -> Self {
+        Self { inner, read: 0 }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<'_, S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut *self.inner).poll_read(cx, buf);
+        self.read += (buf.filled().len() - before) as u64;
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<'_, S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bytes: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut *self.inner).poll_write(cx, bytes)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.inner).poll_shutdown(cx)
+    }
 }
 
 /// Writes to the client; under pressure, one that leaves the bytes

@@ -45,7 +45,7 @@ use super::{
     io::{ClientIo, Watch},
     pipeline::{self, Admitted, Body as ReplyBody, CLIENT_GONE, Ctx, Logged, Outcome, Reply},
     refusal_log::ResetEnd,
-    request::{Refused, Request},
+    request::{Refused, Request, Upstreamed},
     stream_guard::{self, BoxError},
     streams::{Open, Streams},
     upstream::{BodySource, Pool, ResponseBody},
@@ -222,7 +222,8 @@ async fn serve_stream(
         }
     };
     let ctx = Ctx { proxy, tuning: &tuning, client: s.client, started };
-    let log = Logged::start(proxy, &req, started);
+    let id = req.id(s.client.trusted);
+    let log = Logged::start(proxy, &req, started, &id);
     let class = match pipeline::request_filter(ctx, &req) {
         Ok(class) => class,
         Err(a) => return Ok(own(&s, a, log, open, 0)),
@@ -241,7 +242,18 @@ async fn serve_stream(
     };
     let framing = pipeline::outgoing(&req, &received);
     let mut head = Vec::with_capacity(512);
-    req.write_upstream(&mut head, &s.fwd, proxy.upstream(), framing, false);
+    let upstreamed = Upstreamed {
+        fwd: &s.fwd,
+        upstream: proxy.upstream(),
+        body: framing,
+        upgrade: false,
+        id: &id,
+        underscores: tuning.underscores_in_headers,
+    };
+    let dropped = req.write_upstream(&mut head, &upstreamed);
+    if dropped > 0 {
+        proxy.counters.underscore_fields_dropped.fetch_add(u64::from(dropped), Ordering::Relaxed);
+    }
     // The upstream's part goes on whatever becomes of the stream.
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (task_proxy, task_tuning, pool, client) = (proxy.clone(), tuning.clone(), s.pool.clone(), s.client);
@@ -259,6 +271,7 @@ async fn serve_stream(
             ticket,
             permit,
             started,
+            id,
         };
         let mut bytes_in = 0;
         let reply = pipeline::forward(admitted, source, &mut bytes_in).await;

@@ -2,12 +2,15 @@
 //! removed (RFC 9110 §7.6.1), and the forwarding headers say who the
 //! client was and how it connected. Those are the proxy's word: from a
 //! client outside `http.trustedForwarders`, every forwarding header it
-//! sent ([`FORWARDING`]) is removed and limiter writes its own
-//! (`X-Forwarded-For`, `-Proto`, `-Host`, `-Port` and one `Forwarded`
-//! element); from a trusted forwarder, the chains are extended and its
-//! `X-Forwarded-Proto`, `-Host` and `-Port` kept. `X-Original-URL` and
-//! `X-Rewrite-URL`, path overrides that some frameworks honour past their
-//! access rules, never pass.
+//! sent is removed — every header an upstream component of
+//! [`CONSUMERS`] reads as a proxy's word ([`FORWARDING`]), in any case
+//! and with `_` for `-` — and limiter writes its own (`X-Forwarded-For`,
+//! `-Proto`, `-Host`, `-Port`, one `Forwarded` element and
+//! `X-Request-Id`); from a trusted forwarder, the chains are extended and
+//! its `X-Forwarded-Proto`, `-Host`, `-Port` and `X-Request-Id` kept.
+//! `X-Original-URL` and `X-Rewrite-URL`, path overrides that some
+//! frameworks honour past their access rules, never pass. A field whose
+//! name holds a `_` is dropped ([`underscore_passes`]).
 
 use std::net::SocketAddr;
 
@@ -15,13 +18,13 @@ use super::proto::Proto;
 
 use hyper::{
     HeaderMap,
-    header::{self, HeaderName, HeaderValue},
+    header::{self, HeaderName},
 };
 
 /// Hop-by-hop headers, always removed; plus any header the `Connection`
 /// header names. (Names, not strings: a lookup by string parses it first.
 /// Their lengths, 2, 7, 10, 16, 17 and 19, are checked in
-/// [`Seen::scan`].)
+/// [`Seen::of_names`].)
 static HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
@@ -38,86 +41,257 @@ const CONNECTION_AT: usize = 0;
 const TRANSFER_ENCODING_AT: usize = 5;
 const UPGRADE_AT: usize = 6;
 
-/// The headers a client may send to pass as the proxy's word: who the
-/// client is, how it connected, which URL it asked for. The first five
-/// are limiter's own, in the order of the constants below, then the two
-/// path overrides; the rest only ever come from clients (or forwarders in
-/// front).
-const FORWARDING_NAMES: [&str; 19] = [
+/// An upstream component that takes some request headers as the word of
+/// a proxy in front: who the client was, how it connected, which URL it
+/// asked for. Every header any of them reads is a forwarding header
+/// ([`FORWARDING`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Consumer {
+    pub name: &'static str,
+    pub component: &'static str,
+    /// The headers it reads, as it names them (its spelling: `_` or `-`).
+    pub reads: &'static [&'static str],
+}
+
+/// Who reads which forwarding header, from their documentation and
+/// defaults. The README's table of forwarding headers is this one.
+pub const CONSUMERS: &[Consumer] = &[
+    Consumer {
+        name: "Jetty",
+        component: "ForwardedRequestCustomizer",
+        reads: &[
+            "Forwarded",
+            "X-Forwarded-Host",
+            "X-Forwarded-Server",
+            "X-Forwarded-Proto",
+            "X-Forwarded-For",
+            "X-Forwarded-Port",
+            "X-Proxied-Https",
+            "Proxy-ssl-id",
+            "Proxy-auth-cert",
+        ],
+    },
+    Consumer {
+        name: "Tomcat",
+        component: "RemoteIpValve, RemoteIpFilter",
+        reads: &[
+            "X-Forwarded-For",
+            "X-Forwarded-By",
+            "X-Forwarded-Proto",
+            "X-Forwarded-Host",
+            "X-Forwarded-Port",
+        ],
+    },
+    Consumer {
+        name: "Tomcat",
+        component: "SSLValve",
+        reads: &[
+            "ssl_client_cert",
+            "ssl_client_escaped_cert",
+            "ssl_cipher",
+            "ssl_session_id",
+            "ssl_cipher_usekeysize",
+        ],
+    },
+    Consumer {
+        name: "Spring",
+        component: "ForwardedHeaderFilter",
+        reads: &[
+            "Forwarded",
+            "X-Forwarded-Host",
+            "X-Forwarded-Port",
+            "X-Forwarded-Proto",
+            "X-Forwarded-Ssl",
+            "X-Forwarded-Prefix",
+            "X-Forwarded-For",
+        ],
+    },
+    Consumer {
+        name: "Undertow",
+        component: "ProxyPeerAddressHandler, ForwardedHandler",
+        reads: &["X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host", "X-Forwarded-Port", "Forwarded"],
+    },
+    Consumer {
+        name: "Undertow",
+        component: "SSLHeaderHandler",
+        reads: &["SSL_CLIENT_CERT", "SSL_CIPHER", "SSL_SESSION_ID", "SSL_CIPHER_USEKEYSIZE"],
+    },
+    Consumer {
+        name: "Rack",
+        component: "Rack::Request",
+        reads: &[
+            "Forwarded",
+            "X-Forwarded-For",
+            "X-Forwarded-Host",
+            "X-Forwarded-Port",
+            "X-Forwarded-Proto",
+            "X-Forwarded-Scheme",
+            "X-Forwarded-Ssl",
+        ],
+    },
+    Consumer {
+        name: "Rails",
+        component: "ActionDispatch::RemoteIp",
+        reads: &["Client-Ip", "X-Forwarded-For"],
+    },
+    Consumer {
+        name: "Django",
+        component: "HttpRequest (USE_X_FORWARDED_HOST, USE_X_FORWARDED_PORT, SECURE_PROXY_SSL_HEADER)",
+        reads: &["X-Forwarded-Host", "X-Forwarded-Port", "X-Forwarded-Proto", "X-Forwarded-For"],
+    },
+    Consumer {
+        name: "Express",
+        component: "trust proxy",
+        reads: &["X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"],
+    },
+    Consumer {
+        name: "Werkzeug (Flask)",
+        component: "ProxyFix",
+        reads: &[
+            "X-Forwarded-For",
+            "X-Forwarded-Proto",
+            "X-Forwarded-Host",
+            "X-Forwarded-Port",
+            "X-Forwarded-Prefix",
+        ],
+    },
+    Consumer { name: "nginx", component: "ngx_http_realip_module", reads: &["X-Real-IP", "X-Forwarded-For"] },
+    Consumer {
+        name: "ASP.NET Core, IIS",
+        component: "ForwardedHeadersMiddleware, URL Rewrite",
+        reads: &[
+            "X-Forwarded-For",
+            "X-Forwarded-Proto",
+            "X-Forwarded-Host",
+            "X-Forwarded-Prefix",
+            "X-Original-Host",
+            "X-Original-URL",
+            "X-Rewrite-URL",
+            "Front-End-Https",
+        ],
+    },
+    Consumer {
+        name: "CDNs and load balancers",
+        component: "Akamai, Cloudflare, F5, Citrix conventions",
+        reads: &["True-Client-IP", "CF-Connecting-IP", "X-Client-IP", "X-Cluster-Client-IP", "X-Url-Scheme"],
+    },
+];
+
+/// The headers limiter writes itself on every request it forwards, in
+/// their places in [`FORWARDING`]: the forwarding headers (from a trusted
+/// forwarder, the chains extended and its `-Proto`, `-Host` and `-Port`
+/// kept) and the request's id (a trusted forwarder's kept).
+const OWN: [&str; 6] = [
     "x-forwarded-for",
     "forwarded",
     "x-forwarded-proto",
     "x-forwarded-host",
     "x-forwarded-port",
-    "x-original-url",
-    "x-rewrite-url",
-    "x-forwarded-server",
-    "x-forwarded-prefix",
-    "x-forwarded-ssl",
-    "x-forwarded-scheme",
-    "x-real-ip",
-    "client-ip",
-    "true-client-ip",
-    "x-client-ip",
-    "x-cluster-client-ip",
-    "x-original-host",
-    "x-url-scheme",
-    "front-end-https",
-];
-
-const fn forwarding(i: usize) -> HeaderName {
-    HeaderName::from_static(FORWARDING_NAMES[i])
-}
-
-/// [`FORWARDING_NAMES`] as names.
-pub static FORWARDING: [HeaderName; 19] = [
-    forwarding(0),
-    forwarding(1),
-    forwarding(2),
-    forwarding(3),
-    forwarding(4),
-    forwarding(5),
-    forwarding(6),
-    forwarding(7),
-    forwarding(8),
-    forwarding(9),
-    forwarding(10),
-    forwarding(11),
-    forwarding(12),
-    forwarding(13),
-    forwarding(14),
-    forwarding(15),
-    forwarding(16),
-    forwarding(17),
-    forwarding(18),
+    "x-request-id",
 ];
 const XFF_AT: usize = 0;
 const FORWARDED_AT: usize = 1;
 const PROTO_AT: usize = 2;
 const HOST_AT: usize = 3;
 const PORT_AT: usize = 4;
-/// `X-Original-URL` and `X-Rewrite-URL`: never passed, from anyone.
-const OVERRIDES: u32 = 1 << 5 | 1 << 6;
+const ID_AT: usize = 5;
+/// Path overrides some frameworks honour past their access rules: never
+/// passed, from anyone. Their places follow [`OWN`]'s.
+const OVERRIDES: [&str; 2] = ["x-original-url", "x-rewrite-url"];
+const OVERRIDE_BITS: u64 = 1 << OWN.len() | 1 << (OWN.len() + 1);
 
-/// The lengths of the [`FORWARDING`] names, as bits (a name of another
+/// Every forwarding header: limiter's own, the path overrides, then what
+/// [`CONSUMERS`] read, once each, lower-case with `-` (a name matches in
+/// any case and with `_` for `-`: a CGI-style upstream reads
+/// `X_Forwarded_For` as `X-Forwarded-For`).
+pub static FORWARDING: std::sync::LazyLock<Names> = std::sync::LazyLock::new(|| {
+    let mut list: Vec<String> = OWN.iter().chain(&OVERRIDES).map(|n| (*n).to_owned()).collect();
+    for name in CONSUMERS.iter().flat_map(|c| c.reads) {
+        let name = canonical(name);
+        if !list.contains(&name) {
+            list.push(name);
+        }
+    }
+    assert!(list.len() <= 64, "the forwarding headers fit a u64 of bits");
+    let lengths = list.iter().fold(0u64, |bits, n| bits | 1 << n.len().min(63));
+    Names { list, lengths }
+});
+
+/// A header name as [`FORWARDING`] holds it: lower case, `-` for `_`.
+fn canonical(name: &str) -> String {
+    name.bytes().map(|b| if b == b'_' { '-' } else { char::from(b.to_ascii_lowercase()) }).collect()
+}
+
+/// Whether `name` (any case, `_` or `-`) is `canonical`.
+fn same_name(name: &[u8], canonical: &[u8]) -> bool {
+    name.len() == canonical.len()
+        && name.iter().zip(canonical).all(|(&a, &c)| {
+            let a = a.to_ascii_lowercase();
+            a == c || (a == b'_' && c == b'-')
+        })
+}
+
+/// The forwarding headers, and their lengths as bits (a name of another
 /// length is none of them: one test per header).
-const FORWARDING_LENGTHS: u32 = {
-    let mut bits = 0u32;
-    let mut i = 0;
-    while i < FORWARDING_NAMES.len() {
-        bits |= 1 << FORWARDING_NAMES[i].len();
-        i += 1;
-    }
-    bits
-};
+#[derive(Debug)]
+pub struct Names {
+    list: Vec<String>,
+    lengths: u64,
+}
 
-/// Which member of [`FORWARDING`] `name` is (in any case), if any.
-pub fn forwarding_index(name: &[u8]) -> Option<usize> {
-    let len = name.len();
-    if len >= 32 || FORWARDING_LENGTHS & (1 << len) == 0 {
-        return None;
+impl Names {
+    /// Which member `name` is (in any case, `_` for `-`), if any.
+    pub fn index(&self, name: &[u8]) -> Option<usize> {
+        let len = name.len();
+        if len >= 64 || self.lengths & (1 << len) == 0 {
+            return None;
+        }
+        self.list.iter().position(|h| same_name(name, h.as_bytes()))
     }
-    FORWARDING.iter().position(|h| name.eq_ignore_ascii_case(h.as_str().as_bytes()))
+
+    /// The member at `at`, as limiter writes it.
+    pub fn name(&self, at: usize) -> &str {
+        &self.list[at]
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.list.iter().map(String::as_str)
+    }
+}
+
+/// Which member of [`FORWARDING`] `name` is, if any.
+pub fn forwarding_index(name: &[u8]) -> Option<usize> {
+    FORWARDING.index(name)
+}
+
+/// Names limiter interprets or writes itself besides the forwarding
+/// headers: with `http.underscoresInHeaders = on`, a field whose name is
+/// one of these (or a forwarding header) with `_` for `-` still never
+/// reaches the upstream.
+const INTERPRETED: [&str; 13] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+    "proxy-authorization",
+    "expect",
+    "authorization",
+    "x-client-id",
+];
+
+/// Whether a field named `name`, which holds a `_`, reaches the upstream:
+/// never by default (`http.underscoresInHeaders = off`, as nginx's
+/// `underscores_in_headers off`); with `on`, unless it stands for a name
+/// limiter interprets or a forwarding header.
+pub fn underscore_passes(name: &[u8], underscores_on: bool) -> bool {
+    underscores_on
+        && forwarding_index(name).is_none()
+        && !INTERPRETED.iter().any(|n| same_name(name, n.as_bytes()))
 }
 
 /// Names a web client (the web-client limit).
@@ -136,7 +310,10 @@ pub struct Seen {
     /// `X-Client-Id` is there.
     pub client_id: bool,
     /// A bit for each member of [`FORWARDING`] present.
-    pub forwarding: u32,
+    pub forwarding: u64,
+    /// A name holds a `_` (it is none of the above: see
+    /// [`underscore_passes`]).
+    pub underscores: bool,
     /// A bit for each member of [`HOP_BY_HOP`] present.
     hop_by_hop: u8,
 }
@@ -150,7 +327,12 @@ impl Seen {
     /// (any case): one line, one name.
     pub fn of_names<'a>(names: impl Iterator<Item = &'a [u8]>) -> Self {
         let mut seen = Self::default();
+        let forwarding = &*FORWARDING;
         for name in names {
+            if name.contains(&b'_') {
+                seen.underscores = true;
+                continue;
+            }
             let is = |known: &HeaderName| name.eq_ignore_ascii_case(known.as_str().as_bytes());
             // Lengths first: most names are none of these.
             match name.len() {
@@ -169,7 +351,7 @@ impl Seen {
                 }
                 _ => {}
             }
-            if let Some(i) = forwarding_index(name) {
+            if let Some(i) = forwarding.index(name) {
                 seen.forwarding |= 1 << i;
             }
         }
@@ -187,6 +369,11 @@ impl Seen {
         self.forwarding & (1 << XFF_AT | 1 << FORWARDED_AT) != 0
     }
 
+    /// `X-Request-Id` is there.
+    pub fn request_id(&self) -> bool {
+        self.forwarding & (1 << ID_AT) != 0
+    }
+
     /// A `Connection` header is there.
     pub fn connection(&self) -> bool {
         self.hop_by_hop & (1 << CONNECTION_AT) != 0
@@ -196,61 +383,6 @@ impl Seen {
     pub fn upgrade(&self) -> bool {
         self.hop_by_hop & (1 << UPGRADE_AT) != 0
     }
-}
-
-/// Whether a request asks to switch protocols (WebSocket and the like).
-/// An upgrade to `h2c` is not one the proxy passes on: HTTP/2 inside a
-/// tunnel would bypass per-stream admission (and RFC 9113 retired it), so
-/// the request goes upstream as plain HTTP/1.1 without its `Upgrade`.
-pub fn is_upgrade(headers: &HeaderMap, seen: &Seen) -> bool {
-    if !seen.upgrade() {
-        return false;
-    }
-    let h2c = headers
-        .get_all(header::UPGRADE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("h2c"));
-    !h2c && headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
-}
-
-/// Removes hop-by-hop headers. With `keep_upgrade`, `Upgrade` and
-/// `Connection: upgrade` stay, so the upstream sees the upgrade request.
-/// Returns whether headers that `Connection` named went too (then `seen`
-/// may be out of date).
-pub fn strip_hop_by_hop(headers: &mut HeaderMap, seen: &Seen, keep_upgrade: bool) -> bool {
-    // Usually none in a request, `Connection` alone in a response.
-    if seen.hop_by_hop == 0 {
-        return false;
-    }
-    let present = |i: usize| seen.hop_by_hop & (1 << i) != 0;
-    // Other headers `Connection` names (its usual `keep-alive` is one of
-    // the fixed names: no lookup).
-    let named: Vec<HeaderName> = if present(CONNECTION_AT) {
-        connection_named(headers.get_all(header::CONNECTION).iter().map(HeaderValue::as_bytes))
-            .filter_map(|t| HeaderName::from_bytes(t).ok())
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let upgrade = if keep_upgrade { headers.get(header::UPGRADE).cloned() } else { None };
-    for name in &named {
-        headers.remove(name);
-    }
-    for (_, name) in HOP_BY_HOP.iter().enumerate().filter(|(i, _)| present(*i)) {
-        headers.remove(name);
-    }
-    if let Some(upgrade) = upgrade {
-        headers.insert(header::UPGRADE, upgrade);
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    }
-    !named.is_empty()
 }
 
 /// The headers `Connection` lines name besides the fixed hop-by-hop ones
@@ -284,44 +416,25 @@ pub struct Client {
     pub trusted: bool,
 }
 
-/// A head being made fit for the upstream, as the forwarding rules
-/// change it: a [`HeaderMap`] (hyper's engine), or the native engine's
-/// head written in one pass. Headers are named by their place in
-/// [`FORWARDING`].
+/// A head being made fit for the upstream, as the forwarding rules change
+/// it. Headers are named by their place in [`FORWARDING`].
 pub trait Rewrite {
     /// The client's lines of this header go.
     fn remove(&mut self, at: usize);
     /// The header is `value`, whatever the client sent.
-    fn set(&mut self, at: usize, value: &HeaderValue);
+    fn set(&mut self, at: usize, value: &[u8]);
     /// The header is the client's lines joined by `, `, then `value`.
     fn extend(&mut self, at: usize, value: Vec<u8>);
-}
-
-impl Rewrite for HeaderMap {
-    fn remove(&mut self, at: usize) {
-        HeaderMap::remove(self, &FORWARDING[at]);
-    }
-
-    fn set(&mut self, at: usize, value: &HeaderValue) {
-        self.insert(FORWARDING[at].clone(), value.clone());
-    }
-
-    fn extend(&mut self, at: usize, value: Vec<u8>) {
-        append(self, &FORWARDING[at], value);
-    }
 }
 
 /// Removes what `seen` found of the client's forwarding headers: all of
 /// them from an untrusted client, the path overrides from any.
 fn remove_client_forwarding(headers: &mut impl Rewrite, seen: &Seen, trusted: bool) {
-    let remove = if trusted { seen.forwarding & OVERRIDES } else { seen.forwarding };
-    if remove == 0 {
-        return;
-    }
-    for i in 0..FORWARDING.len() {
-        if remove & (1 << i) != 0 {
-            headers.remove(i);
-        }
+    let mut remove = if trusted { seen.forwarding & OVERRIDE_BITS } else { seen.forwarding };
+    while remove != 0 {
+        let i = remove.trailing_zeros() as usize;
+        headers.remove(i);
+        remove &= remove - 1;
     }
 }
 
@@ -352,16 +465,14 @@ fn forwarded_values(client: Client, host: Option<&[u8]>) -> (Vec<u8>, Vec<u8>) {
 /// The forwarding headers of one client connection, written once, for its
 /// first forwarded request (a connection refused at its first request
 /// never needs them): its address and scheme are the same for every
-/// request on it, and so, usually, is its `Host`. `X-Forwarded-For` and
-/// `Forwarded` without a client-sent chain are then a reference count
-/// each, not a buffer.
+/// request on it, and so, usually, is its `Host`.
 pub struct Forwarding {
     client: Client,
     /// `X-Forwarded-For`, `Forwarded` for a request without a `Host`, and
     /// `X-Forwarded-Port`.
-    written: std::sync::OnceLock<(Option<HeaderValue>, Option<HeaderValue>, HeaderValue)>,
+    written: std::sync::OnceLock<(Vec<u8>, Vec<u8>, Vec<u8>)>,
     /// The last `Host` seen and its `Forwarded` element.
-    with_host: std::sync::Mutex<Option<(HeaderValue, HeaderValue)>>,
+    with_host: std::sync::Mutex<Option<(Vec<u8>, Vec<u8>)>>,
 }
 
 impl Forwarding {
@@ -369,32 +480,36 @@ impl Forwarding {
         Self { client, written: std::sync::OnceLock::new(), with_host: std::sync::Mutex::new(None) }
     }
 
+    /// The client of this connection.
+    pub fn client(&self) -> Client {
+        self.client
+    }
+
     /// Writes the forwarding headers for this connection's client, from
     /// what was written before when it can be (see the module's rules);
-    /// `seen` is what [`Seen::scan`] found of the client's own.
-    pub fn apply(&self, headers: &mut impl Rewrite, host: Option<&[u8]>, seen: &Seen) {
+    /// `seen` is what [`Seen::of_names`] found of the client's own, `id`
+    /// the request's id.
+    pub fn apply(&self, headers: &mut impl Rewrite, host: Option<&[u8]>, seen: &Seen, id: &[u8]) {
         let trusted = self.client.trusted;
         remove_client_forwarding(headers, seen, trusted);
         let (xff, without_host, port) = self.written.get_or_init(|| {
             let (xff, element) = forwarded_values(self.client, None);
-            (
-                HeaderValue::from_maybe_shared(bytes::Bytes::from(xff)).ok(),
-                HeaderValue::from_maybe_shared(bytes::Bytes::from(element)).ok(),
-                HeaderValue::from(self.client.port),
-            )
+            (xff, element, itoa::Buffer::new().format(self.client.port).as_bytes().to_vec())
         });
-        let host = host.filter(|h| !h.is_empty());
-        let hosted = host.and_then(|h| self.host_values(h));
         // A trusted forwarder's own say on how its client connected stays.
         let kept = |at: usize| trusted && seen.forwarding & (1 << at) != 0;
         if !kept(PROTO_AT) {
-            headers.set(PROTO_AT, &HeaderValue::from_static(self.client.proto.scheme()));
+            headers.set(PROTO_AT, self.client.proto.scheme().as_bytes());
         }
         if !kept(PORT_AT) {
             headers.set(PORT_AT, port);
         }
+        headers.set(ID_AT, id);
+        let host = host.filter(|h| !h.is_empty());
+        let mut last = self.with_host.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let hosted = host.map(|h| self.host_element(&mut last, h));
         if !kept(HOST_AT)
-            && let Some((h, _)) = &hosted
+            && let Some(h) = host
         {
             headers.set(HOST_AT, h);
         }
@@ -405,57 +520,18 @@ impl Forwarding {
             headers.extend(FORWARDED_AT, element);
             return;
         }
-        let element = match (host, hosted) {
-            (None, _) => without_host.clone(),
-            (Some(_), hosted) => hosted.map(|(_, element)| element),
-        };
-        match (xff, element) {
-            (Some(xff), Some(element)) => {
-                headers.set(XFF_AT, xff);
-                headers.set(FORWARDED_AT, &element);
-            }
-            // A value that would not do as a header (it always does).
-            _ => {
-                let (xff, element) = forwarded_values(self.client, host);
-                headers.extend(XFF_AT, xff);
-                headers.extend(FORWARDED_AT, element);
-            }
-        }
+        headers.set(XFF_AT, xff);
+        headers.set(FORWARDED_AT, hosted.unwrap_or(without_host));
     }
 
-    /// A `Host` as a value and its `Forwarded` element: the last host's,
+    /// The `Forwarded` element of a request to `host`: the last host's,
     /// kept, when it is the same (it usually is, on one connection).
-    fn host_values(&self, host: &[u8]) -> Option<(HeaderValue, HeaderValue)> {
-        let mut last = self.with_host.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((value, element)) = &*last
-            && value.as_bytes() == host
-        {
-            return Some((value.clone(), element.clone()));
+    fn host_element<'l>(&self, last: &'l mut Option<(Vec<u8>, Vec<u8>)>, host: &[u8]) -> &'l [u8] {
+        if last.as_ref().is_none_or(|(h, _)| h != host) {
+            let (_, element) = forwarded_values(self.client, Some(host));
+            *last = Some((host.to_vec(), element));
         }
-        let value = HeaderValue::from_bytes(host).ok()?;
-        let (_, element) = forwarded_values(self.client, Some(host));
-        let element = HeaderValue::from_maybe_shared(bytes::Bytes::from(element)).ok()?;
-        *last = Some((value.clone(), element.clone()));
-        Some((value, element))
-    }
-}
-
-/// Sets `name` to its prior lines joined by `, `, then `value`.
-fn append(headers: &mut HeaderMap, name: &HeaderName, value: Vec<u8>) {
-    let mut prior = headers.get_all(name).iter().peekable();
-    let value = if prior.peek().is_none() {
-        value
-    } else {
-        let mut chain: Vec<u8> = Vec::with_capacity(value.len() + 64);
-        for line in prior {
-            chain.extend_from_slice(line.as_bytes());
-            chain.extend_from_slice(b", ");
-        }
-        chain.extend_from_slice(&value);
-        chain
-    };
-    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
-        headers.insert(name.clone(), v);
+        &last.as_ref().expect("just set").1
     }
 }
 
@@ -496,257 +572,4 @@ fn push_quoted(out: &mut Vec<u8>, text: &[u8]) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn strip(h: &mut HeaderMap, keep_upgrade: bool) {
-        let seen = Seen::scan(h);
-        strip_hop_by_hop(h, &seen, keep_upgrade);
-    }
-
-    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut m = HeaderMap::new();
-        for (k, v) in pairs {
-            m.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
-        }
-        m
-    }
-
-    #[test]
-    fn hop_by_hop_and_connection_named_headers_go() {
-        let mut h = map(&[
-            ("connection", "keep-alive, x-secret"),
-            ("keep-alive", "timeout=5"),
-            ("x-secret", "1"),
-            ("te", "trailers"),
-            ("transfer-encoding", "chunked"),
-            ("proxy-authorization", "Basic x"),
-            ("authorization", "Bearer kept"),
-            ("x-other", "kept"),
-        ]);
-        strip(&mut h, false);
-        let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
-        names.sort();
-        assert_eq!(names, vec!["authorization", "x-other"]);
-    }
-
-    #[test]
-    fn an_upgrade_to_h2c_is_not_passed_on() {
-        let mut h = map(&[
-            ("connection", "Upgrade, HTTP2-Settings"),
-            ("upgrade", "h2c"),
-            ("http2-settings", "AAMAAABkAAQAoAAAAAIAAAAA"),
-        ]);
-        assert!(!is_upgrade(&h, &Seen::scan(&h)));
-        strip(&mut h, false);
-        assert!(h.is_empty(), "{h:?}");
-    }
-
-    #[test]
-    fn upgrades_keep_their_two_headers() {
-        let mut h = map(&[("connection", "Upgrade"), ("upgrade", "websocket"), ("keep-alive", "1")]);
-        assert!(is_upgrade(&h, &Seen::scan(&h)));
-        strip(&mut h, true);
-        assert_eq!(h.get("upgrade").unwrap(), "websocket");
-        assert_eq!(h.get("connection").unwrap(), "upgrade");
-        assert!(h.get("keep-alive").is_none());
-    }
-
-    fn client(addr: &str, trusted: bool) -> Client {
-        Client { addr: addr.parse().unwrap(), proto: Proto::H1, port: 8080, trusted }
-    }
-
-    /// What a connection of `c` writes for a request with `prior` headers
-    /// and `host`.
-    fn forwarded(c: Client, prior: &[(&str, &str)], host: Option<&'static str>) -> HeaderMap {
-        let mut h = map(prior);
-        let seen = Seen::scan(&h);
-        Forwarding::new(c).apply(&mut h, host.map(str::as_bytes), &seen);
-        h
-    }
-
-    fn one<'a>(h: &'a HeaderMap, name: &str) -> Vec<&'a str> {
-        h.get_all(name).iter().map(|v| v.to_str().unwrap()).collect()
-    }
-
-    #[test]
-    fn an_untrusted_clients_forwarding_headers_are_replaced_by_the_proxys() {
-        let prior: Vec<(&str, &str)> = FORWARDING_NAMES.iter().map(|n| (*n, "6.6.6.6")).collect();
-        let mut prior = prior;
-        prior.push(("forwarded", "for=6.6.6.6;proto=https"));
-        prior.push(("accept", "*/*"));
-        let h = forwarded(client("127.0.0.1:5000", false), &prior, Some("app.example"));
-        assert_eq!(one(&h, "x-forwarded-for"), ["127.0.0.1"]);
-        assert_eq!(one(&h, "forwarded"), ["for=127.0.0.1;proto=http;host=\"app.example\""]);
-        assert_eq!(one(&h, "x-forwarded-proto"), ["http"]);
-        assert_eq!(one(&h, "x-forwarded-host"), ["app.example"]);
-        assert_eq!(one(&h, "x-forwarded-port"), ["8080"]);
-        for name in &FORWARDING_NAMES[5..] {
-            assert!(h.get(*name).is_none(), "{name} passed");
-        }
-        assert_eq!(one(&h, "accept"), ["*/*"]);
-        // Without a Host: no X-Forwarded-Host, no host= (and none passes).
-        let h = forwarded(client("[::1]:5000", false), &[("x-forwarded-host", "evil")], None);
-        assert!(h.get("x-forwarded-host").is_none());
-        assert_eq!(one(&h, "forwarded"), ["for=\"[::1]\";proto=http"]);
-    }
-
-    #[test]
-    fn a_trusted_forwarders_chains_are_extended_and_its_view_kept() {
-        let prior = [
-            ("x-forwarded-for", "10.0.0.1"),
-            ("x-forwarded-for", "10.0.0.2, 10.0.0.3"),
-            ("forwarded", "for=10.0.0.1"),
-            ("forwarded", "for=10.0.0.2;proto=https"),
-            ("x-forwarded-proto", "https"),
-            ("x-forwarded-host", "app.example"),
-            ("x-forwarded-port", "443"),
-            ("x-real-ip", "10.0.0.1"),
-            ("x-original-url", "/admin"),
-            ("x-rewrite-url", "/admin"),
-        ];
-        let h = forwarded(client("127.0.0.1:5000", true), &prior, Some("app.internal"));
-        assert_eq!(one(&h, "x-forwarded-for"), ["10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1"]);
-        assert_eq!(
-            one(&h, "forwarded"),
-            ["for=10.0.0.1, for=10.0.0.2;proto=https, for=127.0.0.1;proto=http;host=\"app.internal\""]
-        );
-        assert_eq!(one(&h, "x-forwarded-proto"), ["https"]);
-        assert_eq!(one(&h, "x-forwarded-host"), ["app.example"]);
-        assert_eq!(one(&h, "x-forwarded-port"), ["443"]);
-        assert_eq!(one(&h, "x-real-ip"), ["10.0.0.1"]);
-        assert!(h.get("x-original-url").is_none() && h.get("x-rewrite-url").is_none(), "never passed");
-        // A trusted forwarder that sent nothing: the proxy's own view.
-        let h = forwarded(client("127.0.0.1:5000", true), &[], Some("app"));
-        assert_eq!(one(&h, "x-forwarded-for"), ["127.0.0.1"]);
-        assert_eq!(one(&h, "x-forwarded-proto"), ["http"]);
-        assert_eq!(one(&h, "x-forwarded-port"), ["8080"]);
-    }
-
-    #[test]
-    fn a_connections_cached_values_are_what_a_fresh_connection_writes() {
-        for trusted in [false, true] {
-            let c = client("127.0.0.1:5000", trusted);
-            let fwd = Forwarding::new(c);
-            type Case<'a> = (&'a [(&'a str, &'a str)], Option<&'a str>);
-            let cases: [Case; 5] = [
-                (&[], None),
-                (&[], Some("app.example")),
-                (&[], Some("app.example")),
-                (&[], Some("other:8080")),
-                (&[("x-forwarded-for", "10.0.0.1"), ("forwarded", "for=10.0.0.1")], Some("other:8080")),
-            ];
-            for (prior, host) in cases {
-                let mut cached = map(prior);
-                let seen = Seen::scan(&cached);
-                fwd.apply(&mut cached, host.map(str::as_bytes), &seen);
-                assert_eq!(cached, forwarded(c, prior, host), "{prior:?} {host:?} trusted: {trusted}");
-            }
-        }
-    }
-
-    #[test]
-    fn tls_requests_say_https_whatever_the_protocol() {
-        for proto in [Proto::H1Tls, Proto::H2Tls] {
-            let c = Client { proto, ..client("127.0.0.1:5000", false) };
-            let h = forwarded(c, &[("x-forwarded-proto", "http")], None);
-            assert_eq!(one(&h, "x-forwarded-proto"), ["https"]);
-            assert_eq!(one(&h, "forwarded"), ["for=127.0.0.1;proto=https"]);
-        }
-    }
-
-    fn quoted(text: &str) -> String {
-        let mut out = Vec::new();
-        push_quoted(&mut out, text.as_bytes());
-        String::from_utf8(out).unwrap()
-    }
-
-    #[test]
-    fn hosts_are_quoted_as_quoted_strings() {
-        assert_eq!(quoted("app:8080"), "\"app:8080\"");
-        assert_eq!(quoted("[::1]:80"), "\"[::1]:80\"");
-        // Never a valid Host, but quoted safely all the same.
-        assert_eq!(quoted("a\",for=6.6.6.6;host=\"b\\"), "\"a\\\",for=6.6.6.6;host=\\\"b\\\\\"");
-    }
-
-    #[test]
-    fn the_length_filter_knows_every_hop_by_hop_length() {
-        for name in &HOP_BY_HOP {
-            assert!(matches!(name.as_str().len(), 2 | 7 | 10 | 16 | 17 | 19), "{name}");
-        }
-        assert_eq!(HOP_BY_HOP[CONNECTION_AT], header::CONNECTION);
-        assert_eq!(HOP_BY_HOP[TRANSFER_ENCODING_AT], header::TRANSFER_ENCODING);
-        assert_eq!(HOP_BY_HOP[UPGRADE_AT], header::UPGRADE);
-    }
-
-    #[test]
-    fn one_pass_finds_what_the_lookups_would() {
-        let h = map(&[
-            ("host", "a"),
-            ("Host", "b"),
-            ("authorization", "x"),
-            ("x-client-id", "w"),
-            ("transfer-encoding", "chunked"),
-            ("transfer-encoding", "gzip"),
-            ("upgrade", "websocket"),
-            ("accept", "*/*"),
-        ]);
-        let seen = Seen::scan(&h);
-        assert_eq!((seen.hosts, seen.authorizations, seen.codings), (2, 1, 2));
-        assert!(seen.client_id && seen.upgrade() && !seen.chained());
-        for chain in ["x-forwarded-for", "forwarded"] {
-            assert!(Seen::scan(&map(&[(chain, "for=1.2.3.4")])).chained(), "{chain}");
-        }
-        let none = Seen::scan(&map(&[("accept", "*/*"), ("user-agent", "u"), ("x-forwarded", "x")]));
-        assert_eq!(none, Seen::default());
-        // Every forwarding name, and only those, found (in any case).
-        for (i, name) in FORWARDING_NAMES.iter().enumerate() {
-            let seen = Seen::scan(&map(&[(&name.to_uppercase(), "x"), ("accept", "*/*")]));
-            assert_eq!(seen.forwarding, 1 << i, "{name}");
-        }
-        assert_eq!(FORWARDING.iter().map(HeaderName::as_str).collect::<Vec<_>>(), FORWARDING_NAMES);
-        assert_eq!(OVERRIDES, 1 << 5 | 1 << 6);
-        assert_eq!((FORWARDING_NAMES[5], FORWARDING_NAMES[6]), ("x-original-url", "x-rewrite-url"));
-    }
-
-    #[test]
-    fn a_header_that_connection_names_is_reported_gone() {
-        let mut h = map(&[("connection", "x-forwarded-for"), ("x-forwarded-for", "10.0.0.1")]);
-        let seen = Seen::scan(&h);
-        assert!(strip_hop_by_hop(&mut h, &seen, false));
-        assert!(h.is_empty());
-        let mut h = map(&[("connection", "keep-alive"), ("host", "a")]);
-        let seen = Seen::scan(&h);
-        assert!(!strip_hop_by_hop(&mut h, &seen, false));
-    }
-
-    #[test]
-    fn addresses_are_written_as_the_standard_library_writes_them() {
-        for ip in [
-            "0.0.0.0",
-            "1.2.3.4",
-            "10.99.100.255",
-            "127.0.0.1",
-            "255.255.255.255",
-            "::1",
-            "2001:db8::8a2e:370:7334",
-        ] {
-            let ip: std::net::IpAddr = ip.parse().unwrap();
-            let mut out = Vec::new();
-            push_ip(&mut out, ip);
-            assert_eq!(String::from_utf8(out).unwrap(), ip.to_string());
-        }
-    }
-
-    #[test]
-    fn only_the_hop_by_hop_headers_present_are_looked_up_and_a_response_keeps_the_rest() {
-        let mut h = map(&[("connection", "keep-alive"), ("content-length", "3"), ("x-upstream", "a")]);
-        strip(&mut h, false);
-        let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
-        names.sort();
-        assert_eq!(names, ["content-length", "x-upstream"]);
-        let mut none = map(&[("host", "a"), ("accept", "*/*")]);
-        strip(&mut none, false);
-        assert_eq!(none.len(), 2);
-    }
-}
+mod tests;

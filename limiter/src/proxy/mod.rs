@@ -34,7 +34,7 @@
 //! - [`http1`]: HTTP/1 framing, read strictly and written by limiter, for
 //!   requests and responses, heads and bodies;
 //! - [`request`]: a request head whichever protocol brought it, its checks
-//!   and the head the upstream gets;
+//!   and the head the upstream gets (with its id, [`crate::request_id`]);
 //! - [`head`], [`headers`], [`path`]: what a head must satisfy before
 //!   admission, hop-by-hop and forwarding headers, which paths are
 //!   diagnostic (`/debug/`), critical or sheddable;

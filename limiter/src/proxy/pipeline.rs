@@ -18,9 +18,11 @@
 //!    one store round trip, only for a request a fleet limit applies to),
 //!    taken together or not at all.
 //! 5. [`forward`]: the upstream ([`super::upstream`]), its result on the
-//!    ticket, an accepted upgrade, the response body read ahead when it
-//!    fits `http.responseBufferBytes` (the permit goes back) or streamed
-//!    holding it.
+//!    ticket, an accepted upgrade (its tunnel slot kept, the permit given
+//!    back), the response body read ahead when it fits
+//!    `http.responseBufferBytes` (the permit goes back) or streamed holding
+//!    it. An exchange given up on (a 504) keeps its permit until the
+//!    upstream is done with it ([`super::upstream::abandon`]).
 //! 6. [`fail_to_proxy`]: an upstream or a body that failed before the
 //!    client had anything gets limiter's own answer.
 //! 7. [`Logged`]: the access log's line, once the response is done.
@@ -43,10 +45,14 @@ use super::{
     path::{class_of, is_debug_path},
     reason::Reason,
     request::{BodyLen, Outgoing, Request},
-    upstream::{self, Ahead, Answered, BodySource, Conn, Failure, Outbound, Pool, ResponseBody, Send},
+    upstream::{
+        self, Abandon, Ahead, Answered, BodySource, Cause, Conn, Failed, Failure, Outbound, Pool,
+        ResponseBody, Send,
+    },
 };
+use crate::request_id::RequestId;
 use crate::{
-    admission::{Ask, Class, Permit},
+    admission::{Ask, Class, Permit, TunnelSlot},
     breaker::{Decision, State, ticket::Ticket},
 };
 
@@ -69,7 +75,13 @@ pub struct Classified {
 
 impl Classified {
     fn ask<'r>(self, req: &'r Request) -> Ask<'r> {
-        Ask { debug: self.debug, web: req.seen.client_id, session: req.authorization(), class: self.class }
+        Ask {
+            debug: self.debug,
+            web: req.seen.client_id,
+            session: req.authorization(),
+            class: self.class,
+            tunnel: req.is_upgrade(),
+        }
     }
 }
 
@@ -235,6 +247,7 @@ pub struct Admitted<'a> {
     pub ticket: Option<Ticket>,
     pub permit: Permit,
     pub started: Instant,
+    pub id: RequestId,
 }
 
 /// The response, as phase 5 leaves it for the session to send.
@@ -248,11 +261,13 @@ pub enum Reply {
         took: Duration,
     },
     /// An upgrade the upstream accepted (`101`): the connection to join to
-    /// the client's (HTTP/1 only); the permit went back.
+    /// the client's (HTTP/1 only), and its place under `http.maxTunnels`,
+    /// held until the tunnel closes; the permit went back.
     Upgraded {
         head: ResponseHead,
         head_bytes: Bytes,
         conn: Conn,
+        slot: Option<TunnelSlot>,
     },
 }
 
@@ -287,9 +302,17 @@ pub async fn forward<B: BodySource>(a: Admitted<'_>, rest: B, bytes_in: &mut u64
         Outbound::Stream { first: a.received.bytes, rest, framing: a.framing }
     };
     let answered = upstream::send(&s, &a.head, body, bytes_in).await;
+    let abandon = Abandon { id: a.id, bound: t.upstream_abandon, idle: t.idle_timeout };
     let Answered { conn, head, head_bytes, took } = match answered {
         Ok(answered) => answered,
-        Err(failure) => return Reply::Own(fail_to_proxy(a.proxy, failure, a.ticket, a.started)),
+        Err(Failed { failure, busy }) => {
+            let cause = if matches!(failure, Failure::Timeout) { Cause::Timeout } else { Cause::ClientBody };
+            let answer = fail_to_proxy(a.proxy, failure, a.ticket, a.started);
+            if let Some(busy) = busy {
+                upstream::follow_pending(busy, a.pool.clone(), a.permit, s.to_head, cause, abandon);
+            }
+            return Reply::Own(answer);
+        }
     };
     let (proxy, mut permit) = (a.proxy, a.permit);
     proxy.counters.upstream_latency.record(took);
@@ -300,11 +323,12 @@ pub async fn forward<B: BodySource>(a: Admitted<'_>, rest: B, bytes_in: &mut u64
     proxy.counters.status_code(head.status);
     if head.status == 101 {
         // The upgrade is complete: the permit goes back now, a tunnel is
-        // not an HTTP request any more.
+        // not an HTTP request any more; its tunnel slot stays.
         proxy.counters.upgrades.fetch_add(1, Ordering::Relaxed);
-        return Reply::Upgraded { head, head_bytes, conn };
+        let slot = permit.tunnel();
+        return Reply::Upgraded { head, head_bytes, conn, slot };
     }
-    let mut rest = ResponseBody::new(conn, &head, a.pool.clone(), t.idle_timeout, permit);
+    let mut rest = ResponseBody::new(conn, &head, a.pool.clone(), t.idle_timeout, permit, Some(abandon));
     let body = match rest.read_ahead(t.response_buffer_bytes, &proxy.budget, t.buffer_memory_bytes).await {
         Ok(Ahead::Whole(bytes)) => Body::Whole(bytes),
         Ok(Ahead::Streaming(first)) => Body::Stream { first, rest: Box::new(rest) },
@@ -346,6 +370,7 @@ pub fn fail_to_proxy(proxy: &Proxy, failure: Failure, ticket: Option<Ticket>, st
 /// client went away).
 pub struct Logged {
     ts: SystemTime,
+    id: RequestId,
     started: Instant,
     method: Method,
     path: String,
@@ -367,9 +392,10 @@ pub const CLIENT_GONE: u16 = 499;
 
 impl Logged {
     /// The request's line-to-be, if the access log is on.
-    pub fn start(proxy: &Proxy, req: &Request, started: Instant) -> Option<Self> {
+    pub fn start(proxy: &Proxy, req: &Request, started: Instant, id: &RequestId) -> Option<Self> {
         proxy.access_log.enabled().then(|| Self {
             ts: SystemTime::now(),
+            id: id.clone(),
             started,
             method: req.method.clone(),
             path: String::from_utf8_lossy(req.target()).into_owned(),
@@ -385,6 +411,7 @@ impl Logged {
         }
         let log = Self {
             ts: SystemTime::now(),
+            id: RequestId::own(),
             started: Instant::now(),
             method: Method::from_bytes(b"-").expect("a token"),
             path: "-".to_owned(),
@@ -400,6 +427,7 @@ impl Logged {
     pub fn done(self, proxy: &Proxy, client: Client, o: Outcome) {
         proxy.access_log.log(crate::access_log::Entry {
             ts: self.ts,
+            id: self.id,
             client: client.addr,
             proto: client.proto.as_str(),
             method: self.method,

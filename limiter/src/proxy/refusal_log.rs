@@ -11,7 +11,10 @@
 //!   `RST_STREAM`), at most [`RESET_LINES_PER_SECOND`] a second: h2's own
 //!   line per such connection is filtered out ([`crate::daemon::logging`]);
 //! - [`GroupLog`]: client groups refused at accept for those resets
-//!   ([`super::reset_groups`]), at most [`RESET_LINES_PER_SECOND`] a second.
+//!   ([`super::reset_groups`]), at most [`RESET_LINES_PER_SECOND`] a second;
+//! - [`AbandonLog`]: requests limiter gave up on while the upstream went
+//!   on with them ([`super::upstream::abandon`]), at most
+//!   [`LINES_PER_SECOND`] a second.
 
 use std::{
     net::IpAddr,
@@ -177,6 +180,50 @@ impl GroupLog {
                 refused_for_s,
                 unlogged_since_last_line = suppressed,
                 "client group refused at accept: its HTTP/2 connections keep ending for stream resets"
+            );
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct AbandonLog(Lines);
+
+impl Default for AbandonLog {
+    fn default() -> Self {
+        Self(Lines::new(LINES_PER_SECOND))
+    }
+}
+
+impl AbandonLog {
+    /// Records one exchange given up on, at its end; logs it if this
+    /// second still has room (a warning when the bound ended it: the
+    /// upstream may still be working).
+    pub fn note(
+        &self,
+        id: &crate::request_id::RequestId,
+        cause: &str,
+        end: &str,
+        went_on: std::time::Duration,
+    ) {
+        let Some(suppressed) = self.0.note() else { return };
+        let went_on_ms = went_on.as_millis() as u64;
+        if end == "bound" {
+            tracing::warn!(
+                request_id = %id,
+                cause,
+                end,
+                went_on_ms,
+                unlogged_since_last_line = suppressed,
+                "the upstream was still working on a request limiter gave up on when http.upstreamAbandonMs passed: its connection is closed and its permit returned"
+            );
+        } else {
+            tracing::info!(
+                request_id = %id,
+                cause,
+                end,
+                went_on_ms,
+                unlogged_since_last_line = suppressed,
+                "the upstream went on with a request limiter gave up on; its permit is returned now"
             );
         }
     }

@@ -8,19 +8,24 @@
 //! The head the upstream gets is limiter's own: the request line in origin
 //! form and HTTP/1.1; the client's field lines in its order and spelling,
 //! less the hop-by-hop ones (and those `Connection` names), the framing
-//! (`Content-Length`, `Transfer-Encoding`), `Expect` (limiter answers it)
-//! and the client's forwarding headers where it is not trusted; `Host` as
-//! the request's authority; limiter's forwarding headers; then one framing
-//! line of limiter's ([`Outgoing`]).
+//! (`Content-Length`, `Transfer-Encoding`), `Expect` (limiter answers it),
+//! names with a `_` (`http.underscoresInHeaders`) and the client's
+//! forwarding headers where it is not trusted; `Host` as the request's
+//! authority; limiter's forwarding headers and the request's id; then one
+//! framing line of limiter's ([`Outgoing`]).
 
 use bytes::{Bytes, BytesMut};
-use hyper::{Method, header::HeaderValue};
+use hyper::Method;
 
 use super::{
     head::{self, Bad},
-    headers::{FORWARDING, Forwarding, Rewrite, Seen, connection_named, forwarding_index, is_hop_by_hop},
+    headers::{
+        FORWARDING, Forwarding, Rewrite, Seen, connection_named, forwarding_index, is_hop_by_hop,
+        underscore_passes,
+    },
     http1::{Field, Framing, RequestHead, Span, tokens},
 };
+use crate::request_id::RequestId;
 
 /// The protocol version a request came in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +52,20 @@ pub enum Outgoing {
     None,
     Length(u64),
     Chunked,
+}
+
+/// What the head the upstream gets depends on besides the request.
+pub struct Upstreamed<'a> {
+    /// The client connection's forwarding headers.
+    pub fwd: &'a Forwarding,
+    /// Names the upstream for a request without an authority.
+    pub upstream: &'a str,
+    pub body: Outgoing,
+    /// Keeps `Upgrade` and says `Connection: upgrade`.
+    pub upgrade: bool,
+    pub id: &'a RequestId,
+    /// `http.underscoresInHeaders`: fields whose name holds a `_` may pass.
+    pub underscores: bool,
 }
 
 /// A request head.
@@ -275,17 +294,25 @@ impl Request {
         }
     }
 
-    /// Writes the head the upstream gets (see the module's doc): `upstream`
-    /// names the upstream for a request without an authority; `upgrade`
-    /// keeps `Upgrade` and says `Connection: upgrade`.
-    pub fn write_upstream(
-        &self,
-        out: &mut Vec<u8>,
-        fwd: &Forwarding,
-        upstream: &str,
-        body: Outgoing,
-        upgrade: bool,
-    ) {
+    /// The request's id: a trusted forwarder's `X-Request-Id` (`trusted`:
+    /// its client is one) if it will do as one, else a new one of limiter's.
+    pub fn id(&self, trusted: bool) -> RequestId {
+        if trusted && self.seen.request_id() {
+            let value = self
+                .fields
+                .iter()
+                .find(|f| f.name.get(&self.buf).eq_ignore_ascii_case(b"x-request-id"))
+                .map(|f| self.buf.slice(f.value.start as usize..f.value.end as usize));
+            if let Some(id) = value.and_then(RequestId::forwarded) {
+                return id;
+            }
+        }
+        RequestId::own()
+    }
+
+    /// Writes the head the upstream gets (see the module's doc); returns how
+    /// many fields were left out for a `_` in their name.
+    pub fn write_upstream(&self, out: &mut Vec<u8>, u: &Upstreamed<'_>) -> u32 {
         let buf = &self.buf[..];
         out.extend_from_slice(self.method.as_str().as_bytes());
         out.push(b' ');
@@ -297,18 +324,27 @@ impl Request {
         // HTTP/1.1 needs one.
         let own_host = self.authority.is_some() || self.seen.hosts == 0;
         if own_host {
-            line(out, b"host", host.unwrap_or(upstream.as_bytes()));
+            line(out, b"host", host.unwrap_or(u.upstream.as_bytes()));
         }
         let mut rewrite = Lines { req: self, drop: 0, extended: [None, None], tail: Vec::new() };
-        fwd.apply(&mut rewrite, host, &self.seen);
+        u.fwd.apply(&mut rewrite, host, &self.seen, u.id.as_bytes());
         let named: Vec<&[u8]> = if self.seen.connection() {
             connection_named(self.values("connection")).collect()
         } else {
             Vec::new()
         };
         let mut extended = rewrite.extended;
+        let mut underscored = 0;
         for f in &self.fields {
             let (name, value) = (f.name.get(buf), f.value.get(buf));
+            if self.seen.underscores && name.contains(&b'_') {
+                if !underscore_passes(name, u.underscores) {
+                    underscored += 1;
+                    continue;
+                }
+                line(out, name, value);
+                continue;
+            }
             if self.seen.any_hop_by_hop() && is_hop_by_hop(name, &named) {
                 continue;
             }
@@ -318,14 +354,16 @@ impl Request {
                 14 if name.eq_ignore_ascii_case(b"content-length") => continue,
                 _ => {}
             }
-            if let Some(i) = forwarding_index(name) {
+            if self.seen.forwarding != 0
+                && let Some(i) = forwarding_index(name)
+            {
                 if rewrite.drop & (1 << i) != 0 {
                     continue;
                 }
                 if let Some(chain) = extended.get_mut(i) {
                     // An extended chain goes where its first line was, once.
                     if let Some(value) = chain.take() {
-                        line(out, FORWARDING[i].as_str().as_bytes(), &value);
+                        line(out, FORWARDING.name(i).as_bytes(), &value);
                     }
                     continue;
                 }
@@ -333,7 +371,7 @@ impl Request {
             line(out, name, value);
         }
         out.extend_from_slice(&rewrite.tail);
-        match body {
+        match u.body {
             Outgoing::None => {}
             Outgoing::Length(n) => {
                 out.extend_from_slice(b"content-length: ");
@@ -342,11 +380,14 @@ impl Request {
             }
             Outgoing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         }
-        if upgrade && let Some(protocol) = self.field("upgrade") {
+        if u.upgrade
+            && let Some(protocol) = self.field("upgrade")
+        {
             line(out, b"upgrade", protocol);
             out.extend_from_slice(b"connection: upgrade\r\n");
         }
         out.extend_from_slice(b"\r\n");
+        underscored
     }
 }
 
@@ -369,7 +410,7 @@ fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 struct Lines<'a> {
     req: &'a Request,
     /// Bits of [`FORWARDING`] whose client lines are left out.
-    drop: u32,
+    drop: u64,
     /// `X-Forwarded-For` and `Forwarded` extended (places 0 and 1).
     extended: [Option<Vec<u8>>; 2],
     tail: Vec<u8>,
@@ -380,13 +421,13 @@ impl Rewrite for Lines<'_> {
         self.drop |= 1 << at;
     }
 
-    fn set(&mut self, at: usize, value: &HeaderValue) {
+    fn set(&mut self, at: usize, value: &[u8]) {
         self.drop |= 1 << at;
-        line(&mut self.tail, FORWARDING[at].as_str().as_bytes(), value.as_bytes());
+        line(&mut self.tail, FORWARDING.name(at).as_bytes(), value);
     }
 
     fn extend(&mut self, at: usize, value: Vec<u8>) {
-        let name = FORWARDING[at].as_str();
+        let name = FORWARDING.name(at);
         let mut chain = Vec::with_capacity(value.len() + 64);
         for v in self.req.values(name) {
             chain.extend_from_slice(v);

@@ -331,6 +331,7 @@ mod tests {
             dry_run: false,
             adaptive_min: None,
             critical_reserve: false,
+            tunnels: 0,
         });
         let permit = admission.admit(Ask::default()).unwrap();
         let (list, idle) = (Watchlist::default(), Duration::from_secs(60));

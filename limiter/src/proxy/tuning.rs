@@ -12,6 +12,11 @@ pub struct Tuning {
     pub idle_timeout: Duration,
     pub connect_timeout: Duration,
     pub upstream_timeout: Duration,
+    /// How long a permit waits for the upstream after limiter gave up on
+    /// its exchange (`http.upstreamAbandonMs`).
+    pub upstream_abandon: Duration,
+    /// `http.underscoresInHeaders`.
+    pub underscores_in_headers: bool,
     pub linger: Duration,
     pub max_header_bytes: usize,
     /// Upstream statuses that count as breaker failures.
@@ -52,6 +57,8 @@ impl Tuning {
             idle_timeout: ms(http.idle_timeout_ms),
             connect_timeout: ms(http.connect_timeout_ms),
             upstream_timeout: ms(http.upstream_timeout_ms),
+            upstream_abandon: ms(http.upstream_abandon_ms),
+            underscores_in_headers: http.underscores_in_headers,
             linger: ms(http.linger_ms),
             max_header_bytes: http.max_header_bytes as usize,
             failure_statuses: config.breaker.failure_statuses.clone(),

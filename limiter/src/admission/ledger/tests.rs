@@ -113,6 +113,7 @@ fn both_daemons_compute_one_session_key_and_count_it_together() {
         dry_run: false,
         adaptive_min: None,
         critical_reserve: false,
+        tunnels: 0,
     };
     let (x, y) = (Admission::with_ledger(limits, Some(a)), Admission::with_ledger(limits, Some(b)));
     let token = Ask { session: Some(b"Bearer T"), ..Ask::default() };
@@ -138,6 +139,7 @@ fn two_daemons_together_never_admit_more_than_the_pools() {
         dry_run: false,
         adaptive_min: None,
         critical_reserve: false,
+        tunnels: 0,
     };
     let (x, y) = (Admission::with_ledger(limits, Some(a)), Admission::with_ledger(limits, Some(b)));
     let web = Ask { web: true, ..Ask::default() };
@@ -174,6 +176,7 @@ fn concurrent_admissions_in_two_daemons_never_overshoot() {
         dry_run: false,
         adaptive_min: None,
         critical_reserve: false,
+        tunnels: 0,
     };
     let daemons = [join(&fd).unwrap(), join(&fd).unwrap()].map(|l| Admission::with_ledger(limits, Some(l)));
     let in_flight = std::sync::atomic::AtomicU32::new(0);
@@ -336,6 +339,7 @@ fn another_records_counts_are_read_as_at_most_2_pow_30() {
         dry_run: false,
         adaptive_min: None,
         critical_reserve: false,
+        tunnels: 0,
     };
     let x = Admission::with_ledger(limits, Some(a));
     let p = x.admit(Ask::default()).unwrap();

@@ -12,14 +12,17 @@
 //!
 //! **The permit contract**: a response body streamed holding its permit
 //! gives the permit back when the upstream has delivered its last byte.
-//! Dropped before that (its client went away, reset its stream, read too
-//! slowly or was cut), the body is read to its end in the background,
-//! still holding the permit, up to [`ORPHAN_BODY_BYTES`] within
-//! `http.idleTimeoutMs` a read; past that limiter closes the connection,
-//! which ends the upstream's work on it, and only then is the permit
-//! returned. The connection of a body read to its end goes back to the
-//! pool.
+//! An exchange limiter gives up on before that (a 504, a client gone, a
+//! request body that failed half-way) is followed to the upstream's end,
+//! holding the permit, within `http.upstreamAbandonMs` ([`abandon`]).
+//!
+//! **An early answer**: an upstream may answer before it has read the
+//! request body (a 413, a 401) and close. While a body streams upstream
+//! the connection is watched for that answer: once a final head has come,
+//! nothing more of the body is sent, and the answer is the client's (the
+//! connection then carries no other request).
 
+pub mod abandon;
 pub mod pool;
 
 use std::{
@@ -35,7 +38,10 @@ use tokio::{
     time::{Sleep, sleep},
 };
 
-pub use self::pool::{Conn, GetError, Pool, Upstreams};
+pub use self::{
+    abandon::{Abandon, Cause, End},
+    pool::{Conn, GetError, Pool, Upstreams},
+};
 use super::{
     budget::{Budget, Collect},
     counters::BodyTimeout,
@@ -47,10 +53,6 @@ use super::{
     request::Outgoing,
 };
 use crate::admission::Permit;
-
-/// The most of a response body read (and dropped) in the background for a
-/// client that went away; a larger body closes its connection.
-pub const ORPHAN_BODY_BYTES: u64 = 64 * 1024;
 
 /// The rest of a request body as its client sends it (HTTP/1: from the
 /// connection; HTTP/2: from the stream), decoded.
@@ -83,6 +85,20 @@ pub enum Failure {
     ClientBody(Option<BodyTimeout>),
 }
 
+/// Why a request got no response head, and the connection the upstream
+/// may still be working on it on (after a timeout, or a client body that
+/// failed half-way), with when the request went: to follow to its end.
+pub struct Failed {
+    pub failure: Failure,
+    pub busy: Option<(Conn, Instant)>,
+}
+
+impl From<Failure> for Failed {
+    fn from(failure: Failure) -> Self {
+        Self { failure, busy: None }
+    }
+}
+
 /// A response head and the connection its body comes on.
 pub struct Answered {
     pub conn: Conn,
@@ -113,7 +129,7 @@ pub async fn send<B: BodySource>(
     head: &[u8],
     body: Outbound<B>,
     streamed: &mut u64,
-) -> Result<Answered, Failure> {
+) -> Result<Answered, Failed> {
     let may_retry = s.idempotent && matches!(body, Outbound::Whole(_));
     let mut body = body;
     let mut attempt = 0;
@@ -121,61 +137,166 @@ pub async fn send<B: BodySource>(
         attempt += 1;
         let mut conn = match s.pool.get(s.connect_timeout, s.idle_timeout).await {
             Ok(conn) => conn,
-            Err(GetError::Full) => return Err(Failure::Full),
-            Err(GetError::Connect(_)) => return Err(Failure::Connect),
+            Err(GetError::Full) => return Err(Failure::Full.into()),
+            Err(GetError::Connect(_)) => return Err(Failure::Connect.into()),
         };
         let retry = may_retry && conn.reused && attempt == 1;
-        let written = match &mut body {
+        let sent = match &mut body {
             Outbound::Whole(bytes) => write_whole(&mut conn, head, bytes, s.idle_timeout).await,
             Outbound::Stream { first, rest, framing } => {
-                stream(s, &mut conn, head, first, rest, *framing, streamed).await?
+                match stream(s, &mut conn, head, first, rest, *framing, streamed).await {
+                    Ok(sent) => sent,
+                    Err(failure) => {
+                        // Part of the request is upstream: the upstream may
+                        // be working on it. Nothing more is coming.
+                        let _ = conn.stream.shutdown().await;
+                        return Err(Failed { failure, busy: Some((conn, Instant::now())) });
+                    }
+                }
             }
         };
-        if written.is_err() {
-            if retry {
+        let early = match sent {
+            Sent::Whole => false,
+            Sent::Answered => true,
+            // The upstream closed or stalled: an answer it sent first is
+            // still the client's.
+            Sent::Failed if answer_came(&mut conn, s.to_head).await => true,
+            Sent::Failed if retry && conn.buf.is_empty() => {
                 s.pool.shared().retries.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            return Err(Failure::Upstream);
-        }
+            Sent::Failed => return Err(Failure::Upstream.into()),
+        };
         let sent = Instant::now();
-        match read_head(&mut conn, s).await {
-            Ok(head) => {
+        let deadline = tokio::time::Instant::now() + s.upstream_timeout;
+        match read_head_until(&mut conn, s.to_head, s.upgrade, deadline).await {
+            Ok(mut head) => {
+                // Its body was not all sent: the connection carries no more.
+                head.closes |= early;
                 let head_bytes = conn.buf.split_to(head.len).freeze();
                 return Ok(Answered { conn, head, head_bytes, took: sent.elapsed() });
             }
             Err(HeadError::NothingCame) if retry => {
                 s.pool.shared().retries.fetch_add(1, Ordering::Relaxed);
             }
-            Err(HeadError::NothingCame | HeadError::Invalid) => return Err(Failure::Upstream),
-            Err(HeadError::Timeout) => return Err(Failure::Timeout),
+            Err(HeadError::NothingCame | HeadError::Invalid) => return Err(Failure::Upstream.into()),
+            Err(HeadError::Timeout) => {
+                return Err(Failed { failure: Failure::Timeout, busy: Some((conn, sent)) });
+            }
         }
     }
+}
+
+/// How a request went upstream.
+enum Sent {
+    /// All of it.
+    Whole,
+    /// Not all of it: the upstream's final answer came first.
+    Answered,
+    /// The connection failed (or stalled past `http.idleTimeoutMs`).
+    Failed,
 }
 
 /// A body in memory goes in the head's write (copied when small, else
 /// beside it in one vectored write).
-async fn write_whole(conn: &mut Conn, head: &[u8], body: &Bytes, idle: Duration) -> Result<(), ()> {
-    let write = async {
-        if body.is_empty() {
-            conn.stream.write_all(head).await
-        } else if body.len() <= 16 * 1024 {
-            let mut out = Vec::with_capacity(head.len() + body.len());
-            out.extend_from_slice(head);
-            out.extend_from_slice(body);
-            conn.stream.write_all(&out).await
-        } else {
-            conn.stream.write_all_buf(&mut bytes::Buf::chain(head, &body[..])).await
+async fn write_whole(conn: &mut Conn, head: &[u8], body: &Bytes, idle: Duration) -> Sent {
+    if body.len() <= 16 * 1024 {
+        let mut out = Vec::with_capacity(head.len() + body.len());
+        out.extend_from_slice(head);
+        out.extend_from_slice(body);
+        write_watching(conn, &mut &out[..], idle).await
+    } else {
+        let mut both = bytes::Buf::chain(head, &body[..]);
+        write_watching(conn, &mut both, idle).await
+    }
+}
+
+/// Writes `bytes` upstream, watching the connection for a final answer
+/// meanwhile (an upstream may answer before it reads a body); gives up
+/// after `idle` without progress.
+async fn write_watching(conn: &mut Conn, bytes: &mut impl bytes::Buf, idle: Duration) -> Sent {
+    while bytes.has_remaining() {
+        let progress = {
+            let (reader, mut writer) = conn.stream.split();
+            tokio::select! {
+                biased;
+                written = tokio::time::timeout(idle, writer.write_buf(bytes)) => match written {
+                    Ok(Ok(n)) if n > 0 => None,
+                    _ => return Sent::Failed,
+                },
+                readable = reader.as_ref().readable() => Some(readable),
+            }
+        };
+        if let Some(readable) = progress {
+            if readable.is_err() {
+                return Sent::Failed;
+            }
+            match answer_read(conn, false) {
+                Watched::Answer => return Sent::Answered,
+                Watched::Nothing => {}
+                Watched::Broken => return Sent::Failed,
+            }
         }
-    };
-    match tokio::time::timeout(idle, write).await {
-        Ok(Ok(())) => Ok(()),
-        _ => Err(()),
+    }
+    Sent::Whole
+}
+
+/// What a look at the upstream's side of a connection found.
+enum Watched {
+    Nothing,
+    /// A final response head is in the buffer.
+    Answer,
+    /// The upstream closed it, or sent what is no response.
+    Broken,
+}
+
+/// Reads what the upstream sent, without waiting: whether a final answer
+/// has come (interim ones are left for [`read_head_until`] to skip).
+fn answer_read(conn: &mut Conn, to_head: bool) -> Watched {
+    if conn.buf.capacity() - conn.buf.len() < 1024 {
+        conn.buf.reserve(pool::BUF);
+    }
+    match conn.stream.try_read_buf(&mut conn.buf) {
+        Ok(0) => return if final_head(&conn.buf, to_head) { Watched::Answer } else { Watched::Broken },
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        Err(_) => return if final_head(&conn.buf, to_head) { Watched::Answer } else { Watched::Broken },
+    }
+    if final_head(&conn.buf, to_head) { Watched::Answer } else { Watched::Nothing }
+}
+
+/// Whether `buf` holds a final response head, after any interim ones.
+fn final_head(mut buf: &[u8], to_head: bool) -> bool {
+    loop {
+        match http1::parse_response(buf, to_head) {
+            http1::Response::Head(_) => return true,
+            http1::Response::Interim { len, .. } => buf = &buf[len..],
+            http1::Response::Partial | http1::Response::Invalid => return false,
+        }
+    }
+}
+
+/// After a write failed: whether the upstream's final answer had come (it
+/// answered, then closed without reading the rest).
+async fn answer_came(conn: &mut Conn, to_head: bool) -> bool {
+    loop {
+        match answer_read(conn, to_head) {
+            Watched::Answer => return true,
+            Watched::Broken => return false,
+            // Nothing yet: the readiness says whether more may come.
+            Watched::Nothing => {
+                let ready = tokio::time::timeout(Duration::from_millis(10), conn.stream.readable()).await;
+                if !matches!(ready, Ok(Ok(()))) {
+                    return false;
+                }
+            }
+        }
     }
 }
 
 /// Streams a body from its client, framed by limiter, within the minimum
-/// rate and the idle timeout; `Ok(Err(()))` if the upstream's side failed.
+/// rate and the idle timeout, watching for an early answer; `Err` if the
+/// client's side failed.
 async fn stream<B: BodySource>(
     s: &Send<'_>,
     conn: &mut Conn,
@@ -184,7 +305,7 @@ async fn stream<B: BodySource>(
     rest: &mut B,
     framing: Outgoing,
     streamed: &mut u64,
-) -> Result<Result<(), ()>, Failure> {
+) -> Result<Sent, Failure> {
     let mut out = Vec::with_capacity(head.len() + first.len() + 16);
     out.extend_from_slice(head);
     let mut encoder = match framing {
@@ -197,12 +318,29 @@ async fn stream<B: BodySource>(
     let idle = s.idle_timeout;
     let mut pace = Pace::new(s.min_rate, idle);
     loop {
-        if timed(idle, conn.stream.write_all(&out)).await.is_err() {
-            return Ok(Err(()));
+        match write_watching(conn, &mut &out[..], idle).await {
+            Sent::Whole => {}
+            other => return Ok(other),
         }
         out.clear();
         let (due, rule) = pace.due();
-        let data = match tokio::time::timeout_at(due, rest.next()).await {
+        let next = tokio::select! {
+            next = tokio::time::timeout_at(due, rest.next()) => Some(next),
+            readable = conn.stream.readable() => {
+                if readable.is_err() {
+                    return Ok(Sent::Failed);
+                }
+                None
+            }
+        };
+        let Some(next) = next else {
+            match answer_read(conn, s.to_head) {
+                Watched::Answer => return Ok(Sent::Answered),
+                Watched::Nothing => continue,
+                Watched::Broken => return Ok(Sent::Failed),
+            }
+        };
+        let data = match next {
             Err(_) if pace.broke(rule) => {
                 return Err(Failure::ClientBody(Some(match rule {
                     Broke::MinRate => BodyTimeout::MinRate,
@@ -219,18 +357,11 @@ async fn stream<B: BodySource>(
         encoder.data(&mut out, &data).map_err(too_long)?;
     }
     encoder.finish(&mut out).map_err(too_long)?;
-    Ok(timed(idle, conn.stream.write_all(&out)).await)
-}
-
-async fn timed<T, E>(limit: Duration, f: impl Future<Output = Result<T, E>>) -> Result<T, ()> {
-    match tokio::time::timeout(limit, f).await {
-        Ok(Ok(v)) => Ok(v),
-        _ => Err(()),
-    }
+    Ok(write_watching(conn, &mut &out[..], idle).await)
 }
 
 /// Why no response head came.
-enum HeadError {
+pub(crate) enum HeadError {
     /// The connection ended or failed before any byte of a response.
     NothingCame,
     /// What came is not a response limiter forwards, or it broke off.
@@ -239,15 +370,19 @@ enum HeadError {
 }
 
 /// Reads the response head (interim 1xx heads skipped; `101` only to an
-/// upgrade) within `http.upstreamTimeoutMs`.
-async fn read_head(conn: &mut Conn, s: &Send<'_>) -> Result<ResponseHead, HeadError> {
-    let deadline = tokio::time::Instant::now() + s.upstream_timeout;
+/// upgrade) until `deadline`.
+pub(crate) async fn read_head_until(
+    conn: &mut Conn,
+    to_head: bool,
+    upgrade: bool,
+    deadline: tokio::time::Instant,
+) -> Result<ResponseHead, HeadError> {
     let mut any = false;
     loop {
         if !conn.buf.is_empty() {
             any = true;
-            match http1::parse_response(&conn.buf, s.to_head) {
-                http1::Response::Head(head) if head.status == 101 && !s.upgrade => {
+            match http1::parse_response(&conn.buf, to_head) {
+                http1::Response::Head(head) if head.status == 101 && !upgrade => {
                     return Err(HeadError::Invalid);
                 }
                 http1::Response::Head(head) => return Ok(head),
@@ -281,7 +416,7 @@ async fn read_head(conn: &mut Conn, s: &Send<'_>) -> Result<ResponseHead, HeadEr
 pub struct ResponseBody {
     conn: Option<Conn>,
     decoder: Decoder,
-    pool: Arc<Pool>,
+    pub(super) pool: Arc<Pool>,
     /// The connection cannot carry another request.
     closes: bool,
     idle: Duration,
@@ -289,13 +424,22 @@ pub struct ResponseBody {
     armed: bool,
     permit: Option<Permit>,
     done: bool,
-    /// Dropped before its end: read it to its end in the background.
-    drain: bool,
+    /// Dropped before its end: followed to the upstream's end in the
+    /// background, holding the permit ([`abandon`]); `None`: it closes.
+    abandon: Option<Abandon>,
 }
 
 impl ResponseBody {
-    /// The body of `head` on `conn` (its head already taken off the buffer).
-    pub fn new(conn: Conn, head: &ResponseHead, pool: Arc<Pool>, idle: Duration, permit: Permit) -> Self {
+    /// The body of `head` on `conn` (its head already taken off the
+    /// buffer); `abandon` says how it is followed if dropped before its end.
+    pub fn new(
+        conn: Conn,
+        head: &ResponseHead,
+        pool: Arc<Pool>,
+        idle: Duration,
+        permit: Permit,
+        abandon: Option<Abandon>,
+    ) -> Self {
         let mut body = Self {
             conn: Some(conn),
             decoder: Decoder::new(head.framing),
@@ -306,18 +450,12 @@ impl ResponseBody {
             armed: false,
             permit: Some(permit),
             done: false,
-            drain: true,
+            abandon,
         };
         if head.framing == Framing::None {
             body.finish();
         }
         body
-    }
-
-    /// Whether it still holds its permit (the upstream has not delivered
-    /// its last byte).
-    pub fn holds_permit(&self) -> bool {
-        self.permit.is_some()
     }
 
     /// The data bytes still to come, when the upstream said.
@@ -447,12 +585,6 @@ impl ResponseBody {
         }
         Ok(Ahead::Whole(collect.finish(None)))
     }
-
-    /// Stops the background read for a body the client is done with
-    /// because it failed: its connection closes with it.
-    pub fn close(mut self) {
-        self.drain = false;
-    }
 }
 
 /// A response body read ahead of the client.
@@ -465,12 +597,11 @@ pub enum Ahead {
 
 impl Drop for ResponseBody {
     fn drop(&mut self) {
-        if self.done || !self.drain {
+        if self.done {
             return;
         }
-        let Some(conn) = self.conn.take() else { return };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let mut rest = Self {
+        let (Some(abandon), Some(conn)) = (self.abandon.take(), self.conn.take()) else { return };
+        let rest = Self {
             conn: Some(conn),
             decoder: self.decoder.clone(),
             pool: self.pool.clone(),
@@ -480,19 +611,73 @@ impl Drop for ResponseBody {
             armed: false,
             permit: self.permit.take(),
             done: false,
-            drain: false,
+            abandon: None,
         };
-        runtime.spawn(async move {
-            let mut read = 0u64;
-            while let Ok(Some(data)) = rest.next().await {
-                read += data.len() as u64;
-                if read > ORPHAN_BODY_BYTES {
-                    // Too much to read for nothing: the connection closes,
-                    // which ends the upstream's work on it.
-                    break;
-                }
-            }
-            rest.pool.shared().orphans_finished.fetch_add(1, Ordering::Relaxed);
-        });
+        follow_body(rest, abandon);
     }
+}
+
+/// Follows a request whose response head has not come (after a 504, or a
+/// client body that failed half-way) to the upstream's end, holding its
+/// permit; `sent` is when the request went upstream (the adaptive limit
+/// learns the answer's latency if it comes).
+pub fn follow_pending(
+    (mut conn, sent): (Conn, Instant),
+    pool: Arc<Pool>,
+    permit: Permit,
+    to_head: bool,
+    cause: Cause,
+    abandon: Abandon,
+) {
+    let gave_up = tokio::time::Instant::now();
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    let shared = pool.shared_arc();
+    shared.abandoned.now.fetch_add(1, Ordering::Relaxed);
+    runtime.spawn(async move {
+        let deadline = gave_up + abandon.bound;
+        let mut permit = permit;
+        let end = match read_head_until(&mut conn, to_head, false, deadline).await {
+            Ok(head) => {
+                permit.answered(sent.elapsed());
+                conn.buf.advance(head.len);
+                let mut body = ResponseBody::new(conn, &head, pool, abandon.idle, permit, None);
+                drain(&mut body, deadline).await
+            }
+            Err(HeadError::Timeout) => End::Bound,
+            Err(_) => End::Closed,
+        };
+        shared.abandoned.now.fetch_sub(1, Ordering::Relaxed);
+        shared.abandoned.ended(&abandon.id, cause, end, gave_up.elapsed());
+    });
+}
+
+/// Follows a response body its client is no longer there for, holding its
+/// permit (called when the body is dropped before its end).
+fn follow_body(mut body: ResponseBody, abandon: Abandon) {
+    let gave_up = tokio::time::Instant::now();
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    let shared = body.pool.shared_arc();
+    shared.abandoned.now.fetch_add(1, Ordering::Relaxed);
+    runtime.spawn(async move {
+        let end = drain(&mut body, gave_up + abandon.bound).await;
+        drop(body);
+        shared.abandoned.now.fetch_sub(1, Ordering::Relaxed);
+        shared.abandoned.ended(&abandon.id, Cause::ClientGone, end, gave_up.elapsed());
+    });
+}
+
+/// Reads a body to its end (the permit returns then, the connection to the
+/// pool if it can be reused), or until `deadline` (the connection closes
+/// with the body, then the permit returns).
+async fn drain(body: &mut ResponseBody, deadline: tokio::time::Instant) -> End {
+    let read = async {
+        loop {
+            match body.next().await {
+                Ok(Some(_)) => {}
+                Ok(None) => return End::Answered,
+                Err(()) => return End::Closed,
+            }
+        }
+    };
+    tokio::time::timeout_at(deadline, read).await.unwrap_or(End::Bound)
 }

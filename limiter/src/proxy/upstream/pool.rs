@@ -45,9 +45,9 @@ pub struct Upstreams {
     /// Connects that succeeded, and that failed (timeouts included).
     pub connects_ok: AtomicU64,
     pub connects_failed: AtomicU64,
-    /// Requests whose client went away or stopped reading, finished in the
-    /// background holding their permits.
-    pub orphans_finished: AtomicU64,
+    /// Exchanges limiter gave up on while the upstream went on with them,
+    /// followed to their end holding their permits.
+    pub abandoned: super::abandon::Abandoned,
     /// Idle connections of one worker's pool taken by another worker's
     /// request at the cap.
     pub borrowed: AtomicU64,
@@ -190,6 +190,10 @@ impl Pool {
 
     pub fn shared(&self) -> &Upstreams {
         &self.shared
+    }
+
+    pub fn shared_arc(&self) -> Arc<Upstreams> {
+        self.shared.clone()
     }
 
     fn take_idle(&self, idle_timeout: Duration) -> Option<Conn> {
