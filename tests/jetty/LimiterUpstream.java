@@ -130,16 +130,18 @@ public class LimiterUpstream {
         OutputStream out = resp.getOutputStream();
         byte[] chunk = new byte[(int) Math.max(1, n / 64)];
         long left = n;
-        for (int i = 0; left > 0; i++) {
-            int len = (int) Math.min(chunk.length, left);
-            out.write(chunk, 0, len);
-            out.flush();
-            left -= len;
+        while (left > 0) {
+            // The pause comes before a chunk, never after the last: the
+            // servlet is done once its last byte is written.
             try {
                 Thread.sleep(ms / 64);
             } catch (InterruptedException e) {
                 // on at once
             }
+            int len = (int) Math.min(chunk.length, left);
+            out.write(chunk, 0, len);
+            out.flush();
+            left -= len;
         }
     }
 

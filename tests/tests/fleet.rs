@@ -210,6 +210,27 @@ fn three_daemons_and_one_redis_hold_a_session_to_exactly_its_fleet_limit() {
     up.wait_holding(5);
     up.release();
     assert!(statuses(again).iter().all(|r| r.status == 200));
+
+    // Five spellings of one Basic credential (one `user:pas` to Jetty's
+    // decoder), and the first again, spread over the nodes: one session,
+    // five in flight across the fleet.
+    wait_all_given_back(&net, 6379, &nodes, &[&key]);
+    let spellings =
+        ["dXNlcjpwYXM=", "dXNlcjpwYXM", "dXNlcjpwYXN=", "dXNlcjpwYXO=", "dXNlcjpwYXP", "dXNlcjpwYXM="];
+    let spelled: Vec<_> = spellings
+        .iter()
+        .enumerate()
+        .map(|(i, b)| spawn_get(&net, nodes[i % 3].addr, "/hold", &auth(&format!("Basic {b}"))))
+        .collect();
+    up.wait_holding(5);
+    wait_for("the sixth spelling refused", Duration::from_secs(5), || {
+        spelled.iter().filter(|h| h.is_finished()).count() == 1
+    });
+    assert_eq!(up.holding(), 5, "one credential, one session of five");
+    up.release();
+    let replies = statuses(spelled);
+    assert_eq!(replies.iter().filter(|r| r.status == 200).count(), 5);
+    replies.iter().filter(|r| r.status != 200).for_each(|r| assert_refused(r, "fleet_session"));
 }
 
 #[test]

@@ -1246,6 +1246,104 @@ fn streams(short: bool) -> Row {
     row
 }
 
+/// An upstream slower than the timeout, under load: real Jetty whose
+/// servlets take 50 ms to 1.5 s (most past `http.upstreamTimeoutMs`), and
+/// clients that leave mid-download beside them. Every 504 and every client
+/// that leaves keeps its permit until Jetty is done, so Jetty's own count
+/// of the servlets it runs never passes the slots, and nothing is left held.
+fn slow_upstream(short: bool) -> Row {
+    use limiter_tests::jetty::Jetty;
+    let jetty = Jetty::start(60);
+    let slots = 13u64;
+    let (daemon, proxy) = http_only(
+        "slow-upstream",
+        jetty.addr,
+        "http.maxThreads = 24\nhttp.upstreamTimeoutMs = 500\nbreaker.minRequests = 1000000000\n",
+    );
+    let secs = if short { 8 } else { 60 };
+    let (clients, leavers) = (24, 4);
+    let mut row = Row::new(
+        "upstream slower than the timeout",
+        format!(
+            "{clients} clients looping requests Jetty takes 50-1,500 ms on (timeout 500 ms) and {leavers} clients leaving 1 MB downloads half-way, {secs} s, against {slots} slots"
+        ),
+    );
+    jetty.reset();
+    let stop = Arc::new(AtomicBool::new(false));
+    let counts = Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]);
+    let mut threads = Vec::new();
+    for c in 0..clients + leavers {
+        let (stop, counts) = (stop.clone(), counts.clone());
+        threads.push(thread::spawn(move || {
+            // xorshift: each client its own sequence of service times.
+            let mut x = (c as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            while !stop.load(Ordering::Relaxed) {
+                if c >= clients {
+                    // Read some of a download, then leave with a RST.
+                    let Ok(mut s) = TcpStream::connect(proxy) else { continue };
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                    let _ = s.write_all(b"GET /dl?bytes=1000000&ms=1000 HTTP/1.1\r\nHost: t\r\n\r\n");
+                    let mut buf = [0u8; 16384];
+                    let _ = s.read(&mut buf);
+                    let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+                    counts[3].fetch_add(1, Ordering::Relaxed);
+                    thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let ms = 50 + x % 1450;
+                let reply = client::get(proxy, &format!("/work?ms={ms}"), &[]);
+                let slot = match reply.status {
+                    200 => 0,
+                    504 => 1,
+                    _ => 2,
+                };
+                counts[slot].fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    thread::sleep(Duration::from_secs(secs));
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        let _ = t.join();
+    }
+    let load = |i: usize| counts[i].load(Ordering::Relaxed);
+    row.check(
+        load(0) > 0 && load(1) > 0 && load(2) > 0,
+        format!("{} answered 200, {} 504, {} refused, {} downloads left", load(0), load(1), load(2), load(3)),
+    );
+    // Jetty's servlets finish within 1.5 s of the last request.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while jetty.stats().inflight > 0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(50));
+    }
+    let stats = jetty.stats();
+    row.check(
+        stats.peak <= slots && stats.queued_peak == 0,
+        format!(
+            "Jetty ran at most {} servlets at once ({slots} slots), {} queued",
+            stats.peak, stats.queued_peak
+        ),
+    );
+    row.check(pools_empty(&daemon), "every permit returned once Jetty was done".into());
+    let page = daemon.metrics();
+    let abandoned: f64 = ["timeout", "client_gone"]
+        .iter()
+        .flat_map(|c| ["answered", "closed", "bound"].map(move |e| (c, e)))
+        .map(|(c, e)| metric(&page, &format!("limiter_http_abandoned_total{{cause=\"{c}\",end=\"{e}\"}}")))
+        .sum();
+    let bound = metric(&page, "limiter_http_abandoned_total{cause=\"timeout\",end=\"bound\"}");
+    row.check(
+        abandoned > 0.0 && bound == 0.0,
+        format!("{abandoned} exchanges given up on followed to Jetty's end, none to the bound"),
+    );
+    let rss = rss_mib(daemon.pid().as_raw());
+    row.check(rss < 100.0, format!("RSS {rss:.1} MiB"));
+    row
+}
+
 /// Fleet-wide limits through a store's worst minutes: three daemons and
 /// one Redis, a tracked session held to its fleet limit by clients spread
 /// over every node, ordinary sessions and web clients beside it, a flood
@@ -1432,7 +1530,7 @@ fn main() -> ExitCode {
     }
     limiter_tests::raise_fd_limit();
     let started = Instant::now();
-    let scenarios: [fn(bool) -> Row; 10] = [
+    let scenarios: [fn(bool) -> Row; 11] = [
         overload,
         flood,
         upstream_faults,
@@ -1442,6 +1540,7 @@ fn main() -> ExitCode {
         coupled_shedding,
         adaptive,
         streams,
+        slow_upstream,
         fleet,
     ];
     // `--only WORD`: the scenarios whose function name contains WORD (for
@@ -1458,6 +1557,7 @@ fn main() -> ExitCode {
         "coupled_shedding",
         "adaptive",
         "streams",
+        "slow_upstream",
         "fleet",
     ];
     let mut rows = Vec::new();
