@@ -95,7 +95,7 @@ fn a_504_keeps_its_permit_until_jetty_is_done() {
         assert_eq!(reply.status, 503, "{reply:?}");
         assert_eq!(reply.header("x-limiter-refused"), Some("normal"));
     }
-    assert_eq!(d.metric("limiter_http_abandoned"), SLOTS as f64);
+    assert_eq!(d.metric("limiter_http_abandoned_in_flight"), SLOTS as f64);
     assert_eq!(d.metric("limiter_http_in_flight{pool=\"normal\"}"), SLOTS as f64);
     // Jetty answers at 4 s: the permits come back then, the connections
     // were read to their end.
@@ -107,7 +107,7 @@ fn a_504_keeps_its_permit_until_jetty_is_done() {
     assert!(stats.peak <= SLOTS, "Jetty ran {} at once with {SLOTS} slots", stats.peak);
     assert_eq!(stats.served, SLOTS, "a refused request reached Jetty");
     assert_eq!(d.metric("limiter_http_abandoned_total{cause=\"timeout\",end=\"answered\"}"), SLOTS as f64);
-    assert_eq!(d.metric("limiter_http_abandoned"), 0.0);
+    assert_eq!(d.metric("limiter_http_abandoned_in_flight"), 0.0);
     // The breaker counted each timeout.
     assert_eq!(d.metric("limiter_breaker_window_requests"), SLOTS as f64);
     assert_eq!(d.metric("limiter_breaker_window_error_ratio"), 1.0);
@@ -219,7 +219,7 @@ fn clients_that_leave_mid_download_keep_their_permits_until_jetty_is_done() {
     for h in more {
         assert_eq!(h.join().unwrap().status, 503);
     }
-    assert_eq!(d.metric("limiter_http_abandoned"), SLOTS as f64);
+    assert_eq!(d.metric("limiter_http_abandoned_in_flight"), SLOTS as f64);
     wait_for("the permits back once Jetty wrote its last byte", Duration::from_secs(6), || {
         d.metric("limiter_http_in_flight{pool=\"normal\"}") == 0.0
     });

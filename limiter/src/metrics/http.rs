@@ -167,11 +167,11 @@ pub fn write_upstreams(page: &mut Page, u: &Upstreams) {
         }
     }
     page.family(
-        "limiter_http_abandoned",
+        "limiter_http_abandoned_in_flight",
         "gauge",
         "Requests limiter gave up on that the upstream is still working on now, holding their permits.",
     )
-    .sample("limiter_http_abandoned", &[], load(&u.abandoned.now));
+    .sample("limiter_http_abandoned_in_flight", &[], load(&u.abandoned.now));
     page.family(
         "limiter_http_upstream_retries_total",
         "counter",
