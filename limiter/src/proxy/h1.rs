@@ -571,7 +571,10 @@ where
 
 /// Streams a body, holding its permit until the upstream has delivered
 /// its last byte; under pressure, a client that leaves a chunk untaken
-/// for [`PATIENCE`] is cut.
+/// for [`PATIENCE`] is cut. A client that left has the rest followed to
+/// the upstream's end ([`super::upstream::abandon`]); one limiter cut has
+/// its upstream connection closed with it, which ends a writing upstream's
+/// work at its next write (a cut frees the pool it was cut for).
 async fn stream_body<S>(
     io: &mut ClientIo<S>,
     c: &Conn<'_>,
@@ -590,6 +593,11 @@ where
         ToClient::Length(n) => Encoder::Length(n),
         ToClient::Empty | ToClient::Close => Encoder::Close,
     };
+    let cut = |rest: &mut ResponseBody, gone: Gone| {
+        if gone == Gone::Cut {
+            rest.close();
+        }
+    };
     let mut data = first;
     loop {
         out.bytes_out += data.len() as u64;
@@ -597,7 +605,7 @@ where
         // cannot be sent as the head said.
         encoder.data(&mut pending, &data).map_err(drop)?;
         if !pending.is_empty() {
-            guarded_write(io, &pending, pressure, c.proxy).await?;
+            guarded_write(io, &pending, pressure, c.proxy).await.map_err(|g| cut(&mut rest, g))?;
             pending.clear();
         }
         data = match rest.next().await {
@@ -610,7 +618,7 @@ where
     }
     encoder.finish(&mut pending).map_err(drop)?;
     if !pending.is_empty() {
-        guarded_write(io, &pending, pressure, c.proxy).await?;
+        guarded_write(io, &pending, pressure, c.proxy).await.map_err(|g| cut(&mut rest, g))?;
     }
     Ok(())
 }
@@ -788,19 +796,32 @@ async fn guarded_write<S>(
     bytes: &[u8],
     pressure: &Pressure,
     proxy: &Proxy,
-) -> Result<(), ()>
+) -> Result<(), Gone>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let since = tokio::time::Instant::now();
     tokio::select! {
-        written = io.write_all(bytes) => written.map_err(|_| ()),
+        written = io.write_all(bytes) => written.map_err(|e| {
+            // Timed out: limiter cut a client too slow to read (its
+            // minimum rate, or its idle timeout); else the client went.
+            if e.kind() == std::io::ErrorKind::TimedOut { Gone::Cut } else { Gone::Left }
+        }),
         () = patience_lost(pressure, since) => {
             proxy.counters.slow_readers.fetch_add(1, Ordering::Relaxed);
             tracing::debug!("HTTP/1 response left untaken under pressure: the client is cut");
-            Err(())
+            Err(Gone::Cut)
         }
     }
+}
+
+/// Why a response did not reach its client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gone {
+    /// The client went away (or its connection failed).
+    Left,
+    /// limiter cut a client too slow to take it.
+    Cut,
 }
 
 /// Resolves once the pools are under pressure and bytes have waited since

@@ -339,12 +339,17 @@ async fn serve_stream(
                     http_body_util::Full::new(bytes).map_err(|never| match never {}).boxed_unsync(),
                     false,
                     &s.streams.watchlist,
+                    None,
                 )),
-                ReplyBody::Stream { first, rest } => H2Body::guarded(stream_guard::guard(
-                    StreamBody::new(first, rest).boxed_unsync(),
-                    true,
-                    &s.streams.watchlist,
-                )),
+                ReplyBody::Stream { first, rest } => {
+                    let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                    H2Body::guarded(stream_guard::guard(
+                        StreamBody::new(first, rest, cut.clone()).boxed_unsync(),
+                        true,
+                        &s.streams.watchlist,
+                        Some(cut),
+                    ))
+                }
             };
             let status = head.status;
             let (proxy, client) = (proxy.clone(), s.client);
@@ -531,14 +536,25 @@ impl Body for H2Body {
 
 /// A response body streamed from the upstream: what was read ahead, then
 /// the rest as it comes (its permit held until the upstream's last byte).
+/// Dropped before its end, the rest is followed to the upstream's end; if
+/// the stream guard cut it (`cut`), its connection closes instead.
 struct StreamBody {
     first: Option<Bytes>,
     rest: Box<ResponseBody>,
+    cut: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl StreamBody {
-    fn new(first: Bytes, rest: Box<ResponseBody>) -> Self {
-        Self { first: (!first.is_empty()).then_some(first), rest }
+    fn new(first: Bytes, rest: Box<ResponseBody>, cut: Arc<std::sync::atomic::AtomicBool>) -> Self {
+        Self { first: (!first.is_empty()).then_some(first), rest, cut }
+    }
+}
+
+impl Drop for StreamBody {
+    fn drop(&mut self) {
+        if self.cut.load(Ordering::Relaxed) {
+            self.rest.close();
+        }
     }
 }
 

@@ -23,10 +23,10 @@
 //! chunk has waited [`PATIENCE`] untaken (HTTP/1 applies the same rule to
 //! its writes, in [`super::h1`]).
 //!
-//! A cut drops the upstream's body: one still streaming is read to its end
-//! in the background, holding its permit, or its connection is closed
-//! (see [`super::upstream`]); the permit goes back when the upstream is
-//! done, not before.
+//! A cut drops the upstream's body, and says so first (the flag given to
+//! [`guard`]): one still streaming has its upstream connection closed,
+//! which ends a writing upstream's work at its next write, and the permit
+//! goes back then (see [`super::upstream`]).
 
 use std::{
     pin::Pin,
@@ -78,6 +78,8 @@ struct Shared {
     /// The body streams from the upstream, holding its permit (not read
     /// ahead whole).
     streaming: bool,
+    /// Set before a cut drops the body.
+    cut: Option<Arc<AtomicBool>>,
 }
 
 impl Shared {
@@ -101,6 +103,9 @@ impl Shared {
     /// Drops the upstream's body: the next time hyper asks, the body fails.
     fn cut(&self) {
         self.done.store(true, Ordering::Relaxed);
+        if let Some(cut) = &self.cut {
+            cut.store(true, Ordering::Relaxed);
+        }
         drop(self.held().take());
     }
 }
@@ -116,8 +121,13 @@ pub struct Guarded {
 }
 
 /// Streams `body` (`streaming`: from the upstream, holding its permit),
-/// watched by its HTTP/2 connection's `list`.
-pub fn guard(body: UnsyncBoxBody<Bytes, BoxError>, streaming: bool, list: &Watchlist) -> Guarded {
+/// watched by its HTTP/2 connection's `list`; a cut sets `cut` first.
+pub fn guard(
+    body: UnsyncBoxBody<Bytes, BoxError>,
+    streaming: bool,
+    list: &Watchlist,
+    cut: Option<Arc<AtomicBool>>,
+) -> Guarded {
     let hint = body.size_hint();
     let shared = Arc::new(Shared {
         held: Mutex::new(Some(body)),
@@ -126,6 +136,7 @@ pub fn guard(body: UnsyncBoxBody<Bytes, BoxError>, streaming: bool, list: &Watch
         start: Instant::now(),
         done: AtomicBool::new(false),
         streaming,
+        cut,
     });
     let guarded = Guarded { shared, hint, rest: None, ended: false };
     let mut streams = list.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -335,7 +346,7 @@ mod tests {
         });
         let permit = admission.admit(Ask::default()).unwrap();
         let (list, idle) = (Watchlist::default(), Duration::from_secs(60));
-        let mut body = guard(Endless(Some(permit)).boxed_unsync(), true, &list);
+        let mut body = guard(Endless(Some(permit)).boxed_unsync(), true, &list, None);
         assert!(matches!(poll(&mut body), Poll::Ready(Some(Ok(_)))), "hyper takes a chunk");
         let taken = Instant::now();
         let second = taken + PATIENCE + Duration::from_millis(50);
@@ -353,7 +364,7 @@ mod tests {
     #[test]
     fn a_stream_read_whole_is_not_cut_under_pressure() {
         let (list, idle) = (Watchlist::default(), Duration::from_secs(60));
-        let mut body = guard(Endless(None).boxed_unsync(), false, &list);
+        let mut body = guard(Endless(None).boxed_unsync(), false, &list, None);
         assert!(matches!(poll(&mut body), Poll::Ready(Some(Ok(_)))));
         let later = Instant::now() + PATIENCE + Duration::from_millis(50);
         assert_eq!(list.look(later, true, 1024, idle).0, 0, "it holds no permit: only the minimum rate");

@@ -587,6 +587,15 @@ impl ResponseBody {
     }
 }
 
+impl ResponseBody {
+    /// The client was cut (too slow to take its response): if dropped
+    /// before its end, the connection closes with it and the permit goes
+    /// back then, instead of the rest being followed to the upstream's end.
+    pub fn close(&mut self) {
+        self.abandon = None;
+    }
+}
+
 /// A response body read ahead of the client.
 pub enum Ahead {
     /// All of it: the upstream is done, the permit is back.
