@@ -16,7 +16,9 @@
 // attributes) and the headers it got, one per line.
 // Under /secure/ Jetty's own BasicAuthenticator admits user:pas.
 //
-// The servlet counts requests in its service method at once (their peak),
+// The servlet counts the requests it works on at once (their peak), from
+// the start of its service method until just before the last bytes of the
+// answer are written,
 // and a sampler thread every millisecond the requests queued in Jetty's
 // thread pool waiting for a thread (their peak).
 //
@@ -65,12 +67,35 @@ public class LimiterUpstream {
     static final AtomicInteger queuedPeak = new AtomicInteger();
     static final AtomicInteger servedCount = new AtomicInteger();
 
+    /// A request the servlet works on: counted from its start until its
+    /// work is done, just before the last bytes of its answer are written
+    /// (a proxy learns that the work is done from those bytes: the thread
+    /// then only returns, and must not count against the next request).
+    static final class Working implements AutoCloseable {
+        private boolean done;
+
+        Working() {
+            int now = inflight.incrementAndGet();
+            peak.accumulateAndGet(now, Math::max);
+        }
+
+        void done() {
+            if (!done) {
+                done = true;
+                inflight.decrementAndGet();
+            }
+        }
+
+        @Override
+        public void close() {
+            done();
+        }
+    }
+
     public static class Recording extends HttpServlet {
         @Override
         protected void service(HttpServletRequest req, HttpServletResponse resp) throws IOException {
-            int now = inflight.incrementAndGet();
-            peak.accumulateAndGet(now, Math::max);
-            try {
+            try (Working working = new Working()) {
                 long length = 0;
                 byte[] buf = new byte[8192];
                 InputStream in = req.getInputStream();
@@ -86,13 +111,13 @@ public class LimiterUpstream {
                 }
                 servedCount.incrementAndGet();
                 if (req.getRequestURI().equals("/view")) {
-                    view(req, resp);
+                    view(req, resp, working);
                     return;
                 }
                 long ms = number(req.getParameter("ms"));
                 String bytes = req.getParameter("bytes");
                 if (bytes != null) {
-                    stream(resp, number(bytes), ms);
+                    stream(resp, number(bytes), ms, working);
                     return;
                 }
                 if (ms > 0) {
@@ -107,9 +132,8 @@ public class LimiterUpstream {
                 resp.setStatus(200);
                 resp.setContentType("text/plain");
                 resp.setContentLength(body.length);
+                working.done();
                 resp.getOutputStream().write(body);
-            } finally {
-                inflight.decrementAndGet();
             }
         }
     }
@@ -123,7 +147,7 @@ public class LimiterUpstream {
     }
 
     /// N bytes in 64 chunks, each flushed, spread over ms.
-    static void stream(HttpServletResponse resp, long n, long ms) throws IOException {
+    static void stream(HttpServletResponse resp, long n, long ms, Working working) throws IOException {
         resp.setStatus(200);
         resp.setContentType("application/octet-stream");
         resp.setContentLengthLong(n);
@@ -139,13 +163,16 @@ public class LimiterUpstream {
                 // on at once
             }
             int len = (int) Math.min(chunk.length, left);
+            if (len == left) {
+                working.done();
+            }
             out.write(chunk, 0, len);
             out.flush();
             left -= len;
         }
     }
 
-    static void view(HttpServletRequest req, HttpServletResponse resp) throws IOException {
+    static void view(HttpServletRequest req, HttpServletResponse resp, Working working) throws IOException {
         StringBuilder out = new StringBuilder();
         out.append("secure ").append(req.isSecure()).append('\n');
         out.append("remote_addr ").append(req.getRemoteAddr()).append('\n');
@@ -164,6 +191,7 @@ public class LimiterUpstream {
         resp.setStatus(200);
         resp.setContentType("text/plain");
         resp.setContentLength(body.length);
+        working.done();
         resp.getOutputStream().write(body);
     }
 
