@@ -39,6 +39,7 @@ pub mod packet;
 pub mod peer;
 pub mod process;
 pub mod recorder;
+pub mod relay;
 pub mod replay;
 pub mod sched;
 pub mod scrape;

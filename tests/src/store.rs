@@ -32,6 +32,10 @@ use crate::{Daemon, Sandbox, process, run, upstream::Upstream, write_secret};
 /// The store's address on the bridge.
 pub const STORE_IP: &str = "10.77.0.1";
 
+/// How long a Redis a test starts runs before the test uses it: the
+/// longest lease the tests give the fleet.
+pub const SETTLED: Duration = Duration::from_secs(3);
+
 /// The store's namespace and bridge.
 pub struct StoreNet {
     pub sb: Sandbox,
@@ -90,8 +94,15 @@ impl StoreNet {
     }
 
     /// One Redis on `port` (with `extra` arguments, `--requirepass x`
-    /// say), answering.
+    /// say), answering, and older than a lease ([`Redis::wait_settled`]).
     pub fn redis(&self, port: u16, extra: &[&str]) -> Result<Redis> {
+        let redis = self.young_redis(port, extra)?;
+        redis.wait_settled()?;
+        Ok(redis)
+    }
+
+    /// [`Self::redis`] without waiting for it to settle.
+    fn young_redis(&self, port: u16, extra: &[&str]) -> Result<Redis> {
         let dir = self.sb.dir.join(format!("redis-{port}"));
         fs::create_dir_all(&dir)?;
         let args: Vec<String> = extra.iter().map(ToString::to_string).collect();
@@ -128,17 +139,25 @@ impl StoreNet {
             child: None,
         };
         redis.start()?;
+        redis.wait_settled()?;
         Ok(redis)
     }
 
     /// A Redis Cluster of three masters on `ports` (no replicas), every
     /// slot served.
     pub fn cluster(&self, ports: [u16; 3]) -> Result<Vec<Redis>> {
+        self.cluster_of(&ports, 0)
+    }
+
+    /// A Redis Cluster on `ports` with `replicas` replicas per master (the
+    /// first ports masters, as `redis-cli --cluster create` assigns them),
+    /// every slot served. A master's failure is noticed after 1 s.
+    pub fn cluster_of(&self, ports: &[u16], replicas: u32) -> Result<Vec<Redis>> {
         let nodes = ports
             .iter()
             .map(|&p| {
                 let conf = format!("nodes-{p}.conf");
-                self.redis(
+                self.young_redis(
                     p,
                     &[
                         "--cluster-enabled",
@@ -146,18 +165,18 @@ impl StoreNet {
                         "--cluster-config-file",
                         &conf,
                         "--cluster-node-timeout",
-                        "3000",
+                        if replicas > 0 { "1000" } else { "3000" },
                     ],
                 )
             })
             .collect::<Result<Vec<_>>>()?;
         let mut args = vec!["--cluster".to_owned(), "create".to_owned()];
         args.extend(ports.iter().map(|p| format!("{STORE_IP}:{p}")));
-        args.extend(["--cluster-replicas".to_owned(), "0".to_owned(), "--cluster-yes".to_owned()]);
+        args.extend(["--cluster-replicas".to_owned(), replicas.to_string(), "--cluster-yes".to_owned()]);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.cli(ports[0], &args)?;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        for p in ports {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for &p in ports {
             while !self.cli(p, &["cluster", "info"])?.contains("cluster_state:ok") {
                 if Instant::now() > deadline {
                     bail!("the cluster did not come up on {p}");
@@ -165,24 +184,67 @@ impl StoreNet {
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
+        for node in &nodes {
+            node.wait_settled()?;
+        }
         Ok(nodes)
     }
 
-    /// Every key on the Redis on `port` and its members and scores, one
-    /// line each (what a reader of the store sees).
+    /// The port of the master serving `key`'s slot now.
+    pub fn master_of(&self, any_port: u16, key: &str) -> Result<u16> {
+        let slot: u64 = self.cli(any_port, &["cluster", "keyslot", key])?.trim().parse()?;
+        for line in self.cli(any_port, &["cluster", "nodes"])?.lines() {
+            let f: Vec<&str> = line.split(' ').collect();
+            if f.len() < 9 || !f[2].contains("master") || f[2].contains("fail") {
+                continue;
+            }
+            for range in &f[8..] {
+                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                if let (Ok(lo), Ok(hi)) = (lo.parse::<u64>(), hi.parse::<u64>())
+                    && (lo..=hi).contains(&slot)
+                {
+                    let port = f[1].split(['@', ':']).nth(1).context("a node's port")?;
+                    return Ok(port.parse()?);
+                }
+            }
+        }
+        bail!("no master serves the slot of {key}")
+    }
+
+    /// Every key on the Redis on `port` and what it holds, one line each
+    /// (what a reader of the store sees).
     pub fn contents(&self, port: u16) -> Result<String> {
         let mut out = String::new();
         for key in self.cli(port, &["--scan"])?.lines().filter(|k| !k.is_empty()) {
             out.push_str(key);
             out.push('\n');
-            out.push_str(&self.cli(port, &["zrange", key, "0", "-1", "withscores"])?);
+            let kind = self.cli(port, &["type", key])?;
+            let read: &[&str] = if kind.trim() == "hash" { &["hgetall", key] } else { &["get", key] };
+            out.push_str(&self.cli(port, read)?);
         }
         Ok(out)
     }
 
-    /// `ZCARD key` on the node on `port`.
-    pub fn zcard(&self, port: u16, key: &str) -> Result<u64> {
-        Ok(self.cli(port, &["-c", "zcard", key])?.trim().parse()?)
+    /// A budget's shares in the store on `port` (`-c`: a cluster's node
+    /// redirects): every live node's share summed.
+    pub fn shares(&self, port: u16, key: &str) -> Result<u64> {
+        let fields = self.cli(port, &["-c", "hgetall", key])?;
+        let lines: Vec<&str> = fields.lines().collect();
+        Ok(lines
+            .chunks(2)
+            .filter(|f| f.len() == 2 && f[0] != "quiet")
+            .filter_map(|f| f[1].split(' ').next()?.parse::<u64>().ok())
+            .sum())
+    }
+
+    /// Whether `key` is in the store on `port`.
+    pub fn exists(&self, port: u16, key: &str) -> Result<bool> {
+        Ok(self.cli(port, &["-c", "exists", key])?.trim() == "1")
+    }
+
+    /// The keys in the store on `port`.
+    pub fn keys(&self, port: u16) -> Result<usize> {
+        Ok(self.cli(port, &["dbsize"])?.trim().parse()?)
     }
 }
 
@@ -260,6 +322,39 @@ impl Redis {
                 bail!("redis-server on {} did not answer:\n{}", self.port, self.log());
             }
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until it has run for [`SETTLED`]: the fleet lets no share grow
+    /// on a budget a Redis younger than a lease does not hold (it may have
+    /// lost it), so a test that starts one waits that long first, as a
+    /// store that has been up for a while would be.
+    pub fn wait_settled(&self) -> Result<()> {
+        self.wait_older_than(SETTLED)
+    }
+
+    /// Waits until it has run for `age`.
+    pub fn wait_older_than(&self, age: Duration) -> Result<()> {
+        let deadline = Instant::now() + age + Duration::from_secs(10);
+        loop {
+            let mut cmd = Command::new("nsenter");
+            cmd.arg(format!("--net={}", self.netns.display()))
+                .args(["redis-cli", "-h", &self.host, "-p", &self.port.to_string()])
+                .args(&self.cli_args);
+            if let Some(i) = self.args.iter().position(|a| a == "--requirepass") {
+                cmd.env("REDISCLI_AUTH", &self.args[i + 1]);
+            }
+            let info = cmd.args(["info", "server"]).output()?;
+            let up = String::from_utf8_lossy(&info.stdout)
+                .lines()
+                .find_map(|l| l.strip_prefix("uptime_in_seconds:")?.trim().parse::<u64>().ok());
+            if up.is_some_and(|s| Duration::from_secs(s) >= age) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("redis-server on {} reports no uptime past {age:?}", self.port);
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
 

@@ -4,6 +4,7 @@
 //! | path | behaviour |
 //! |---|---|
 //! | `/hold`, any path ending in `/hold` | answers once [`Upstream::release`] is called |
+//! | `/sess?ms=N` | answers after N ms |
 //! | `/headers`, any path ending in `/headers` | answers with the request head it received |
 //! | `/big?bytes=N` | streams N bytes in 64 KiB chunks |
 //! | `POST /sink` | reads the whole body, answers its length |
@@ -13,6 +14,11 @@
 //! | `/status?code=N` | answers with status N |
 //! | any path ending in `/work`, `?ms=N` | served N ms (default 20; scaled by [`Upstream::set_service_percent`]) by one of [`Upstream::set_capacity`] workers (4 at first); the rest wait in a FIFO queue, as servlets wait for a database connection ([`Upstream::stall`] pauses them) |
 //! | anything else | `200 ok` |
+//!
+//! `/hold` and `/sess` count the requests of each session (`Authorization`
+//! value, as sent) in progress at once, and their peak
+//! ([`Upstream::session_peak`]): what a fleet admitted, as the upstream
+//! sees it.
 
 use std::{
     convert::Infallible,
@@ -51,6 +57,9 @@ struct Shared {
     capacity: std::sync::Mutex<u32>,
     /// `/work`'s service time, in percent of what the request asks.
     service_percent: AtomicU64,
+    /// Per `Authorization` value: requests of `/hold` and `/sess` in
+    /// progress now, and the most at once.
+    sessions: std::sync::Mutex<std::collections::HashMap<String, (u64, u64)>>,
 }
 
 impl Default for Shared {
@@ -69,6 +78,7 @@ impl Default for Shared {
             workers: tokio::sync::Semaphore::new(WORKERS as usize),
             capacity: std::sync::Mutex::new(WORKERS),
             service_percent: AtomicU64::new(100),
+            sessions: std::sync::Mutex::default(),
         }
     }
 }
@@ -193,6 +203,24 @@ impl Upstream {
         }
     }
 
+    /// The most `/hold` and `/sess` requests of session `authorization` the
+    /// upstream had in progress at once (since [`Self::reset_session_peaks`]).
+    pub fn session_peak(&self, authorization: &str) -> u64 {
+        self.shared.sessions.lock().unwrap().get(authorization).map_or(0, |&(_, peak)| peak)
+    }
+
+    /// Its requests in progress now.
+    pub fn session_now(&self, authorization: &str) -> u64 {
+        self.shared.sessions.lock().unwrap().get(authorization).map_or(0, |&(now, _)| now)
+    }
+
+    /// Starts every session's peak again from what is in progress now.
+    pub fn reset_session_peaks(&self) {
+        for (now, peak) in self.shared.sessions.lock().unwrap().values_mut() {
+            *peak = *now;
+        }
+    }
+
     /// Lets every held request answer.
     pub fn release(&self) {
         self.shared.release.notify_waiters();
@@ -242,9 +270,35 @@ async fn answer(mut req: Request<Incoming>, s: Arc<Shared>) -> Result<Response<B
     let query = |key: &str| -> Option<u64> {
         req.uri().query()?.split('&').find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
     };
+    // Counted per session while in progress, even if the connection goes
+    // away and hyper drops this future.
+    struct InSession(Arc<Shared>, String);
+    impl Drop for InSession {
+        fn drop(&mut self) {
+            if let Some((now, _)) = self.0.sessions.lock().unwrap().get_mut(&self.1) {
+                *now -= 1;
+            }
+        }
+    }
+    let path = req.uri().path();
+    let _in_session = (path.ends_with("/hold") || path == "/sess").then(|| {
+        let auth = req
+            .headers()
+            .get("authorization")
+            .map_or_else(String::new, |v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        let mut sessions = s.sessions.lock().unwrap();
+        let (now, peak) = sessions.entry(auth.clone()).or_default();
+        *now += 1;
+        *peak = (*peak).max(*now);
+        InSession(s.clone(), auth)
+    });
     let response = match req.uri().path() {
         // Any path ending so, however crafted: the tests see what the
         // proxy forwarded, byte for byte.
+        "/sess" => {
+            tokio::time::sleep(Duration::from_millis(query("ms").unwrap_or(1000))).await;
+            Response::new(full("session\n"))
+        }
         p if p.ends_with("/hold") => {
             let released = s.release.notified();
             tokio::pin!(released);

@@ -301,8 +301,9 @@ pub fn breaker_summary(b: &crate::breaker::Snapshot) -> String {
 pub fn fleet_lines(f: &crate::fleet::Snapshot) -> [String; 2] {
     let limit = |n: u32| if n == 0 { "none".to_owned() } else { n.to_string() };
     let first = format!(
-        "fleet {} ({}): store {}, onStoreDown {}; limits session {} web {}; held here session {} web {}; \
-         web in flight across the fleet {}; {} asks, {} store failures, {} admitted unpublished",
+        "fleet {} ({}): store {}, onStoreDown {}; limits session {} web {}; in flight here session {} web {}; \
+         shares here session {} web {}; web shares across the fleet {}; {} claims, {} store failures, \
+         {} admitted unpublished, {} lapsed",
         f.name,
         f.store,
         if f.up { "UP" } else { "DOWN" },
@@ -311,15 +312,18 @@ pub fn fleet_lines(f: &crate::fleet::Snapshot) -> [String; 2] {
         limit(f.web_limit),
         f.held_session,
         f.held_web,
+        f.share_session,
+        f.share_web,
         f.web_fleet.map_or_else(|| "unknown".to_owned(), |n| n.to_string()),
-        f.asks,
+        f.claims,
         f.store_failures,
         f.admitted_unpublished,
+        f.lease_lapsed,
     );
     let busiest: Vec<String> =
-        f.busiest_sessions.iter().map(|s| format!("{} {}/{}", s.key, s.here, s.fleet)).collect();
+        f.busiest_sessions.iter().map(|s| format!("{} {}/{}/{}", s.key, s.here, s.share, s.fleet)).collect();
     let second = format!(
-        "fleet sessions held here: {} (busiest, hashed key here/fleet: {})",
+        "fleet sessions here: {} (busiest, hashed key in flight here/share here/fleet's shares: {})",
         f.tracked_sessions,
         if busiest.is_empty() { "none".to_owned() } else { busiest.join(", ") }
     );

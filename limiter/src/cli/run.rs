@@ -59,12 +59,17 @@ pub fn main(args: Args) -> ExitCode {
         Err(e) => return fail(format!("starting the runtime: {e}")),
     };
     let served = runtime.block_on(async move {
-        let (reloads, shutdown) =
-            signals::install().map_err(|e| format!("installing signal handlers: {e}"))?;
-        daemon::run(prepared, reloads, shutdown).await.map_err(|e| e.to_string())
+        let (reloads, shutdown) = match signals::install() {
+            Ok(installed) => installed,
+            Err(e) => return Err(Err(format!("installing signal handlers: {e}"))),
+        };
+        daemon::run(prepared, reloads, shutdown).await.map_err(Ok)
     });
     match served {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => fail(e),
+        // A fleet whose hash key is not this node's: the file is wrong.
+        Err(Ok(e @ DaemonError::Fleet(_))) => fail_config(e),
+        Err(Ok(e)) => fail(e.to_string()),
+        Err(Err(e)) => fail(e),
     }
 }

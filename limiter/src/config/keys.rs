@@ -689,9 +689,9 @@ pub static KEYS: &[Key] = &[
     },
     Key {
         name: "fleet.onStoreDown",
-        default: DefaultValue::Value("local"),
+        default: DefaultValue::Value("share"),
         reload: Reload::Live,
-        doc: "while the store is down: local (the node's own limits alone) or refuse (503 fleet_down)",
+        doc: "while the store is down: share (within the share each node holds, until its lease would end; then 503 fleet_down), refuse (503 fleet_down) or local (the node's own limits alone: the fleet's limit is lifted)",
         set: plain!(|c, v| c.fleet.on_store_down = OnStoreDown::parse(v)?),
     },
 ];

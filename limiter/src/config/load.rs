@@ -84,6 +84,7 @@ impl Config {
         config.check().map_err(|e| blame(&config, e, false))?;
         config.warn_of_noisy_shedding();
         config.warn_of_a_floor_above_the_ceiling();
+        config.warn_of_a_lease_shorter_than_a_request();
         // A file's error names the file and what is wrong with it; the key
         // and its value say where the configuration named it.
         config.load_tls().map_err(|e| blame(&config, e, true))?;
@@ -214,6 +215,26 @@ impl Config {
                 "http.adaptive.minLimit = {} is above the static pool (http.maxThreads - 11 = {ceiling}): the \
                  adaptive limit stays at {ceiling}",
                 self.http.adaptive_min_limit
+            ));
+        }
+    }
+
+    /// A fleet lease shorter than a request may run: a node cut off from
+    /// the store (a partition, a pause) may still have requests in flight
+    /// when its share lapses and is granted to others.
+    fn warn_of_a_lease_shorter_than_a_request(&mut self) {
+        let (f, http) = (&self.fleet, &self.http);
+        let longest = http.upstream_timeout_ms.saturating_add(http.upstream_abandon_ms);
+        if f.store.is_some()
+            && (f.max_session_connections > 0 || f.max_web_connections > 0)
+            && f.lease_ms < longest
+        {
+            self.warnings.push(format!(
+                "fleet.leaseMs = {} is shorter than a request may run (http.upstreamTimeoutMs {} + \
+                 http.upstreamAbandonMs {} = {longest} ms): a node cut off from the store may have requests in \
+                 flight past its share's lease, and the fleet may then hold more than its limit until they end \
+                 (see \"Leases and the work they cover\")",
+                f.lease_ms, http.upstream_timeout_ms, http.upstream_abandon_ms
             ));
         }
     }

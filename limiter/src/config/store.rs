@@ -140,26 +140,33 @@ fn node(text: &str) -> Result<(String, u16), String> {
 /// answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OnStoreDown {
-    /// The node's local limits alone.
+    /// Within the share each node holds, until its lease would end; then
+    /// 503 `fleet_down`: the limit holds, a partition or a failover does
+    /// not lift it.
     #[default]
-    Local,
+    Share,
     /// 503 `fleet_down` for every request that needs a fleet permit.
     Refuse,
+    /// The node's local limits alone (the fleet's limit is lifted while
+    /// the store is away).
+    Local,
 }
 
 impl OnStoreDown {
+    pub const ALL: [OnStoreDown; 3] = [OnStoreDown::Share, OnStoreDown::Refuse, OnStoreDown::Local];
+
     pub fn parse(value: &str) -> Result<Self, String> {
-        match value {
-            "local" => Ok(Self::Local),
-            "refuse" => Ok(Self::Refuse),
-            _ => Err("expected local or refuse".into()),
-        }
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == value)
+            .ok_or_else(|| "expected share, refuse or local".into())
     }
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::Local => "local",
+            Self::Share => "share",
             Self::Refuse => "refuse",
+            Self::Local => "local",
         }
     }
 }

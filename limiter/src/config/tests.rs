@@ -558,7 +558,7 @@ fn fleet_keys_need_their_store_their_hash_key_and_a_timeout_inside_the_lease() {
     assert!(!format!("{c:?}").contains("0123456789abcdef-fleet"), "the hash key is never shown");
     let defaults = Config::default().fleet;
     assert_eq!((defaults.store, defaults.lease_ms, defaults.timeout_ms), (None, 3000, 20));
-    assert_eq!((defaults.name.as_str(), defaults.on_store_down), ("default", OnStoreDown::Local));
+    assert_eq!((defaults.name.as_str(), defaults.on_store_down), ("default", OnStoreDown::Share));
     for (text, says) in [
         (format!("{up}fleet.maxWebConnections = 3\n"), "fleet.maxWebConnections: needs fleet.store"),
         (
@@ -572,7 +572,7 @@ fn fleet_keys_need_their_store_their_hash_key_and_a_timeout_inside_the_lease() {
         ("fleet.store = redis://h\n".to_owned(), "fleet.store: needs http.upstream"),
         (format!("{up}fleet.store = redis://u:pw@h\n"), "fleet.passwordFile"),
         (format!("{up}fleet.nmae = x\n"), "unknown key under `fleet.`"),
-        (format!("{up}fleet.onStoreDown = open\n"), "expected local or refuse"),
+        (format!("{up}fleet.onStoreDown = open\n"), "expected share, refuse or local"),
         (format!("{up}fleet.leaseMs = 100\n"), "at least 300"),
         (format!("{up}fleet.name = a:b\n"), "A-Z a-z 0-9"),
     ] {

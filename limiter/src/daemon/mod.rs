@@ -69,6 +69,8 @@ pub enum DaemonError {
     Activation(#[from] activation::ActivationError),
     #[error(transparent)]
     Socket(#[from] crate::admin::socket::SocketError),
+    #[error(transparent)]
+    Fleet(#[from] crate::fleet::FleetError),
 }
 
 /// How `run` was asked to behave.
@@ -245,7 +247,7 @@ pub async fn run(
                     addr.to_string()
                 }
             };
-            let fleet = start_fleet(&config, ledger.clone()).await;
+            let fleet = start_fleet(&config, ledger.clone()).await?;
             Some(Proxy::new(&config, upstream, ledger.clone(), fleet))
         }
     };
@@ -418,13 +420,13 @@ pub async fn run(
         proxy.counters.reset_log.flush();
         let left = proxy.counters.connections_open.load(Ordering::Relaxed);
         tracing::info!(took_ms = started.elapsed().as_millis() as u64, connections_cut = left, "drained");
-        // What the requests gave back reaches the store before the exit,
-        // not with its lease.
+        // The shares go back to the store before the exit, not with their
+        // lease.
         if let Some(fleet) = &proxy.fleet
             && !fleet.settle(std::time::Duration::from_millis(500)).await
         {
             tracing::warn!(
-                "fleet: some permits given back did not reach the store; their leases will end them"
+                "fleet: some shares could not be given back to the store; their leases will end them"
             );
         }
     }
@@ -450,8 +452,13 @@ pub async fn run(
 /// The fleet-wide limits, when `fleet.store` is set. This node's identity
 /// in the fleet is its host name, pin path and listening address: the
 /// same daemon restarted (or handed over to) is the same node.
-async fn start_fleet(config: &Config, ledger: Option<Arc<Ledger>>) -> Option<Arc<crate::fleet::Fleet>> {
-    config.fleet.store.as_ref()?;
+async fn start_fleet(
+    config: &Config,
+    ledger: Option<Arc<Ledger>>,
+) -> Result<Option<Arc<crate::fleet::Fleet>>, crate::fleet::FleetError> {
+    if config.fleet.store.is_none() {
+        return Ok(None);
+    }
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let identity = format!("{}\n{}\n{}", host.trim(), config.kernel.pin_path.display(), config.http.listen);
     let handover = Box::new(move || ledger.as_ref().is_some_and(|l| l.lock().has_peer()));

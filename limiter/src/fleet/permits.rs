@@ -1,9 +1,10 @@
 //! The fleet's state on this node and the request's path: the live
-//! limits, what this node holds by key, taking a request's permits (one
-//! round trip) and giving them back (queued for the release task).
+//! limits, this node's shares ([`super::shares`]), taking a request's
+//! units of its budgets (from the share, or after one claim) and giving
+//! them back (here only: the share stays until a renewal gives back what
+//! is not used).
 
 use std::{
-    collections::{HashMap, HashSet},
     fmt::Write as _,
     sync::{
         Arc, Mutex, MutexGuard,
@@ -14,21 +15,18 @@ use std::{
 
 use redis::Script;
 use ring::hmac;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 
-use super::store::{Conn, Store};
+use super::{
+    health::Health,
+    shares::{Answer, Budgets, Kind, Take},
+    store::{Conn, Store},
+};
 use crate::{
     admission::{Refusal, normalised},
     config::{FleetConfig, OnStoreDown},
     histogram::Histogram,
 };
-
-/// Which budget a key is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    Session,
-    Web,
-}
 
 /// The live keys (`fleet.max*Connections`, `timeoutMs`, `onStoreDown`).
 #[derive(Debug, Default)]
@@ -36,39 +34,25 @@ pub(super) struct Live {
     pub(super) session: AtomicU32,
     pub(super) web: AtomicU32,
     pub(super) timeout_us: AtomicU64,
-    pub(super) refuse_when_down: AtomicBool,
-}
-
-/// A permit taken (or, with the store down, held here only): its key
-/// and member number.
-pub(super) type Part = (Arc<str>, u64);
-
-/// What this node holds, by key.
-#[derive(Debug, Default)]
-pub(super) struct Table {
-    pub(super) keys: HashMap<Arc<str>, Entry>,
-}
-
-#[derive(Debug)]
-pub(super) struct Entry {
-    kind: Kind,
-    pub(super) members: HashSet<u64>,
-    /// The fleet's count as the store last said it.
-    fleet: u32,
+    /// `OnStoreDown` as its index in [`OnStoreDown::ALL`].
+    pub(super) on_store_down: AtomicU32,
 }
 
 /// Counters for metrics and `/status`.
 #[derive(Debug, Default)]
 pub(super) struct Stats {
-    pub(super) asks: AtomicU64,
+    /// Claims on requests' paths (one round trip each).
+    pub(super) claims: AtomicU64,
     pub(super) failures: AtomicU64,
     pub(super) unpublished: AtomicU64,
     pub(super) renewals: AtomicU64,
-    pub(super) releases: AtomicU64,
-    /// Permits given back here and not yet sent to the store (or dropped
-    /// for their lease to end them).
-    pub(super) unsent: AtomicU64,
-    /// The web budget's fleet count as last seen (`u32::MAX`: never).
+    /// Requests whose lease the store had let lapse while they ran (a
+    /// pause, a partition, a store that lost it), re-taken.
+    pub(super) lapsed: AtomicU64,
+    /// The smallest lease left when a renewal was sent, in the last round
+    /// (µs; `u64::MAX`: none yet).
+    pub(super) margin_us: AtomicU64,
+    /// The web budget's fleet-wide shares as last seen (`u32::MAX`: never).
     pub(super) web_fleet: AtomicU32,
 }
 
@@ -78,23 +62,21 @@ pub struct Fleet {
     pub(super) lease: Duration,
     hash_key: Option<hmac::Key>,
     pub(super) web_key: Arc<str>,
-    /// `<identity>.`: this node's members start with it.
+    /// `<identity>.`: this node's fields start with it.
     node: String,
-    /// `<identity>.<incarnation>.`: this process's.
+    /// `<identity>.<incarnation>.`: this process's field.
     me: String,
     started: Instant,
     pub(super) live: Live,
     pub(super) store: Store,
     pub(super) up: AtomicBool,
-    seq: AtomicU64,
-    table: Mutex<Table>,
-    releases: mpsc::UnboundedSender<Part>,
+    pub(super) health: Health,
+    budgets: Mutex<Budgets>,
     /// Wakes the probe at once (the store was just found down).
     pub(super) probe_now: Arc<Notify>,
     /// Whether another daemon serves the gate now (a handover).
     handover: Box<dyn Fn() -> bool + Send + Sync>,
-    acquire: Script,
-    pub(super) renew: Script,
+    claim: Script,
     round_trip: Histogram,
     pub(super) stats: Stats,
 }
@@ -105,24 +87,34 @@ impl std::fmt::Debug for Fleet {
     }
 }
 
+/// Why the fleet's limits cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    #[error(
+        "fleet.hashKeyFile: this node's hash key is not the fleet's (fleet `{name}` on {store} holds the fingerprint {theirs}, this key's is {ours}): every node of a fleet must read the same key file, or sessions would be counted under two keys"
+    )]
+    HashKey { name: String, store: String, theirs: String, ours: String },
+}
+
 /// How long the first connection may take at start before the daemon
 /// serves anyway (the store counts as down until the probe reaches it).
 const FIRST_CONNECT: Duration = Duration::from_secs(2);
 
+/// What a claim's script says.
+type Claimed = (u32, u32, u32, u32, u32);
+
 impl Fleet {
-    /// The fleet of `config` on this node, not connected yet, and where
-    /// its releases go. `identity` names this node (the same after a
-    /// restart); `handover` says whether another daemon serves the gate
-    /// now. `None`: no `fleet.store`.
+    /// The fleet of `config` on this node, not connected yet. `identity`
+    /// names this node (the same after a restart); `handover` says whether
+    /// another daemon serves the gate now. `None`: no `fleet.store`.
     pub(super) fn new(
         config: &FleetConfig,
         identity: &str,
         handover: Box<dyn Fn() -> bool + Send + Sync>,
-    ) -> Option<(Arc<Self>, mpsc::UnboundedReceiver<Part>)> {
+    ) -> Option<Arc<Self>> {
         let url = config.store.clone()?;
         let node = format!("{}.", hex(&digest(identity.as_bytes()).as_ref()[..8]));
         let incarnation: [u8; 4] = rand_bytes();
-        let (tx, rx) = mpsc::unbounded_channel();
         let fleet = Arc::new(Self {
             name: config.name.clone(),
             lease: Duration::from_millis(config.lease_ms),
@@ -136,52 +128,86 @@ impl Fleet {
             // Up until the first connection says otherwise (so that its
             // failure is said, once, as any other).
             up: AtomicBool::new(true),
-            seq: AtomicU64::new(0),
-            table: Mutex::new(Table::default()),
-            releases: tx,
+            health: Health::default(),
+            budgets: Mutex::new(Budgets::default()),
             probe_now: Arc::new(Notify::new()),
             handover,
-            acquire: Script::new(include_str!("acquire.lua")),
-            renew: Script::new(include_str!("renew.lua")),
+            claim: Script::new(include_str!("claim.lua")),
             round_trip: Histogram::default(),
-            stats: Stats { web_fleet: AtomicU32::new(u32::MAX), ..Stats::default() },
+            stats: Stats {
+                web_fleet: AtomicU32::new(u32::MAX),
+                margin_us: AtomicU64::new(u64::MAX),
+                ..Stats::default()
+            },
         });
         fleet.set_live(config);
-        Some((fleet, rx))
+        Some(fleet)
     }
 
     /// Connects to the store (within a couple of seconds: a store that is
-    /// not there yet is down, and the probe keeps trying).
-    pub(super) async fn connect(&self) {
+    /// not there yet is down, and the probe keeps trying) and checks that
+    /// this node's hash key is the fleet's.
+    pub(super) async fn connect(&self) -> Result<(), FleetError> {
         let ping = async {
             let mut conn =
                 self.store.reconnect(FIRST_CONNECT).await.map_err(|e| format!("cannot connect: {e}"))?;
-            conn.query::<String>(&redis::cmd("PING")).await.map_err(|e| format!("PING failed: {e}"))
+            conn.query::<String>(&redis::cmd("PING")).await.map_err(|e| format!("PING failed: {e}"))?;
+            Ok::<_, String>(conn)
         };
         match tokio::time::timeout(FIRST_CONNECT, ping).await {
-            Ok(Ok(_)) => {
-                tracing::info!(store = %self.store.describe(), name = %self.name, "fleet store connected")
+            Ok(Ok(mut conn)) => {
+                self.check_fingerprint(&mut conn).await?;
+                tracing::info!(store = %self.store.describe(), name = %self.name, "fleet store connected");
             }
             Ok(Err(why)) => self.went_down(&why),
             Err(_) => self.went_down("no answer to PING"),
         }
+        Ok(())
     }
 
-    /// Applies the live keys of a (re)loaded configuration.
+    /// This node's hash key, as the fleet's store keeps it: a keyed hash
+    /// of a fixed text (never the key), the same on every node with the
+    /// same key file.
+    fn fingerprint(&self) -> Option<String> {
+        let tag = hmac::sign(self.hash_key.as_ref()?, b"limiter fleet hash key fingerprint v1");
+        Some(hex(&tag.as_ref()[..16]))
+    }
+
+    /// Publishes this node's fingerprint where none is, and checks it
+    /// against the fleet's: `Err` when they differ.
+    pub(super) async fn check_fingerprint(&self, conn: &mut Conn) -> Result<(), FleetError> {
+        let Some(ours) = self.fingerprint() else { return Ok(()) };
+        let key = format!("limiter:{{{}}}:hash-key-fingerprint", self.name);
+        let set = conn.query::<Option<String>>(redis::cmd("SET").arg(&key).arg(&ours).arg("NX")).await;
+        let theirs = conn.query::<Option<String>>(redis::cmd("GET").arg(&key)).await;
+        match (set, theirs) {
+            (Ok(_), Ok(Some(theirs))) if theirs != ours => Err(FleetError::HashKey {
+                name: self.name.clone(),
+                store: self.store.describe(),
+                theirs,
+                ours,
+            }),
+            // Unreadable: the claims will find out whether the store answers.
+            _ => Ok(()),
+        }
+    }
+
+    /// Applies the live keys of a (re)loaded configuration (a new limit
+    /// may leave room: claims wait no backoff after it).
     pub fn set_live(&self, config: &FleetConfig) {
         let l = &self.live;
-        l.session.store(config.max_session_connections, Ordering::Relaxed);
-        l.web.store(config.max_web_connections, Ordering::Relaxed);
+        let session = l.session.swap(config.max_session_connections, Ordering::Relaxed);
+        let web = l.web.swap(config.max_web_connections, Ordering::Relaxed);
+        if (session, web) != (config.max_session_connections, config.max_web_connections) {
+            self.lock().map.values_mut().for_each(|b| b.quiet_until = None);
+        }
         l.timeout_us.store(config.timeout_ms.saturating_mul(1000), Ordering::Relaxed);
-        l.refuse_when_down.store(config.on_store_down == OnStoreDown::Refuse, Ordering::Relaxed);
+        let policy = OnStoreDown::ALL.iter().position(|p| *p == config.on_store_down).unwrap_or(0);
+        l.on_store_down.store(policy as u32, Ordering::Relaxed);
     }
 
-    fn on_store_down(&self) -> OnStoreDown {
-        if self.live.refuse_when_down.load(Ordering::Relaxed) {
-            OnStoreDown::Refuse
-        } else {
-            OnStoreDown::Local
-        }
+    pub(super) fn on_store_down(&self) -> OnStoreDown {
+        OnStoreDown::ALL[self.live.on_store_down.load(Ordering::Relaxed) as usize % OnStoreDown::ALL.len()]
     }
 
     pub(super) fn timeout(&self) -> Duration {
@@ -193,141 +219,180 @@ impl Fleet {
         Some(session_key(&self.name, self.hash_key.as_ref()?, authorization).into())
     }
 
-    pub(super) fn member(&self, seq: u64) -> String {
-        format!("{}{seq:x}", self.me)
+    /// The limit in force of a budget of `kind`.
+    fn limit(&self, kind: Kind) -> u32 {
+        match kind {
+            Kind::Session => self.live.session.load(Ordering::Relaxed),
+            Kind::Web => self.live.web.load(Ordering::Relaxed),
+        }
     }
 
-    /// Takes the request's fleet permits: one store round trip for both
-    /// (its web-client key and its session's are asked at once), none for
-    /// a request no fleet limit applies to. Returns
-    /// what it holds (to be dropped with the request) and, if a limit
-    /// refused, which: the caller refuses or, in dry-run, goes on with
-    /// what was taken.
+    /// Takes a unit of each budget the request counts against: from this
+    /// node's share when it fits (no round trip), else after a claim (one
+    /// round trip, shared with the requests that come while it is out),
+    /// none for a request no fleet limit applies to. Returns what it holds
+    /// (to be dropped with the request) and, if a limit refused, which:
+    /// the caller refuses or, in dry-run, goes on with what was taken.
     pub async fn acquire(
         self: &Arc<Self>,
         web: bool,
         session: Option<&[u8]>,
     ) -> (Option<Held>, Option<Refusal>) {
-        let (web_limit, session_limit) =
-            (self.live.web.load(Ordering::Relaxed), self.live.session.load(Ordering::Relaxed));
-        let web = web && web_limit > 0;
-        let session = session.filter(|_| session_limit > 0).and_then(|a| self.session_key(a));
+        let web = web && self.limit(Kind::Web) > 0;
+        let session = session.filter(|_| self.limit(Kind::Session) > 0).and_then(|a| self.session_key(a));
         // Nothing allocated, nothing asked, for a request no fleet limit
         // applies to.
-        if !web && session.is_none() {
-            return (None, None);
-        }
-        let mut asks: Vec<(Kind, Arc<str>, u32)> = Vec::with_capacity(2);
-        if web {
-            asks.push((Kind::Web, self.web_key.clone(), web_limit));
-        }
-        if let Some(key) = session {
-            asks.push((Kind::Session, key, session_limit));
-        }
-        let first = self.seq.fetch_add(asks.len() as u64, Ordering::Relaxed);
-        let parts: Vec<(Kind, Part)> = asks
-            .iter()
-            .enumerate()
-            .map(|(i, (kind, key, _))| (*kind, (key.clone(), first + i as u64)))
-            .collect();
-        let conn = self.store.conn().filter(|_| self.up.load(Ordering::Relaxed));
-        let Some(conn) = conn else { return self.store_down(parts) };
-        self.stats.asks.fetch_add(1, Ordering::Relaxed);
-        // The ask is a task of its own: a request dropped while it waits (an
-        // HTTP/2 stream reset, say) does not drop the ask, whose permits are
-        // then given back as soon as it is answered, not left to their lease.
-        let (fleet, purge) = (self.clone(), self.purging());
-        let ask = tokio::spawn(async move { fleet.ask(conn, asks, parts, purge).await });
-        ask.await.unwrap_or((None, None))
-    }
-
-    /// The store's answers to `asks` (the keys of `parts`), within
-    /// `fleet.timeoutMs`: what is held, and which limit refused.
-    async fn ask(
-        self: &Arc<Self>,
-        conn: Conn,
-        asks: Vec<(Kind, Arc<str>, u32)>,
-        parts: Vec<(Kind, Part)>,
-        purge: bool,
-    ) -> (Option<Held>, Option<Refusal>) {
-        let started = Instant::now();
-        let members: Vec<String> = parts.iter().map(|(_, (_, seq))| self.member(*seq)).collect();
-        let lease_ms = self.lease.as_millis() as u64;
-        let ask = |i: usize| {
-            let mut conn = conn.clone();
-            let (_, key, limit) = &asks[i];
-            let mut script = self.acquire.prepare_invoke();
-            script.key(&**key).arg(&members[i]).arg(*limit).arg(lease_ms);
-            match purge {
-                true => script.arg(&self.node).arg(&self.me),
-                false => script.arg("").arg(""),
-            };
-            async move { conn.eval::<(u32, u32)>(&script).await }
-        };
-        let answers = tokio::time::timeout(self.timeout(), async {
-            match asks.len() {
-                1 => vec![ask(0).await],
-                _ => {
-                    let (a, b) = tokio::join!(ask(0), ask(1));
-                    vec![a, b]
-                }
+        let (web, session) = match (web, session) {
+            (false, None) => return (None, None),
+            (true, None) => (Some(self.take(Kind::Web, self.web_key.clone()).await), None),
+            (false, Some(key)) => (None, Some(self.take(Kind::Session, key).await)),
+            (true, Some(key)) => {
+                let (w, s) =
+                    tokio::join!(self.take(Kind::Web, self.web_key.clone()), self.take(Kind::Session, key));
+                (Some(w), Some(s))
             }
-        })
-        .await;
-        self.round_trip.record(started.elapsed());
-        let answers = match answers {
-            Err(_) => {
-                self.went_down(&format!("no answer within {} µs", self.timeout().as_micros()));
-                return self.store_down(parts);
-            }
-            Ok(answers) => match answers.into_iter().collect::<Result<Vec<_>, _>>() {
-                Ok(answers) => answers,
-                Err(e) => {
-                    self.went_down(&e.to_string());
-                    return self.store_down(parts);
-                }
-            },
         };
+        let mut held = Vec::with_capacity(2);
         let mut refusal = None;
-        let mut held = Vec::with_capacity(parts.len());
-        let mut table = self.lock();
-        for ((kind, part), (taken, count)) in parts.into_iter().zip(answers) {
-            if kind == Kind::Web {
-                self.stats.web_fleet.store(count, Ordering::Relaxed);
-            }
-            if taken == 1 {
-                table.hold(kind, &part, count);
-                held.push(part);
-            } else {
-                table.seen(&part.0, count);
-                refusal = refusal.or(Some(match kind {
-                    Kind::Web => Refusal::FleetWeb,
-                    Kind::Session => Refusal::FleetSession,
-                }));
+        for outcome in [web, session].into_iter().flatten() {
+            match outcome {
+                Ok(key) => held.push(key),
+                Err(r) => refusal = refusal.or(Some(r)),
             }
         }
-        drop(table);
         (Held::new(self, held), refusal)
     }
 
-    /// The request's permits with the store down: held here (published
-    /// when it returns) under `local`; under `refuse`, a refusal (with
-    /// them held for dry-run).
-    fn store_down(self: &Arc<Self>, parts: Vec<(Kind, Part)>) -> (Option<Held>, Option<Refusal>) {
-        let refusal = (self.on_store_down() == OnStoreDown::Refuse).then_some(Refusal::FleetDown);
-        if refusal.is_none() {
-            self.stats.unpublished.fetch_add(1, Ordering::Relaxed);
+    /// One budget's unit for a request: `Ok` with the key it holds.
+    async fn take(self: &Arc<Self>, kind: Kind, key: Arc<str>) -> Result<Arc<str>, Refusal> {
+        let mut round = 0;
+        loop {
+            let down = (!self.up.load(Ordering::Relaxed)).then(|| self.on_store_down());
+            let step = self.lock().take(&key, kind, self.limit(kind), Instant::now(), down, round);
+            let mut answered = match step {
+                Take::Taken { unpublished } => {
+                    if unpublished {
+                        self.stats.unpublished.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Ok(key);
+                }
+                Take::Refused { store_down } => {
+                    return Err(if store_down { Refusal::FleetDown } else { kind.refusal() });
+                }
+                Take::Wait(answered) => answered,
+                Take::Claim { needed, wanted, in_use, done, wait } => {
+                    self.stats.claims.fetch_add(1, Ordering::Relaxed);
+                    // A task of its own: a request dropped while it waits (an
+                    // HTTP/2 reset) does not drop the claim, whose answer
+                    // then stands as any other.
+                    let (fleet, key) = (self.clone(), key.clone());
+                    let asked = (needed, wanted);
+                    tokio::spawn(
+                        async move { fleet.claim_for_request(key, kind, asked, in_use, done).await },
+                    );
+                    wait
+                }
+            };
+            // The receiver was taken with the claim marked out: its answer
+            // (or its end) cannot be missed.
+            let late = tokio::time::timeout(self.timeout(), answered.changed()).await.is_err();
+            self.lock().waited(&key);
+            if late {
+                // This request is refused; the store stays up unless more
+                // claims fail (the answer, when it comes, stands).
+                return Err(Refusal::FleetDown);
+            }
+            round += 1;
         }
-        let mut table = self.lock();
-        for (kind, part) in &parts {
-            table.hold(*kind, part, 0);
-        }
-        drop(table);
-        (Held::new(self, parts.into_iter().map(|(_, p)| p).collect()), refusal)
     }
 
-    /// The first lease after start, with no handover under way: asks
-    /// drop the previous incarnation's members.
+    /// A claim sent for requests beyond the share; its answer wakes them.
+    async fn claim_for_request(
+        self: Arc<Self>,
+        key: Arc<str>,
+        kind: Kind,
+        (needed, wanted): (u32, u32),
+        in_use: u32,
+        done: tokio::sync::watch::Sender<()>,
+    ) {
+        let sent = Instant::now();
+        let answer = match self.store.conn() {
+            Some(conn) => self.send_claim(conn, &key, kind, (needed, wanted), in_use).await,
+            None => Err("no connection".to_owned()),
+        };
+        let took = sent.elapsed();
+        self.round_trip.record(took);
+        let now = Instant::now();
+        match answer {
+            Ok(a) => {
+                self.apply(&key, kind, sent, a, in_use, true);
+                if self.health.record(took <= self.timeout(), now) {
+                    self.went_down(&format!(
+                        "claims answered later than fleet.timeoutMs (the last after {} ms)",
+                        took.as_millis()
+                    ));
+                }
+            }
+            Err(why) => {
+                self.lock().claim_failed(&key, now);
+                if self.health.record(false, now) {
+                    self.went_down(&why);
+                }
+            }
+        }
+        let _ = done.send(());
+    }
+
+    /// Sends one claim (within a third of the lease: past it the store
+    /// counts as failing).
+    pub(super) async fn send_claim(
+        &self,
+        mut conn: Conn,
+        key: &str,
+        kind: Kind,
+        (needed, wanted): (u32, u32),
+        in_use: u32,
+    ) -> Result<Answer, String> {
+        let lease_ms = self.lease.as_millis() as u64;
+        let mut script = self.claim.prepare_invoke();
+        script.key(key).arg(&self.me).arg(self.limit(kind)).arg(lease_ms).arg(in_use).arg(wanted);
+        script.arg(if self.purging() { self.node.as_str() } else { "" }).arg(needed);
+        match tokio::time::timeout(self.lease / 3, conn.eval::<Claimed>(&script)).await {
+            Ok(Ok((share, quiet, lapsed, others, others_demand))) => {
+                Ok(Answer { share, quiet: quiet == 1, lapsed: lapsed == 1, others, others_demand })
+            }
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("no answer within a third of fleet.leaseMs".to_owned()),
+        }
+    }
+
+    /// What the store answered for `key` (a claim sent at `sent` with
+    /// `in_use` in flight; `growth`: for requests beyond the share).
+    pub(super) fn apply(
+        &self,
+        key: &Arc<str>,
+        kind: Kind,
+        sent: Instant,
+        a: Answer,
+        in_use: u32,
+        growth: bool,
+    ) {
+        if kind == Kind::Web {
+            self.stats.web_fleet.store(a.others + a.share, Ordering::Relaxed);
+        }
+        if a.lapsed && in_use > 0 {
+            self.stats.lapsed.fetch_add(u64::from(in_use), Ordering::Relaxed);
+            tracing::warn!(
+                budget = kind.as_str(),
+                in_flight = in_use,
+                "fleet: this node's share had lapsed in the store while its requests ran (a pause, a partition or a store that lost it): re-taken"
+            );
+        }
+        self.lock().claimed(key, sent, self.lease, a, growth, Instant::now());
+    }
+
+    /// The first lease after start, with no handover under way: claims
+    /// drop the previous incarnation's fields.
     fn purging(&self) -> bool {
         self.started.elapsed() < self.lease + self.lease / 3 && !(self.handover)()
     }
@@ -346,81 +411,78 @@ impl Fleet {
         }
     }
 
-    pub(super) fn lock(&self) -> MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    pub(super) fn lock(&self) -> MutexGuard<'_, Budgets> {
+        self.budgets.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Gives back what a request held.
-    fn release(&self, parts: &mut Vec<Part>) {
-        let mut table = self.lock();
-        for part in parts.iter() {
-            table.release(part);
-        }
-        drop(table);
-        self.stats.unsent.fetch_add(parts.len() as u64, Ordering::Relaxed);
-        for part in parts.drain(..) {
-            // The task ends only with the fleet: a send cannot fail here.
-            let _ = self.releases.send(part);
+    /// Gives back what a request held (here: its share stays until a
+    /// renewal gives back what is not used).
+    fn release(&self, keys: &[Arc<str>]) {
+        let mut budgets = self.lock();
+        for key in keys {
+            budgets.give_back(key);
         }
     }
 
-    /// Waits (at most `within`) until what was given back has reached the
-    /// store, so that a daemon that stops leaves nothing for its lease to
-    /// end: `true` when it has.
-    pub async fn settle(&self, within: Duration) -> bool {
-        let deadline = Instant::now() + within;
-        while self.stats.unsent.load(Ordering::Relaxed) > 0 {
-            if Instant::now() > deadline || !self.up.load(Ordering::Relaxed) {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+    /// Gives back every share not in use (a daemon that stops: what it
+    /// held goes back now, not with its lease), within `within`: `true`
+    /// when the store took it.
+    pub async fn settle(self: &Arc<Self>, within: Duration) -> bool {
+        if !self.up.load(Ordering::Relaxed) {
+            return false;
         }
-        true
+        for b in self.lock().map.values_mut() {
+            b.wanted = b.in_use;
+        }
+        tokio::time::timeout(within, self.renew_all()).await.unwrap_or(false)
     }
 
-    /// The round trips of the asks on requests' paths.
+    /// The round trips of the claims on requests' paths.
     pub fn round_trip(&self) -> &Histogram {
         &self.round_trip
     }
 
     pub fn snapshot(&self) -> Snapshot {
-        let table = self.lock();
-        let (mut held_session, mut held_web) = (0, 0);
-        let mut sessions = Vec::new();
-        for (key, e) in &table.keys {
-            let here = e.members.len() as u32;
-            match e.kind {
-                Kind::Web => held_web += here,
-                Kind::Session => {
-                    held_session += here;
-                    sessions.push(SessionView { key: short_key(key), here, fleet: e.fleet.max(here) });
-                }
+        let budgets = self.lock();
+        let ((shares, in_use), mut sessions) = (budgets.totals(), Vec::new());
+        for (key, b) in &budgets.map {
+            if b.kind == Kind::Session {
+                sessions.push(SessionView {
+                    key: short_key(key),
+                    here: b.in_use,
+                    share: b.share,
+                    fleet: b.fleet,
+                });
             }
         }
+        drop(budgets);
         let tracked_sessions = sessions.len();
-        drop(table);
         sessions.sort_by(|a, b| b.fleet.cmp(&a.fleet).then(b.here.cmp(&a.here)).then(a.key.cmp(&b.key)));
         sessions.truncate(BUSIEST);
         let s = &self.stats;
         let web_fleet = s.web_fleet.load(Ordering::Relaxed);
+        let margin = s.margin_us.load(Ordering::Relaxed);
         Snapshot {
             store: self.store.describe(),
             name: self.name.clone(),
             up: self.up.load(Ordering::Relaxed),
-            session_limit: self.live.session.load(Ordering::Relaxed),
-            web_limit: self.live.web.load(Ordering::Relaxed),
+            session_limit: self.limit(Kind::Session),
+            web_limit: self.limit(Kind::Web),
             lease_ms: self.lease.as_millis() as u64,
             on_store_down: self.on_store_down().as_str().to_owned(),
-            held_session,
-            held_web,
+            held_session: in_use[0],
+            held_web: in_use[1],
+            share_session: shares[0],
+            share_web: shares[1],
             web_fleet: (web_fleet != u32::MAX).then_some(web_fleet),
             tracked_sessions,
             busiest_sessions: sessions,
-            asks: s.asks.load(Ordering::Relaxed),
+            claims: s.claims.load(Ordering::Relaxed),
             store_failures: s.failures.load(Ordering::Relaxed),
             admitted_unpublished: s.unpublished.load(Ordering::Relaxed),
             renewals: s.renewals.load(Ordering::Relaxed),
-            releases: s.releases.load(Ordering::Relaxed),
+            lease_lapsed: s.lapsed.load(Ordering::Relaxed),
+            lease_margin_ms: (margin != u64::MAX).then_some(margin as f64 / 1000.0),
         }
     }
 }
@@ -442,48 +504,22 @@ pub fn session_key_for(name: &str, hash_key: &str, authorization: &[u8]) -> Stri
 /// Sessions `/status` lists, busiest first.
 const BUSIEST: usize = 10;
 
-impl Table {
-    fn hold(&mut self, kind: Kind, (key, seq): &Part, fleet: u32) {
-        let e =
-            self.keys.entry(key.clone()).or_insert_with(|| Entry { kind, members: HashSet::new(), fleet: 0 });
-        e.members.insert(*seq);
-        if fleet > 0 {
-            e.fleet = fleet;
-        }
-    }
-
-    pub(super) fn seen(&mut self, key: &str, fleet: u32) {
-        if let Some(e) = self.keys.get_mut(key) {
-            e.fleet = fleet;
-        }
-    }
-
-    fn release(&mut self, (key, seq): &Part) {
-        if let Some(e) = self.keys.get_mut(key) {
-            e.members.remove(seq);
-            if e.members.is_empty() {
-                self.keys.remove(key);
-            }
-        }
-    }
-}
-
-/// The fleet permits a request holds; given back when dropped (with its
+/// The fleet units a request holds; given back when dropped (with its
 /// local permit, to which it is attached).
 pub struct Held {
     fleet: Arc<Fleet>,
-    parts: Vec<Part>,
+    keys: Vec<Arc<str>>,
 }
 
 impl Held {
-    fn new(fleet: &Arc<Fleet>, parts: Vec<Part>) -> Option<Self> {
-        (!parts.is_empty()).then(|| Self { fleet: fleet.clone(), parts })
+    fn new(fleet: &Arc<Fleet>, keys: Vec<Arc<str>>) -> Option<Self> {
+        (!keys.is_empty()).then(|| Self { fleet: fleet.clone(), keys })
     }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.fleet.release(&mut self.parts);
+        self.fleet.release(&self.keys);
     }
 }
 
@@ -499,31 +535,47 @@ pub struct Snapshot {
     pub web_limit: u32,
     pub lease_ms: u64,
     pub on_store_down: String,
-    /// Fleet permits this node holds, by budget.
+    /// Requests in flight here that hold a unit of a fleet budget, by kind.
     pub held_session: u32,
     pub held_web: u32,
-    /// The web clients' fleet-wide count as the store last said it.
+    /// The shares this node holds, by kind.
+    #[serde(default)]
+    pub share_session: u32,
+    #[serde(default)]
+    pub share_web: u32,
+    /// The web clients' fleet-wide shares as the store last said them.
     pub web_fleet: Option<u32>,
-    /// Sessions this node holds a fleet permit of.
+    /// Sessions this node holds a share of, or a request of.
     pub tracked_sessions: usize,
-    /// The busiest of them by their fleet-wide count as last seen.
+    /// The busiest of them by their fleet-wide shares as last seen.
     pub busiest_sessions: Vec<SessionView>,
-    /// Requests that asked the store.
-    pub asks: u64,
-    /// Asks or renewals that failed or timed out.
+    /// Claims sent for requests beyond the share (one round trip each).
+    #[serde(default)]
+    pub claims: u64,
+    /// Claims the store failed or answered late.
     pub store_failures: u64,
-    /// Requests admitted while the store was down (`onStoreDown = local`).
+    /// Requests admitted while the store was down (`fleet.onStoreDown = local`).
     pub admitted_unpublished: u64,
     pub renewals: u64,
-    pub releases: u64,
+    /// Requests whose lease had lapsed in the store while they ran.
+    #[serde(default)]
+    pub lease_lapsed: u64,
+    /// The least lease left when the last renewal round was sent (ms).
+    #[serde(default)]
+    pub lease_margin_ms: Option<f64>,
 }
 
-/// One session's fleet permits, by the start of its hashed key.
+/// One session's budget, by the start of its hashed key.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SessionView {
     /// The first 12 hex digits of its keyed hash (no token).
     pub key: String,
+    /// Its requests in flight here.
     pub here: u32,
+    /// This node's share.
+    #[serde(default)]
+    pub share: u32,
+    /// Every node's shares together, as last seen.
     pub fleet: u32,
 }
 
@@ -569,6 +621,8 @@ mod tests {
                 && key.len() == "limiter:{f:s:}".len() + 32
         );
         assert!(!key.contains('T'), "{key}");
+        // One credential however it is spelled (Basic decoded).
+        assert_eq!(k("Basic dXNlcjpwYXM="), k("basic dXNlcjpwYXP"));
     }
 
     #[test]

@@ -1,96 +1,75 @@
-//! The fleet's work off the requests' path, in one task so that it is
-//! ordered: the releases (batched: whatever was given back while the
-//! previous batch was out goes in the next), the renewal of every lease
-//! this node holds, and, while the store is down, the probe that finds it
-//! back (then publishes the releases held meanwhile and renews at once,
-//! which adds back whatever the store lost).
+//! The fleet's work off the requests' path: the renewal of every share
+//! this node holds, every third of `fleet.leaseMs` on a timer of its own
+//! (nothing else the node does can delay it: a round starts when it is due
+//! and its claims go out together), and, while the store is down, the
+//! probe that finds it back.
 //!
-//! A release given back after a renewal took its list is sent after that
-//! renewal's `ZADD`, never before: a renewal cannot bring back a member
-//! already given back.
+//! A renewal is a claim for what was used since the last one (at least
+//! what is in flight): it extends the share's lease, gives back what was
+//! not used, takes what was wanted and refused if there is room now, and
+//! republishes a share the store lost. A round sent later than a third of
+//! the lease past its time is logged; the least lease left when a round
+//! was sent is `limiter_fleet_lease_margin_seconds`.
+//!
+//! The probe finds the store "up" only when it answers for the budgets
+//! themselves (on a cluster, their slots' masters), then republishes every
+//! share (a renewal round) and only then marks the store up: no request
+//! of this node claims from a store that does not hold this node's shares
+//! yet.
 
 use std::{
-    collections::HashMap,
     sync::{Arc, Weak, atomic::Ordering},
     time::Duration,
 };
 
-use tokio::{sync::mpsc, task::JoinSet, time::Instant};
+use tokio::{task::JoinSet, time::Instant};
 
-use super::permits::{Fleet, Part};
+use super::permits::Fleet;
 
 /// The probe's first wait after the store was found down, and its longest.
 const PROBE_FIRST: Duration = Duration::from_millis(100);
 const PROBE_MAX: Duration = Duration::from_secs(1);
-/// Releases sent in one batch at most.
-const BATCH: usize = 4096;
-/// Releases kept while the store is down, at most (beyond, their leases
-/// end them).
-const PENDING_MAX: usize = 1 << 16;
-/// Members renewed by one script call at most (Lua's stack is 8000 deep).
-const RENEW_CHUNK: usize = 1000;
 /// How long connecting may take in a probe.
 const CONNECT: Duration = Duration::from_secs(1);
+/// Budgets a probe asks about at most.
+const PROBED_KEYS: usize = 16;
 
 /// Runs until the fleet is dropped.
-pub(super) async fn run(fleet: Weak<Fleet>, mut rx: mpsc::UnboundedReceiver<Part>) {
-    let mut pending: Vec<Part> = Vec::new();
-    let mut backoff = PROBE_FIRST;
+pub(super) async fn run(fleet: Weak<Fleet>) {
     let Some((period, probe_now)) = fleet.upgrade().map(|f| (f.lease / 3, f.probe_now.clone())) else {
         return;
     };
-    let mut next_renewal = Instant::now() + period;
+    let mut backoff = PROBE_FIRST;
+    let mut due = Instant::now() + period;
     loop {
-        let up = match fleet.upgrade() {
-            Some(f) => f.up.load(Ordering::Relaxed),
-            None => return,
-        };
-        if up {
+        let Some(f) = fleet.upgrade() else { return };
+        if f.up.load(Ordering::Relaxed) {
             backoff = PROBE_FIRST;
+            drop(f);
             tokio::select! {
-                biased;
-                part = rx.recv() => {
-                    let Some(part) = part else { return };
-                    pending.push(part);
-                    while pending.len() < BATCH && let Ok(part) = rx.try_recv() {
-                        pending.push(part);
-                    }
-                    let Some(f) = fleet.upgrade() else { return };
-                    f.flush(&mut pending).await;
-                }
-                () = tokio::time::sleep_until(next_renewal) => {
-                    let Some(f) = fleet.upgrade() else { return };
-                    f.renew_all().await;
-                    next_renewal = Instant::now() + period;
-                }
-                () = probe_now.notified() => {}
+                () = tokio::time::sleep_until(due) => {}
+                () = probe_now.notified() => continue,
             }
+            let Some(f) = fleet.upgrade() else { return };
+            let late = Instant::now().saturating_duration_since(due);
+            if late > period {
+                tracing::warn!(late_ms = late.as_millis() as u64, "fleet: a renewal round went out late");
+            }
+            due += period;
+            if due < Instant::now() {
+                due = Instant::now() + period;
+            }
+            f.renew_all().await;
             continue;
         }
-        // Down: keep what is given back until the probe.
-        let deadline = Instant::now() + backoff;
-        loop {
-            tokio::select! {
-                part = rx.recv() => match part {
-                    Some(part) if pending.len() < PENDING_MAX => pending.push(part),
-                    Some(_) => {
-                        // Its lease ends it.
-                        if let Some(f) = fleet.upgrade() {
-                            f.stats.unsent.fetch_sub(1, Ordering::Relaxed);
-                        }
-                    }
-                    None => return,
-                },
-                () = tokio::time::sleep_until(deadline) => break,
-            }
-        }
+        drop(f);
+        tokio::time::sleep(backoff).await;
         let Some(f) = fleet.upgrade() else { return };
-        if f.probe().await {
-            tracing::info!(store = %f.store.describe(), "fleet store answers again: republishing this node's permits");
+        if f.probe().await && f.renew_all().await {
+            f.health.reset(std::time::Instant::now());
             f.up.store(true, Ordering::Relaxed);
-            f.flush(&mut pending).await;
-            f.renew_all().await;
-            next_renewal = Instant::now() + period;
+            tracing::info!(store = %f.store.describe(), "fleet store answers again; this node's shares are republished");
+            due = Instant::now() + period;
         } else {
             backoff = (backoff * 2).min(PROBE_MAX);
         }
@@ -98,109 +77,66 @@ pub(super) async fn run(fleet: Weak<Fleet>, mut rx: mpsc::UnboundedReceiver<Part
 }
 
 impl Fleet {
-    /// Whether the store answers: a new connection, and a `PING` answered
-    /// within `fleet.timeoutMs` (50 ms at least).
+    /// Whether the store answers: a new connection (the hash key checked
+    /// again), and an answer within `fleet.timeoutMs` (50 ms at least) for
+    /// each budget this node holds (up to [`PROBED_KEYS`]), or a `PING`.
     async fn probe(&self) -> bool {
         let Ok(mut conn) = self.store.reconnect(CONNECT).await else { return false };
-        matches!(
-            tokio::time::timeout(
-                self.timeout().max(PROBE_FIRST / 2),
-                conn.query::<String>(&redis::cmd("PING"))
-            )
-            .await,
-            Ok(Ok(_))
-        )
-    }
-
-    /// How long a background batch may take before the store counts as down.
-    fn batch_timeout(&self) -> Duration {
-        self.lease / 3
-    }
-
-    /// Sends the releases in `pending` (a `ZREM` per key, all at once).
-    async fn flush(self: &Arc<Self>, pending: &mut Vec<Part>) {
-        let Some(conn) = self.store.conn() else { return };
-        let mut by_key: HashMap<Arc<str>, Vec<String>> = HashMap::new();
-        for (key, seq) in pending.drain(..) {
-            by_key.entry(key).or_default().push(self.member(seq));
+        if let Err(e) = self.check_fingerprint(&mut conn).await {
+            tracing::error!("{e}");
+            return false;
         }
-        let n: usize = by_key.values().map(Vec::len).sum();
+        let keys: Vec<Arc<str>> = self.lock().map.keys().take(PROBED_KEYS).cloned().collect();
+        let wait = self.timeout().max(PROBE_FIRST / 2);
         let mut set = JoinSet::new();
-        for (key, members) in by_key {
+        if keys.is_empty() {
             let mut conn = conn.clone();
-            set.spawn(async move { conn.query::<u64>(redis::cmd("ZREM").arg(&*key).arg(members)).await });
+            set.spawn(async move { conn.query::<String>(&redis::cmd("PING")).await.map(drop) });
         }
-        match tokio::time::timeout(self.batch_timeout(), set.join_all()).await {
-            Ok(results) => match results.into_iter().find_map(Result::err) {
-                None => {
-                    self.stats.releases.fetch_add(n as u64, Ordering::Relaxed);
-                }
-                Some(e) => self.went_down(&format!("releasing: {e}")),
-            },
-            Err(_) => self.went_down("releasing: no answer within a third of fleet.leaseMs"),
+        for key in keys {
+            let mut conn = conn.clone();
+            set.spawn(async move { conn.query::<i64>(redis::cmd("PTTL").arg(&*key)).await.map(drop) });
         }
-        // Sent or failed, the batch is no longer unsent.
-        self.stats.unsent.fetch_sub(n as u64, Ordering::Relaxed);
+        matches!(tokio::time::timeout(wait, set.join_all()).await, Ok(r) if r.iter().all(Result::is_ok))
     }
 
-    /// Renews the lease of every permit this node holds, adding back those
-    /// the store lost, and notes each key's fleet count (the web clients'
-    /// whether or not this node holds one).
-    async fn renew_all(self: &Arc<Self>) {
-        let Some(conn) = self.store.conn() else { return };
-        let mut held: Vec<(Arc<str>, Vec<String>)> = {
-            let table = self.lock();
-            table
-                .keys
-                .iter()
-                .map(|(key, e)| (key.clone(), e.members.iter().map(|&seq| self.member(seq)).collect()))
-                .collect()
-        };
-        // The web clients' fleet count is read at every renewal, held here
-        // or not (a cleanup and a ZCARD), so `/status` says it fresh.
-        if self.live.web.load(Ordering::Relaxed) > 0 && !held.iter().any(|(k, _)| *k == self.web_key) {
-            held.push((self.web_key.clone(), Vec::new()));
+    /// One renewal round: a claim for each budget this node holds or uses,
+    /// all at once; `true` when the store answered every one.
+    pub(super) async fn renew_all(self: &Arc<Self>) -> bool {
+        let Some(conn) = self.store.conn() else { return false };
+        let now = std::time::Instant::now();
+        let renewals = self.lock().renewals(now);
+        if renewals.is_empty() {
+            self.stats.renewals.fetch_add(1, Ordering::Relaxed);
+            return true;
         }
-        if held.is_empty() {
-            return;
+        if let Some(margin) = renewals.iter().filter_map(|r| r.margin).min() {
+            self.stats.margin_us.store(margin.as_micros() as u64, Ordering::Relaxed);
         }
-        let lease_ms = self.lease.as_millis() as u64;
         let mut set = JoinSet::new();
-        for (key, members) in held {
-            for chunk in members.chunks(RENEW_CHUNK) {
-                let (mut conn, key, fleet) = (conn.clone(), key.clone(), self.clone());
-                let chunk = chunk.to_vec();
-                set.spawn(async move {
-                    let mut script = fleet.renew.prepare_invoke();
-                    script.key(&*key).arg(lease_ms).arg(chunk);
-                    conn.eval::<u32>(&script).await.map(|count| (key, count))
-                });
-            }
+        for r in renewals {
+            let (fleet, conn) = (self.clone(), conn.clone());
+            set.spawn(async move {
+                let sent = std::time::Instant::now();
+                let answer = fleet.send_claim(conn, &r.key, r.kind, (r.wanted, r.wanted), r.in_use).await;
+                match &answer {
+                    Ok(a) => fleet.apply(&r.key, r.kind, sent, *a, r.in_use, false),
+                    Err(_) => fleet.lock().claim_failed(&r.key, std::time::Instant::now()),
+                }
+                let _ = r.done.send(());
+                answer.err()
+            });
         }
-        match tokio::time::timeout(self.batch_timeout(), set.join_all()).await {
-            Ok(results) => {
-                let mut table = self.lock();
-                let mut failed = None;
-                for result in results {
-                    match result {
-                        Ok((key, count)) => {
-                            if key == self.web_key {
-                                self.stats.web_fleet.store(count, Ordering::Relaxed);
-                            }
-                            table.seen(&key, count);
-                        }
-                        Err(e) => failed = Some(e),
-                    }
-                }
-                drop(table);
-                match failed {
-                    None => {
-                        self.stats.renewals.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Some(e) => self.went_down(&format!("renewing: {e}")),
-                }
+        let failed = set.join_all().await.into_iter().flatten().next();
+        match failed {
+            None => {
+                self.stats.renewals.fetch_add(1, Ordering::Relaxed);
+                true
             }
-            Err(_) => self.went_down("renewing: no answer within a third of fleet.leaseMs"),
+            Some(e) => {
+                self.went_down(&format!("renewing: {e}"));
+                false
+            }
         }
     }
 }

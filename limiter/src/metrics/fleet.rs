@@ -17,28 +17,36 @@ pub fn write(page: &mut Page, fleet: &Fleet, f: &Snapshot, pools: &admission::Sn
     .sample("limiter_fleet_store_up", &[], u8::from(f.up));
     page.histogram(
         "limiter_fleet_round_trip_seconds",
-        "Time a request waited for the store's answer to its ask for fleet permits.",
+        "Time requests beyond their node's share waited for the store's answer to a claim.",
         fleet.round_trip(),
     );
     page.family("limiter_fleet_limit", "gauge", "The fleet-wide limit in force, by budget (0: none).")
         .sample("limiter_fleet_limit", &[("kind", "session")], f.session_limit)
         .sample("limiter_fleet_limit", &[("kind", "web")], f.web_limit);
-    page.family("limiter_fleet_permits", "gauge", "Fleet permits this node holds, by budget.")
-        .sample("limiter_fleet_permits", &[("kind", "session")], f.held_session)
-        .sample("limiter_fleet_permits", &[("kind", "web")], f.held_web);
     page.family(
-        "limiter_fleet_web_in_flight",
+        "limiter_fleet_permits",
         "gauge",
-        "Web-client requests in flight across the fleet, as the store last said (absent until it said).",
+        "Requests in flight on this node that hold a unit of a fleet budget, by budget.",
+    )
+    .sample("limiter_fleet_permits", &[("kind", "session")], f.held_session)
+    .sample("limiter_fleet_permits", &[("kind", "web")], f.held_web);
+    page.family(
+        "limiter_fleet_share",
+        "gauge",
+        "The shares of fleet budgets this node holds (requests within them need no round trip), by budget.",
+    )
+    .sample("limiter_fleet_share", &[("kind", "session")], f.share_session)
+    .sample("limiter_fleet_share", &[("kind", "web")], f.share_web);
+    page.family(
+        "limiter_fleet_web_shares",
+        "gauge",
+        "The web clients' budget as every node's shares together, as the store last said (absent until it said).",
     );
     if let Some(n) = f.web_fleet {
-        page.sample("limiter_fleet_web_in_flight", &[], n);
+        page.sample("limiter_fleet_web_shares", &[], n);
     }
-    page.family("limiter_fleet_sessions", "gauge", "Sessions this node holds a fleet permit of.").sample(
-        "limiter_fleet_sessions",
-        &[],
-        f.tracked_sessions,
-    );
+    page.family("limiter_fleet_sessions", "gauge", "Sessions this node holds a share or a request of.")
+        .sample("limiter_fleet_sessions", &[], f.tracked_sessions);
     page.family(
         "limiter_fleet_refused_total",
         "counter",
@@ -60,15 +68,15 @@ pub fn write(page: &mut Page, fleet: &Fleet, f: &Snapshot, pools: &admission::Sn
         );
     }
     page.family(
-        "limiter_fleet_asks_total",
+        "limiter_fleet_claims_total",
         "counter",
-        "Requests that asked the store for fleet permits (one round trip each).",
+        "Claims sent for requests beyond their node's share (one round trip each; requests that came while one was out waited for it).",
     )
-    .sample("limiter_fleet_asks_total", &[], f.asks);
+    .sample("limiter_fleet_claims_total", &[], f.claims);
     page.family(
         "limiter_fleet_store_failures_total",
         "counter",
-        "Asks, releases and renewals the store failed or did not answer in time.",
+        "Claims and renewals the store failed or answered later than fleet.timeoutMs.",
     )
     .sample("limiter_fleet_store_failures_total", &[], f.store_failures);
     page.family(
@@ -77,11 +85,20 @@ pub fn write(page: &mut Page, fleet: &Fleet, f: &Snapshot, pools: &admission::Sn
         "Requests admitted on the node's limits alone while the store was down (fleet.onStoreDown = local).",
     )
     .sample("limiter_fleet_admitted_unpublished_total", &[], f.admitted_unpublished);
-    page.family("limiter_fleet_renewals_total", "counter", "Renewals of every lease this node holds.")
+    page.family("limiter_fleet_renewals_total", "counter", "Renewal rounds of every share this node holds.")
         .sample("limiter_fleet_renewals_total", &[], f.renewals);
-    page.family("limiter_fleet_releases_total", "counter", "Fleet permits given back to the store.").sample(
-        "limiter_fleet_releases_total",
-        &[],
-        f.releases,
+    page.family(
+        "limiter_fleet_lease_lapsed_total",
+        "counter",
+        "Requests whose share's lease the store had let lapse while they ran (a pause, a partition, a store that lost it), re-taken by the next claim.",
+    )
+    .sample("limiter_fleet_lease_lapsed_total", &[], f.lease_lapsed);
+    page.family(
+        "limiter_fleet_lease_margin_seconds",
+        "gauge",
+        "The least lease left (this node's clock) on a share when the last renewal round was sent (absent before one).",
     );
+    if let Some(ms) = f.lease_margin_ms {
+        page.sample("limiter_fleet_lease_margin_seconds", &[], ms / 1000.0);
+    }
 }
