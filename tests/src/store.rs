@@ -166,6 +166,12 @@ impl StoreNet {
                         &conf,
                         "--cluster-node-timeout",
                         if replicas > 0 { "1000" } else { "3000" },
+                        // Replicas sync at once, and may take over however
+                        // long ago they last heard from their master.
+                        "--repl-diskless-sync-delay",
+                        "0",
+                        "--cluster-replica-validity-factor",
+                        "0",
                     ],
                 )
             })
@@ -184,8 +190,16 @@ impl StoreNet {
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
-        for node in &nodes {
+        for (node, &p) in nodes.iter().zip(ports) {
             node.wait_settled()?;
+            if self.cli(p, &["role"])?.starts_with("slave") {
+                while !self.cli(p, &["info", "replication"])?.contains("master_link_status:up") {
+                    if Instant::now() > deadline {
+                        bail!("the replica on {p} never synced");
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
         }
         Ok(nodes)
     }
@@ -426,18 +440,23 @@ pub fn fleet(net: &StoreNet, upstream: &Upstream, n: usize, fleet: &str) -> Resu
 
 /// One node of [`fleet`] (logging at debug, as tests do).
 pub fn node(net: &StoreNet, upstream: &Upstream, fleet: &str) -> Result<Node> {
-    start_node(net, upstream, fleet, false, &[])
+    start_node(net, upstream, fleet, false, &[], HASH_KEY)
+}
+
+/// [`node`] with a hash key of its own in its `fleet.hashKeyFile`.
+pub fn node_with_key(net: &StoreNet, upstream: &Upstream, fleet: &str, hash_key: &str) -> Result<Node> {
+    start_node(net, upstream, fleet, false, &[], hash_key)
 }
 
 /// [`node`] with these environment variables (`SSL_CERT_FILE`, say).
 pub fn node_with_env(net: &StoreNet, upstream: &Upstream, fleet: &str, env: &[(&str, &str)]) -> Result<Node> {
-    start_node(net, upstream, fleet, false, env)
+    start_node(net, upstream, fleet, false, env, HASH_KEY)
 }
 
 /// A node logging at its configuration's level, as in production (for
 /// the benchmark).
 pub fn quiet_node(net: &StoreNet, upstream: &Upstream, fleet: &str) -> Result<Node> {
-    start_node(net, upstream, fleet, true, &[])
+    start_node(net, upstream, fleet, true, &[], HASH_KEY)
 }
 
 fn start_node(
@@ -446,13 +465,14 @@ fn start_node(
     fleet: &str,
     quiet: bool,
     env: &[(&str, &str)],
+    hash_key: &str,
 ) -> Result<Node> {
     let sb = Sandbox::new()?;
     let ip = net.join(&sb)?;
     let listener = sb.in_netns(|| std::net::TcpListener::bind("127.0.0.1:0").expect("an upstream port"));
     let up = upstream.also_on(listener);
     let key = sb.dir.join("fleet.key");
-    write_secret(&key, HASH_KEY);
+    write_secret(&key, hash_key);
     let addr: SocketAddr = format!("{ip}:8080").parse()?;
     let config = sb.dir.join("limiter.ini");
     fs::write(

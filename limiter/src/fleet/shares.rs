@@ -166,6 +166,9 @@ pub(super) struct Renewal {
     pub(super) in_use: u32,
     /// The share's lease left when the renewal was sent (`None`: none).
     pub(super) margin: Option<Duration>,
+    /// The share lapsed here (this node's clock) with requests in flight:
+    /// a pause, a partition, a store away for longer than the lease.
+    pub(super) lapsed: bool,
     /// Says it was answered (requests beyond the share wait for it).
     pub(super) done: watch::Sender<()>,
 }
@@ -314,6 +317,7 @@ impl Budgets {
                 wanted,
                 in_use: b.in_use,
                 margin: b.until.map(|u| u.saturating_duration_since(now)),
+                lapsed: b.in_use > 0 && b.until.is_some_and(|u| u <= now),
                 done,
             });
         }

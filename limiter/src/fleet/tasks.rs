@@ -24,7 +24,7 @@ use std::{
 
 use tokio::{task::JoinSet, time::Instant};
 
-use super::permits::Fleet;
+use super::{permits::Fleet, shares::Answer};
 
 /// The probe's first wait after the store was found down, and its longest.
 const PROBE_FIRST: Duration = Duration::from_millis(100);
@@ -120,7 +120,12 @@ impl Fleet {
                 let sent = std::time::Instant::now();
                 let answer = fleet.send_claim(conn, &r.key, r.kind, (r.wanted, r.wanted), r.in_use).await;
                 match &answer {
-                    Ok(a) => fleet.apply(&r.key, r.kind, sent, *a, r.in_use, false),
+                    Ok(a) => {
+                        // Lapsed here by this node's clock, or in the store
+                        // (a store that lost it): re-taken either way.
+                        let a = Answer { lapsed: a.lapsed || r.lapsed, ..*a };
+                        fleet.apply(&r.key, r.kind, sent, a, r.in_use, false);
+                    }
                     Err(_) => fleet.lock().claim_failed(&r.key, std::time::Instant::now()),
                 }
                 let _ = r.done.send(());
