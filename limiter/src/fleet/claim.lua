@@ -57,6 +57,7 @@ if #fields == 0 then
   if up ~= nil and up * 1000 < lease then
     quiet = now + lease - up * 1000
     redis.call('HSET', KEYS[1], 'quiet', quiet)
+    redis.call('PEXPIRE', KEYS[1], lease)
   end
 end
 local lapsed = 0

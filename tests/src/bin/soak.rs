@@ -1375,7 +1375,8 @@ fn fleet(short: bool) -> Row {
         format!(
             "3 daemons, one Redis; {tracked_clients} clients of one session (fleet limit {limit}) and {others} of 120 \
              other sessions and web clients, spread over every node, plus one-request sessions; Redis restarted empty, \
-             frozen 1 s, a node killed -9 and restarted; {} s a phase",
+             frozen 1 s, a node made busy (16 more clients of one-request sessions on it alone), a node killed -9 \
+             and restarted; {} s a phase",
             phase.as_secs()
         ),
     );
@@ -1466,6 +1467,34 @@ fn fleet(short: bool) -> Row {
     );
     thread::sleep(Duration::from_millis(1500));
     peak_within(&mut row, "after the freeze");
+    // A busy node: its renewals keep every lease.
+    let lapsed_before = nodes[0].daemon.metric("limiter_fleet_lease_lapsed_total");
+    let busy: Vec<_> = (0..16)
+        .map(|c| {
+            let (stop, netns, addr) = (stop.clone(), net.sb.netns_file(), addrs[0]);
+            thread::spawn(move || {
+                limiter_tests::in_netns(&netns, move || {
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let raw = format!(
+                            "GET /x HTTP/1.1\r\nHost: f\r\nAuthorization: Bearer busy-{c}-{i}\r\nConnection: close\r\n\r\n"
+                        );
+                        let _ = client::send(addr, raw.as_bytes());
+                        i += 1;
+                    }
+                })
+            })
+        })
+        .collect();
+    peak_within(&mut row, "beside a busy node");
+    let (lapsed, margin) = (
+        nodes[0].daemon.metric("limiter_fleet_lease_lapsed_total") - lapsed_before,
+        nodes[0].daemon.metric("limiter_fleet_lease_margin_seconds"),
+    );
+    row.check(
+        lapsed == 0.0 && margin > 0.0,
+        format!("the busy node: {lapsed} lapsed, renewals sent with {margin:.2} s of the lease left"),
+    );
     // A node killed and restarted under the same identity.
     let killed = Instant::now();
     nodes[2].kill9();
@@ -1476,6 +1505,7 @@ fn fleet(short: bool) -> Row {
     peak_within(&mut row, "after a node's kill -9 and restart");
     stop.store(true, Ordering::Relaxed);
     threads.drain(..).for_each(|t| t.join().expect("a client thread"));
+    busy.into_iter().for_each(|t| t.join().expect("a busy client"));
     let all = outcomes.lock().unwrap();
     let mut by: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
     for (o, _, _) in all.iter() {
@@ -1483,8 +1513,10 @@ fn fleet(short: bool) -> Row {
     }
     let slowest = all.iter().map(|(_, took, _)| *took).max().unwrap_or_default();
     row.check(
-        by.keys()
-            .all(|o| ["200", "503 fleet_session", "503 fleet_web"].contains(o) || o.starts_with("error")),
+        by.keys().all(|o| {
+            ["200", "503 fleet_session", "503 fleet_web", "503 fleet_down"].contains(o)
+                || o.starts_with("error")
+        }),
         format!("{} requests in {:.0} s, by outcome {by:?}", all.len(), started.elapsed().as_secs_f64()),
     );
     // Errors only from the node killed: requests it had in flight, and
@@ -1498,8 +1530,9 @@ fn fleet(short: bool) -> Row {
     row.check(stray == 0, format!("{stray} requests failed outside the node's kill -9 and restart"));
     row.check(slowest < Duration::from_secs(2), format!("slowest answer {slowest:?}"));
     drop(all);
-    // Everything given back: on every node and in the store.
-    let deadline = Instant::now() + lease * 2;
+    // Everything given back: on every node and in the store (but the hash
+    // key's fingerprint).
+    let deadline = Instant::now() + lease * 3;
     let empty = loop {
         let held: f64 = nodes
             .iter()
@@ -1509,17 +1542,111 @@ fn fleet(short: bool) -> Row {
             })
             .sum();
         let keys = net.cli(6379, &["dbsize"]).unwrap_or_default().trim().parse::<u64>().unwrap_or(u64::MAX);
-        if (held == 0.0 && keys == 0) || Instant::now() > deadline {
+        if (held == 0.0 && keys <= 1) || Instant::now() > deadline {
             break (held, keys);
         }
         thread::sleep(Duration::from_millis(50));
     };
     row.check(
-        empty == (0.0, 0),
-        format!("afterwards: permits held {}, keys in the store {}", empty.0, empty.1),
+        empty.0 == 0.0 && empty.1 <= 1,
+        format!(
+            "afterwards: fleet units in use {}, keys in the store {} (the hash key's fingerprint)",
+            empty.0, empty.1
+        ),
     );
     let rss = nodes.iter().map(|n| rss_mib(n.daemon.pid().as_raw())).fold(0.0, f64::max);
     row.check(rss < 100.0, format!("largest RSS {rss:.1} MiB"));
+    row
+}
+
+/// A Redis Cluster with replicas loses a master under load: three
+/// daemons, clients of a tracked session spread over them, the master of
+/// its slot killed and its replica promoted. `fleet.onStoreDown = share`
+/// holds the limit throughout, by the upstream's own count.
+fn fleet_failover(short: bool) -> Row {
+    use limiter::fleet::session_key_for;
+    use limiter_tests::store::{self, HASH_KEY, STORE_IP, StoreNet};
+    let limit = 6u64;
+    let net = StoreNet::new().expect("the store's namespace");
+    let ports = [7301, 7302, 7303, 7304, 7305, 7306];
+    let mut cluster = net.cluster_of(&ports, 1).expect("a cluster with replicas");
+    let upstream = Upstream::start();
+    let nodes = store::fleet(
+        &net,
+        &upstream,
+        3,
+        &format!(
+            "fleet.store = redis+cluster://{STORE_IP}:7301,{STORE_IP}:7302,{STORE_IP}:7303\n\
+             fleet.maxSessionConnections = {limit}\nfleet.name = soak"
+        ),
+    )
+    .expect("three daemons");
+    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let token = "Bearer failover";
+    let key = session_key_for("soak", HASH_KEY, token.as_bytes());
+    let settle = Duration::from_secs(if short { 3 } else { 15 });
+    let mut row = Row::new(
+        "fleet failover",
+        format!(
+            "3 masters and 3 replicas, 3 daemons, 12 clients of one session (fleet limit {limit}, requests of 100 ms) \
+             spread over them; the master of the session's slot killed -9 and its replica promoted; {} s either side",
+            settle.as_secs()
+        ),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let outcomes = Arc::new(Mutex::new(std::collections::BTreeMap::<String, u64>::new()));
+    let threads: Vec<_> = (0..12)
+        .map(|c| {
+            let (stop, outcomes, addrs, netns) =
+                (stop.clone(), outcomes.clone(), addrs.clone(), net.sb.netns_file());
+            thread::spawn(move || {
+                limiter_tests::in_netns(&netns, move || {
+                    let raw = format!(
+                        "GET /sess?ms=100 HTTP/1.1\r\nHost: f\r\nAuthorization: {token}\r\nConnection: close\r\n\r\n"
+                    );
+                    let mut i = c;
+                    while !stop.load(Ordering::Relaxed) {
+                        let outcome = match client::send(addrs[i % addrs.len()], raw.as_bytes()) {
+                            Ok(r) if r.status == 200 => "200".to_owned(),
+                            Ok(r) => format!("{} {}", r.status, r.header("x-limiter-refused").unwrap_or("-")),
+                            Err(e) => format!("error {}", e.kind()),
+                        };
+                        *outcomes.lock().unwrap().entry(outcome).or_insert(0) += 1;
+                        i += 1;
+                        thread::sleep(Duration::from_millis(5));
+                    }
+                })
+            })
+        })
+        .collect();
+    thread::sleep(settle);
+    let master = net.master_of(7301, &key).expect("the slot's master");
+    let i = ports.iter().position(|&p| p == master).expect("one of ours");
+    cluster[i].kill();
+    let killed = Instant::now();
+    let mut promoted = None;
+    while killed.elapsed() < Duration::from_secs(30) {
+        if net.master_of(ports[(i + 1) % 3], &key).is_ok_and(|m| m != master) {
+            promoted = Some(killed.elapsed());
+            break;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    row.check(promoted.is_some(), format!("a replica promoted after {promoted:?}"));
+    thread::sleep(settle);
+    stop.store(true, Ordering::Relaxed);
+    threads.into_iter().for_each(|t| t.join().expect("a client thread"));
+    let peak = upstream.session_peak(token);
+    let by = outcomes.lock().unwrap().clone();
+    row.check(peak <= limit, format!("the session's peak at the upstream {peak} (fleet limit {limit})"));
+    row.check(
+        by.keys().all(|o| ["200", "503 fleet_session", "503 fleet_down"].contains(&o.as_str())),
+        format!("by outcome {by:?}"),
+    );
+    row.check(
+        nodes.iter().all(|n| n.daemon.metric("limiter_fleet_store_up") == 1.0),
+        "every node up again on the new master".into(),
+    );
     row
 }
 
@@ -1530,7 +1657,7 @@ fn main() -> ExitCode {
     }
     limiter_tests::raise_fd_limit();
     let started = Instant::now();
-    let scenarios: [fn(bool) -> Row; 11] = [
+    let scenarios: [fn(bool) -> Row; 12] = [
         overload,
         flood,
         upstream_faults,
@@ -1542,6 +1669,7 @@ fn main() -> ExitCode {
         streams,
         slow_upstream,
         fleet,
+        fleet_failover,
     ];
     // `--only WORD`: the scenarios whose function name contains WORD (for
     // working on one; CI runs them all).
@@ -1559,6 +1687,7 @@ fn main() -> ExitCode {
         "streams",
         "slow_upstream",
         "fleet",
+        "fleet_failover",
     ];
     let mut rows = Vec::new();
     for (s, name) in scenarios.into_iter().zip(names) {
