@@ -29,6 +29,8 @@ pub fn full() -> Full {
     let peer = sb.peer().unwrap();
     let (cert, key) = crate::tls::self_signed(&sb.dir, "metrics");
     let redis = crate::store::Redis::start_in(&sb, "127.0.0.1", 6379, &sb.dir.join("redis"), &[]).unwrap();
+    // A budget a Redis younger than a lease does not hold grows for no one.
+    redis.wait_settled().unwrap();
     let hash_key = sb.dir.join("fleet.key");
     crate::write_secret(&hash_key, crate::store::HASH_KEY);
     let config = sb.config(

@@ -633,7 +633,8 @@ fn write_head(out: &mut Vec<u8>, head: &ResponseHead, bytes: &[u8], to: ToClient
     let reason = head.reason.get(bytes);
     if reason.is_empty() {
         let canonical = StatusCode::from_u16(head.status).ok().and_then(|s| s.canonical_reason());
-        out.extend_from_slice(canonical.unwrap_or("<none>").as_bytes());
+        // A status http does not know keeps an empty reason (RFC 9112 §4).
+        out.extend_from_slice(canonical.unwrap_or("").as_bytes());
     } else {
         out.extend_from_slice(reason);
     }
