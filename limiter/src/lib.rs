@@ -14,6 +14,10 @@
 //! - [`admin`]: the admin listener, serving a [`admin::Control`] the daemon
 //!   implements; [`admin::api`] holds the typed `/status` and `/reload`
 //!   bodies shared with `dump` and `top`;
+//! - [`sample_upstream`]: the built-in demo upstream
+//!   (`http.upstream = sample`), served by [`plain_http`];
+//! - [`plain_http`]: a plain HTTP/1.1 server for limiter's own endpoints
+//!   (the admin API, the sample upstream), on the proxy's framing module;
 //! - [`proxy`]: the HTTP reverse proxy (HTTP/1.1 and HTTP/2 from clients,
 //!   in cleartext and over TLS; HTTP/1.1 over a keep-alive pool to the
 //!   upstream): server, per-request pipeline, forwarding, responses;
@@ -69,8 +73,10 @@ pub mod histogram;
 mod import_graph;
 pub mod kernel;
 pub mod metrics;
+pub mod plain_http;
 pub mod proxy;
 pub mod request_id;
+pub mod sample_upstream;
 pub mod shard;
 pub mod shedding;
 pub mod tls;

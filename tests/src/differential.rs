@@ -56,7 +56,7 @@ fn kept(name: &str, connection_named: &[String]) -> bool {
         "expect",
         "host",
     ];
-    let forwarding = limiter::proxy::headers::forwarding_index(name.as_bytes()).is_some();
+    let forwarding = limiter::proxy::request::headers::forwarding_index(name.as_bytes()).is_some();
     // A name with `_` never passes (`http.underscoresInHeaders = off`).
     !forwarding
         && !name.contains('_')

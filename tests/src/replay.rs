@@ -17,13 +17,15 @@
 
 use bytes::BytesMut;
 use limiter::proxy::{
-    headers::{Client, Forwarding},
-    http1::{
-        self,
+    Proto,
+    framing::{
+        self as http1,
         body::{Decoder, Encoder},
     },
-    proto::Proto,
-    request::{Outgoing, Request, Upstreamed},
+    request::{
+        Outgoing, Request, Upstreamed,
+        headers::{Client, Forwarding},
+    },
 };
 
 use crate::wire;
@@ -52,9 +54,7 @@ fn forward(stream: &[u8], cuts: &[usize], chunked: bool) -> Forwarded {
     let mut buf = BytesMut::new();
     let mut out = Forwarded::default();
     loop {
-        while buf.first() == Some(&b'\n') || buf.starts_with(b"\r\n") {
-            let _ = buf.split_to(if buf[0] == b'\n' { 1 } else { 2 });
-        }
+        let _ = buf.split_to(http1::empty_lines(&buf));
         let head = loop {
             match http1::parse_request(&buf) {
                 Ok(Some(head)) => break head,
@@ -70,12 +70,7 @@ fn forward(stream: &[u8], cuts: &[usize], chunked: bool) -> Forwarded {
         if req.check().is_err() || req.is_upgrade() {
             return out;
         }
-        let framing = match req.body {
-            limiter::proxy::request::BodyLen::None => http1::Framing::None,
-            limiter::proxy::request::BodyLen::Length(n) => http1::Framing::Length(n),
-            _ => http1::Framing::Chunked,
-        };
-        let mut decoder = Decoder::new(framing);
+        let mut decoder = Decoder::new(req.body.framing());
         let mut pieces_of_body: Vec<Vec<u8>> = Vec::new();
         while !decoder.is_done() {
             match decoder.decode(&buf) {

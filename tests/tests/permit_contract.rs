@@ -23,7 +23,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter::proxy::headers::CONSUMERS;
+use limiter::proxy::request::headers::CONSUMERS;
 use limiter_tests::{
     Daemon,
     client::{self, Reply, connect, get, read_reply},

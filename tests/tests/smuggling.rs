@@ -401,8 +401,9 @@ fn runs(cases: &[Case]) -> Vec<Run> {
     runs
 }
 
-/// Plays one run; `Err` says what the client got that it should not have.
-fn play(proxy: SocketAddr, run: &Run, want: Want) -> Result<(), String> {
+/// Plays one run: how many responses the client got, or `Err` saying what
+/// it got that it should not have.
+fn play(proxy: SocketAddr, run: &Run, want: Want) -> Result<usize, String> {
     let mut s = TcpStream::connect(proxy).map_err(|e| format!("connect: {e}"))?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(Duration::from_secs(3))).map_err(|e| e.to_string())?;
@@ -441,10 +442,12 @@ fn play(proxy: SocketAddr, run: &Run, want: Want) -> Result<(), String> {
         }
     };
     match want {
-        Want::Served(n) if statuses == vec![200; n] => Ok(()),
-        Want::Refused if refused(&statuses) && closed() => Ok(()),
-        Want::Either(n) if statuses == vec![200; n] => Ok(()),
-        Want::Either(_) if statuses.last().is_some_and(|&s| s == 400 || s == 501) && closed() => Ok(()),
+        Want::Served(n) if statuses == vec![200; n] => Ok(n),
+        Want::Refused if refused(&statuses) && closed() => Ok(1),
+        Want::Either(n) if statuses == vec![200; n] => Ok(n),
+        Want::Either(_) if statuses.last().is_some_and(|&s| s == 400 || s == 501) && closed() => {
+            Ok(statuses.len())
+        }
         _ => Err(format!("answered {statuses:?}, wanted {want:?}")),
     }
 }
@@ -470,14 +473,16 @@ fn judge(proxy: &InProcess, log: &std::path::Path, served: &dyn Fn() -> Vec<(Str
     let cases = cases();
     let runs = runs(&cases);
     let mut failures = Vec::new();
+    let mut answered = 0;
     for run in &runs {
-        if let Err(e) = play(proxy.proxy, run, cases[run.case].want) {
-            failures.push(format!(
+        match play(proxy.proxy, run, cases[run.case].want) {
+            Ok(n) => answered += n,
+            Err(e) => failures.push(format!(
                 "{} ({}, {} writes): {e}",
                 cases[run.case].name,
                 run.tag,
                 run.writes.len()
-            ));
+            )),
         }
     }
     // The last request: once the upstream served it and the log shows it,
@@ -518,6 +523,10 @@ fn judge(proxy: &InProcess, log: &std::path::Path, served: &dyn Fn() -> Vec<(Str
         }
     }
     upstream.remove("/last");
+    // Every answer a client got, refusals as the head was read included,
+    // has its line (and no request has two).
+    let lines = std::fs::read_to_string(log).expect("the access log").lines().count() - 1;
+    assert_eq!(lines, answered, "the access log's lines against the answers the clients got");
     assert!(upstream.is_empty(), "the upstream served requests of no case: {upstream:?}");
     assert!(
         failures.is_empty(),

@@ -42,7 +42,7 @@ use crate::{
     breaker::{self, Mode},
     config::Secret,
     kernel::KernelError,
-    proxy::http1::plain,
+    plain_http as plain,
 };
 
 /// What the admin listener asks of the daemon.

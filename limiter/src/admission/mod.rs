@@ -374,8 +374,11 @@ impl Snapshot {
     }
 }
 
-/// Held from admission until the response is finished or the client is
-/// gone; gives back every slot it took when dropped.
+/// Held from admission until the upstream has delivered its response, or
+/// limiter gave up on it (`http.upstreamAbandonMs`, a client cut for
+/// reading too slowly; a response read ahead whole gives it back before the
+/// client has it, an upgrade at its `101`); gives back every slot it took
+/// when dropped.
 #[derive(Debug)]
 pub struct Permit {
     admission: Arc<Admission>,
@@ -514,7 +517,8 @@ impl Admission {
 
     /// Runs the adaptive controller (every few milliseconds, from a
     /// timer): `Some` when its limit moved by more than a fifth. Publishes
-    /// what it learnt in the ledger when that changed (nothing while off).
+    /// what it learnt in the ledger (zeros while off) when it changes, and
+    /// at least every `REPUBLISH`.
     pub fn tick(&self, now: Instant) -> Option<adaptive::Change> {
         let mut inner = self.lock();
         let t = inner.micros(now);

@@ -9,7 +9,7 @@
 //! `error` unless the filter names `h2` itself: h2 writes one WARN for each
 //! connection it ends for excessive stream resets (rapid reset: thousands a
 //! second), and limiter logs those connections itself, rate-limited
-//! ([`crate::proxy::refusal_log::ResetLog`]).
+//! ([`crate::proxy::log_lines::ResetLog`]).
 
 use std::sync::OnceLock;
 

@@ -242,7 +242,7 @@ pub async fn run(
             let upstream = match upstream {
                 Upstream::At(addr) => addr.clone(),
                 Upstream::Sample => {
-                    let addr = proxy::sample::start().await.map_err(DaemonError::Sample)?;
+                    let addr = crate::sample_upstream::start().await.map_err(DaemonError::Sample)?;
                     tracing::info!(%addr, "http.upstream = sample: forwarding to the built-in sample upstream (GET /slow?ms=N answers slowly)");
                     addr.to_string()
                 }

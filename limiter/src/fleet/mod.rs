@@ -7,9 +7,12 @@
 //! clock (no node's clock is read there). The store grants shares
 //! atomically (`claim.lua`, one key, so one hash slot: it runs unchanged
 //! on a cluster) so that the shares of the live nodes never sum above the
-//! limit; a request within its node's share is admitted at once, without a
-//! round trip, and given back here alone ([`shares`]). A node asks for more
-//! when its share is full (one round trip, for half again what it uses),
+//! limit, but for what a node still had in flight when its lease lapsed
+//! (README, "Why the limit holds"); a request within its node's share is
+//! admitted at once, without a round trip, and given back here alone
+//! ([`shares`]). A node asks for more when its share is full (one round
+//! trip, for what is in use and waiting, plus a quarter while demand rises,
+//! granted only while the budget is less than half used),
 //! and a node refused records its demand, so that holders shrink toward a
 //! fair part of the limit at their next renewal; a node gives back what it
 //! has not used for a renewal period. Every share's lease is renewed every
@@ -32,13 +35,16 @@
 //! `kill -9` leaves one behind), so a restart does not count twice; not
 //! during a handover, when the previous incarnation is alive.
 //!
-//! **Store down** ([`health`]): after three failed or late claims in a
-//! row, or half of a second's; not after one late answer (that request is
-//! refused `fleet_down`). Said once in the log and in
+//! **Store down** ([`health`]): after three failed or late claims for
+//! requests in a row, or at least five and half of a second's; not after
+//! one late answer (that request is refused `fleet_down`). A renewal round
+//! that fails, or a first connection that does, marks it down at once (a
+//! share that cannot be renewed will lapse). Said once in the log and in
 //! `limiter_fleet_store_up`; then no request claims until the probe finds
 //! the store answering for the budgets and the shares are republished.
 //! Meanwhile `fleet.onStoreDown` decides: `share` admits within the share
-//! each node holds until its lease would end, `refuse` answers 503
+//! each node holds until a tenth of a lease before its lease would end (by
+//! its own clock), `refuse` answers 503
 //! `fleet_down`, `local` admits on the node's own limits.
 
 mod health;

@@ -391,8 +391,8 @@ impl Fleet {
         self.lock().claimed(key, sent, self.lease, a, growth, Instant::now());
     }
 
-    /// The first lease after start, with no handover under way: claims
-    /// drop the previous incarnation's fields.
+    /// The first lease and a third after start, with no handover under
+    /// way: claims drop the previous incarnation's fields.
     fn purging(&self) -> bool {
         self.started.elapsed() < self.lease + self.lease / 3 && !(self.handover)()
     }
@@ -552,7 +552,8 @@ pub struct Snapshot {
     /// Claims sent for requests beyond the share (one round trip each).
     #[serde(default)]
     pub claims: u64,
-    /// Claims the store failed or answered late.
+    /// Times the store was found failing: marked down, or failing again
+    /// while down.
     pub store_failures: u64,
     /// Requests admitted while the store was down (`fleet.onStoreDown = local`).
     pub admitted_unpublished: u64,

@@ -5,12 +5,15 @@
 //! (every call is given `now`), so that the rules are tested exactly.
 //!
 //! A budget's **share** is what the store granted this node of its limit
-//! (the shares of live nodes never sum above it: `claim.lua`), valid until
+//! (the shares of live nodes never sum above it, `claim.lua`, but for what
+//! a node had in flight when its lease lapsed), valid until
 //! the claim's send time plus the lease less a tenth (this node's clock;
 //! the store's lease starts later, when its script runs, so the node stops
 //! trusting a share before the store frees it). A request takes a unit of
-//! the share; beyond it, it claims more (one round trip, for about half
-//! again what is in use while demand rises), and requests that come while
+//! the share; beyond it, it claims more (one round trip, for what is in use
+//! and waiting, plus a quarter while demand rises: the store grants that
+//! headroom only while the budget is less than half used), and requests
+//! that come while
 //! the claim is out wait for its answer instead of claiming again. A claim
 //! that finds no room makes the node refuse, without asking, for
 //! [`CLAIM_BACKOFF`]. A renewal (every third of the lease) asks for what

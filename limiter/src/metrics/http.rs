@@ -8,11 +8,12 @@ use crate::{
     admission::{self, Refusal},
     proxy::{
         Counters, Reason,
-        counters::{BodyTimeout, HANDSHAKES},
-        h2_meter::Flood,
-        head::Bad,
+        counters::HANDSHAKES,
+        error::{BodyTimeout, Kind},
+        h2::meter::Flood,
+        h2::reset_groups::ResetGroups,
         proto::Proto,
-        reset_groups::ResetGroups,
+        request::head::Bad,
         upstream::{
             Upstreams,
             abandon::{Cause, End},
@@ -298,28 +299,30 @@ pub fn write(page: &mut Page, a: &admission::Snapshot, c: &Counters, buffered_by
             c.responses[i].load(Ordering::Relaxed),
         );
     }
-    page.family("limiter_http_upstream_errors_total", "counter", "Upstream failures, by kind.")
-        .sample(
-            "limiter_http_upstream_errors_total",
-            &[("kind", "connect")],
-            c.upstream_connect_errors.load(Ordering::Relaxed),
-        )
-        .sample(
-            "limiter_http_upstream_errors_total",
-            &[("kind", "timeout")],
-            c.upstream_timeouts.load(Ordering::Relaxed),
-        )
-        .sample(
-            "limiter_http_upstream_errors_total",
-            &[("kind", "reset")],
-            c.upstream_resets.load(Ordering::Relaxed),
-        );
-    page.family("limiter_http_bad_requests_total", "counter", "Client connections closed for a bad request head, by kind (malformed includes framing conflicts, also counted alone; host, authorization and transfer_encoding are heads hyper accepted and the proxy refused before admission).")
+    let errors = |kind: Kind| c.errors[kind.index()].load(Ordering::Relaxed);
+    page.family(
+        "limiter_http_errors_total",
+        "counter",
+        "Exchanges that failed, by kind: the upstream's (upstream_*) and the client's (client_*), each with its cause in the log.",
+    );
+    for kind in Kind::ALL {
+        page.sample("limiter_http_errors_total", &[("kind", kind.as_str())], errors(kind));
+    }
+    let resets = errors(Kind::UpstreamClosed) + errors(Kind::UpstreamInvalid) + errors(Kind::UpstreamBody);
+    page.family(
+        "limiter_http_upstream_errors_total",
+        "counter",
+        "Upstream failures, by kind (from limiter_http_errors_total: reset is upstream_closed, upstream_invalid and upstream_body).",
+    )
+    .sample("limiter_http_upstream_errors_total", &[("kind", "connect")], errors(Kind::UpstreamConnect))
+    .sample("limiter_http_upstream_errors_total", &[("kind", "timeout")], errors(Kind::UpstreamTimeout))
+    .sample("limiter_http_upstream_errors_total", &[("kind", "reset")], resets);
+    page.family("limiter_http_bad_requests_total", "counter", "Requests refused for their head, by kind (their connections closed; header_timeout: a head not whole in time, or a keep-alive connection idle past it), and request bodies the client broke off or framed wrongly (body).")
         .sample("limiter_http_bad_requests_total", &[("kind", "header_timeout")], c.header_timeouts.load(Ordering::Relaxed))
         .sample("limiter_http_bad_requests_total", &[("kind", "too_large")], c.heads_too_large.load(Ordering::Relaxed))
         .sample("limiter_http_bad_requests_total", &[("kind", "malformed")], c.malformed.load(Ordering::Relaxed))
         .sample("limiter_http_bad_requests_total", &[("kind", "framing_conflict")], c.framing_conflicts.load(Ordering::Relaxed))
-        .sample("limiter_http_bad_requests_total", &[("kind", "body")], c.client_body_errors.load(Ordering::Relaxed));
+        .sample("limiter_http_bad_requests_total", &[("kind", "body")], errors(Kind::ClientBody));
     for bad in Bad::ALL {
         page.sample(
             "limiter_http_bad_requests_total",
@@ -348,7 +351,7 @@ pub fn write(page: &mut Page, a: &admission::Snapshot, c: &Counters, buffered_by
         page.sample(
             "limiter_http_body_timeouts_total",
             &[("kind", rule.as_str())],
-            c.body_timeouts[rule.index()].load(Ordering::Relaxed),
+            errors(Kind::ClientSlowBody(rule)),
         );
     }
     page.family(

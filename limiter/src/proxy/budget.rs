@@ -113,10 +113,6 @@ impl Collect {
         self.total
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.total == 0
-    }
-
     /// Adds a piece, if the body stays within `max` bytes and the budget
     /// of `limit` has room; `Err` gives the piece back.
     pub fn push(&mut self, data: Bytes, max: u64, budget: &Arc<Budget>, limit: u64) -> Result<(), Bytes> {

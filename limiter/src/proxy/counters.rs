@@ -1,17 +1,21 @@
 //! Counters of the proxy itself (admission and the breaker keep their
 //! own), rendered by `metrics::http`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::{
+    net::SocketAddr,
+    sync::atomic::{AtomicU64, Ordering},
+};
 
 use hyper::StatusCode;
 
 use super::{
-    h2_meter::Flood,
-    head::Bad,
+    error::{Error, Kind},
+    h2::meter::Flood,
+    log_lines::{ErrorLog, RefusalLog, ResetLog},
     proto::Proto,
-    refusal_log::{RefusalLog, ResetLog},
+    request::head::Bad,
 };
-use crate::{histogram::Histogram, shard::Counter};
+use crate::{histogram::Histogram, request_id::RequestId, shard::Counter};
 
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -19,6 +23,10 @@ pub struct Counters {
     pub refusal_log: RefusalLog,
     /// Rate-limited log lines for HTTP/2 connections ended for resets.
     pub reset_log: ResetLog,
+    /// Rate-limited log lines for the upstream's failures.
+    pub error_log: ErrorLog,
+    /// Exchanges failed, by [`Kind`] (in [`Kind::ALL`] order).
+    pub errors: [AtomicU64; Kind::ALL.len()],
     /// Responses sent by status class, 1xx..5xx (bumped by every request:
     /// kept per thread, [`crate::shard`]).
     pub responses: [Counter; 5],
@@ -27,19 +35,18 @@ pub struct Counters {
     pub refused_breaker: AtomicU64,
     pub upstream_latency: Histogram,
     pub time_to_503: Histogram,
-    pub upstream_connect_errors: AtomicU64,
-    pub upstream_timeouts: AtomicU64,
-    pub upstream_resets: AtomicU64,
-    /// Connections closed by hyper for a bad request head, by kind.
+    /// HTTP/1 connections closed at a head: not whole within
+    /// `http.headerReadTimeoutMs` (an idle keep-alive connection too), ...
     pub header_timeouts: AtomicU64,
+    /// ... past `http.maxHeaderBytes`, ...
     pub heads_too_large: AtomicU64,
+    /// ... or not a request head httparse reads.
     pub malformed: AtomicU64,
-    /// Heads refused for carrying both Content-Length and Transfer-Encoding.
+    /// Heads whose framing two readers could read differently (the framing
+    /// module's list: both a length and a coding, lengths that differ, ...).
     pub framing_conflicts: AtomicU64,
     /// Heads refused before admission, by [`Bad`] (in [`Bad::ALL`] order).
     pub bad_heads: [AtomicU64; Bad::ALL.len()],
-    /// Request bodies that failed on the client's side (aborted).
-    pub client_body_errors: AtomicU64,
     /// Requests refused because `http.bufferMemoryBytes` was spent.
     pub refused_buffer_full: AtomicU64,
     /// Requests refused because every upstream connection
@@ -50,8 +57,6 @@ pub struct Counters {
     /// Client connections (HTTP/2: streams) cut for taking a response too
     /// slowly: under `http.minDataRate`, or under pressure ([`super::pressure`]).
     pub slow_readers: AtomicU64,
-    /// Request bodies too slow (408), by [`BodyTimeout`] rule.
-    pub body_timeouts: [AtomicU64; BodyTimeout::ALL.len()],
     /// Request fields left out for a `_` in their name
     /// (`http.underscoresInHeaders`).
     pub underscore_fields_dropped: AtomicU64,
@@ -82,37 +87,19 @@ pub struct Counters {
 /// `protocol`: not TLS, no common version or cipher, a bad message; `io`).
 pub const HANDSHAKES: [&str; 6] = ["ok", "timeout", "closed", "alert", "protocol", "io"];
 
-/// The rule that answered a too slow request body with 408.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BodyTimeout {
-    /// A body read whole before admission missed `http.requestBodyTimeoutMs`.
-    Deadline,
-    /// A streamed body averaged less than `http.minDataRate`.
-    MinRate,
-    /// A streamed body stalled past `http.idleTimeoutMs`.
-    Idle,
-}
-
-impl BodyTimeout {
-    /// Every rule, in the order metrics list them.
-    pub const ALL: [BodyTimeout; 3] = [BodyTimeout::Deadline, BodyTimeout::MinRate, BodyTimeout::Idle];
-
-    /// The `kind` label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Deadline => "deadline",
-            Self::MinRate => "min_rate",
-            Self::Idle => "idle",
+impl Counters {
+    /// Counts an exchange's failure by kind and logs it (see
+    /// [`super::error`]), with the request's client and id.
+    pub fn note(&self, error: &Error, peer: SocketAddr, id: &RequestId) {
+        let kind = error.kind();
+        self.errors[kind.index()].fetch_add(1, Ordering::Relaxed);
+        if kind.is_upstream() {
+            self.error_log.note(error, peer, id);
+        } else {
+            tracing::debug!(kind = kind.as_str(), client = %peer, request_id = %id, "{error}");
         }
     }
 
-    /// Its place in [`BodyTimeout::ALL`] and in the counters.
-    pub fn index(self) -> usize {
-        self as usize
-    }
-}
-
-impl Counters {
     /// Counts a response by its status class.
     pub fn status(&self, status: StatusCode) {
         self.status_code(status.as_u16());
@@ -122,17 +109,5 @@ impl Counters {
     pub fn status_code(&self, status: u16) {
         let class = usize::from(status / 100).clamp(1, 5) - 1;
         self.responses[class].fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn body_timeout_rules_are_listed_once_each_in_counter_order() {
-        let kinds: Vec<&str> = BodyTimeout::ALL.iter().map(|r| r.as_str()).collect();
-        assert_eq!(kinds, ["deadline", "min_rate", "idle"]);
-        assert!(BodyTimeout::ALL.iter().enumerate().all(|(i, r)| r.index() == i));
     }
 }

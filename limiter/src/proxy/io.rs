@@ -36,7 +36,7 @@ use tokio::{
 
 use super::{
     Counters,
-    h2_meter::{Flood, Meter},
+    h2::meter::{Flood, Meter},
 };
 
 /// What the connection knows of the protocol on it.
@@ -56,7 +56,7 @@ impl Watch {
     }
 }
 
-/// Most bytes drained after a 503 before closing anyway.
+/// Most bytes drained in a lingering close before closing anyway.
 pub const LINGER_MAX_BYTES: u64 = 64 * 1024 * 1024;
 
 pub struct ClientIo<S = TcpStream> {

@@ -7,27 +7,31 @@
 //! 1. [`request_filter`]: the head's own checks ([`Request::check`]) and
 //!    its class (`/debug/`, critical, sheddable). A refused head costs no
 //!    breaker ticket and no slot.
-//! 2. [`admit_at_head`]: the breaker and, for a request with a body, the
+//! 2. [`admit_at_head`]: for a request with a body, the breaker and the
 //!    pools, web-client and session limits *checked*, taking nothing: what
-//!    would be refused now is refused now, its body unread.
+//!    would be refused now is refused now, its body unread (a `/debug/`
+//!    request meets the breaker here too, without a probe). A request
+//!    without a body has nothing to wait for: phase 4 decides it.
 //! 3. [`receive`]: a body up to `http.requestBufferBytes` received whole,
 //!    holding no permit (within `http.requestBodyTimeoutMs` and the memory
 //!    budget); a larger one streams later.
 //! 4. [`admit`]: the breaker's ticket (a half-open probe is taken only
-//!    now) and the permits, the node's then the fleet's (`crate::fleet`,
-//!    one store round trip, only for a request a fleet limit applies to),
-//!    taken together or not at all.
+//!    now) and the permits, the node's then the fleet's (`crate::fleet`:
+//!    within the node's share, no round trip), taken together or not at all.
 //! 5. [`forward`]: the upstream ([`super::upstream`]), its result on the
 //!    ticket, an accepted upgrade (its tunnel slot kept, the permit given
 //!    back), the response body read ahead when it fits
 //!    `http.responseBufferBytes` (the permit goes back) or streamed holding
 //!    it. An exchange given up on (a 504) keeps its permit until the
 //!    upstream is done with it ([`super::upstream::abandon`]).
-//! 6. [`fail_to_proxy`]: an upstream or a body that failed before the
-//!    client had anything gets limiter's own answer.
-//! 7. [`Logged`]: the access log's line, once the response is done.
+//! 6. Within [`forward`]: an upstream or a body that failed before the
+//!    client had anything gets limiter's own answer ([`Answer::failed`]),
+//!    its [`Error`] counted and logged.
+//! 7. [`Logged`]: the access log's line, once the response is done, with
+//!    the [`Outcome`] rules both protocols share.
 
 use std::{
+    net::SocketAddr,
     sync::{Arc, atomic::Ordering},
     time::{Duration, Instant, SystemTime},
 };
@@ -39,15 +43,17 @@ use super::{
     Proxy, Tuning,
     answer::Answer,
     budget::Collect,
-    counters::BodyTimeout,
-    headers::Client,
-    http1::ResponseHead,
-    path::{class_of, is_debug_path},
+    error::{BodyTimeout, Error, Kind},
+    h1::framing::{Framing, ResponseHead},
     reason::Reason,
-    request::{BodyLen, Outgoing, Request},
+    request::{
+        BodyLen, Outgoing, Request,
+        headers::Client,
+        path::{class_of, is_debug_path},
+    },
     upstream::{
-        self, Abandon, Ahead, Answered, BodySource, Cause, Conn, Failed, Failure, Outbound, Pool,
-        ResponseBody, Send,
+        self, Abandon, Ahead, Answered, BodySource, Cause, Failed, Outbound, Pool, ResponseBody, Send,
+        UpstreamConn,
     },
 };
 use crate::request_id::RequestId;
@@ -64,6 +70,7 @@ pub struct Ctx<'a> {
     pub client: Client,
     /// When its head came.
     pub started: Instant,
+    pub id: &'a RequestId,
 }
 
 /// What the head says for admission.
@@ -157,12 +164,9 @@ pub async fn receive<B: BodySource>(ctx: Ctx<'_>, req: &Request, source: &mut B)
     counters.bodies_receiving.fetch_add(1, Ordering::Relaxed);
     let deadline = tokio::time::Instant::now() + t.request_body_timeout;
     let outcome = loop {
-        match tokio::time::timeout_at(deadline, source.next()).await {
-            Err(_) => break Err(Answer::body_timeout(ctx.proxy, BodyTimeout::Deadline)),
-            Ok(Err(())) => {
-                tracing::debug!(peer = %ctx.client.addr, "the request body failed before admission");
-                break Err(Answer::body_failed(ctx.proxy));
-            }
+        let error = match tokio::time::timeout_at(deadline, source.next()).await {
+            Err(_) => Error::rule(Kind::ClientSlowBody(BodyTimeout::Deadline), "http.requestBodyTimeoutMs"),
+            Ok(Err(error)) => error,
             Ok(Ok(None)) => break Ok(Received { bytes: collect.finish(None), whole: true }),
             Ok(Ok(Some(data))) => {
                 if let Err(data) = collect.push(data, limit, budget, t.buffer_memory_bytes) {
@@ -171,8 +175,11 @@ pub async fn receive<B: BodySource>(ctx: Ctx<'_>, req: &Request, source: &mut B)
                     }
                     break Ok(Received { bytes: collect.finish(Some(data)), whole: false });
                 }
+                continue;
             }
-        }
+        };
+        counters.note(&error, ctx.client.addr, ctx.id);
+        break Err(Answer::failed(ctx.proxy, &error, None));
     };
     counters.bodies_receiving.fetch_sub(1, Ordering::Relaxed);
     outcome
@@ -181,8 +188,9 @@ pub async fn receive<B: BodySource>(ctx: Ctx<'_>, req: &Request, source: &mut B)
 /// Phase 4: the breaker's ticket, then the permits (the pools, web
 /// clients, sessions), for real now that the body is in, then the
 /// fleet's (`fleet.*`), all or nothing: a fleet refusal gives the local
-/// permits back. Only a request that needs a fleet permit waits for the
-/// store (one round trip).
+/// permits back. A request waits for the store only when its node's share
+/// of a fleet budget is full (a claim, one round trip, shared by the
+/// requests waiting on it).
 pub async fn admit(ctx: Ctx<'_>, req: &Request, c: Classified) -> Result<(Option<Ticket>, Permit), Answer> {
     let proxy = ctx.proxy;
     let ticket = if c.debug {
@@ -238,6 +246,7 @@ pub struct Admitted<'a> {
     pub proxy: &'a Proxy,
     pub tuning: &'a Tuning,
     pub pool: &'a Arc<Pool>,
+    pub peer: SocketAddr,
     /// The head limiter wrote for the upstream.
     pub head: Vec<u8>,
     pub method: Method,
@@ -266,7 +275,7 @@ pub enum Reply {
     Upgraded {
         head: ResponseHead,
         head_bytes: Bytes,
-        conn: Conn,
+        conn: UpstreamConn,
         slot: Option<TunnelSlot>,
     },
 }
@@ -280,10 +289,29 @@ pub enum Body {
     Stream { first: Bytes, rest: Box<ResponseBody> },
 }
 
+impl Body {
+    /// The `Content-Length` the client is told, on either protocol, when
+    /// it is known: a body's own length; for a response without a body (to
+    /// a `HEAD`, a 304), the upstream's, which says what a `GET` would have
+    /// had (never for a 204); for a body streamed, when the upstream said.
+    pub fn length(&self, head: &ResponseHead) -> Option<u64> {
+        match self {
+            Self::Whole(_) if head.framing == Framing::None => head.length.filter(|_| head.status != 204),
+            Self::Whole(bytes) => Some(bytes.len() as u64),
+            Self::Stream { first, rest } => rest.remaining().map(|n| first.len() as u64 + n),
+        }
+    }
+
+    /// The response has no body to send (a `HEAD`'s, a 204, a 304, an
+    /// empty one): only its head goes out.
+    pub fn is_none(&self, head: &ResponseHead) -> bool {
+        matches!(self, Self::Whole(_) if head.framing == Framing::None)
+    }
+}
+
 /// Phase 5: the upstream, then its response. `rest` is the client's body
-/// beyond what was received (read only when the body streams); `bytes_in`
-/// counts what of it came.
-pub async fn forward<B: BodySource>(a: Admitted<'_>, rest: B, bytes_in: &mut u64) -> Reply {
+/// beyond what was received (read only when the body streams).
+pub async fn forward<B: BodySource>(a: Admitted<'_>, rest: &mut B) -> Reply {
     let t = a.tuning;
     let s = Send {
         pool: a.pool,
@@ -295,26 +323,31 @@ pub async fn forward<B: BodySource>(a: Admitted<'_>, rest: B, bytes_in: &mut u64
         to_head: a.method == Method::HEAD,
         upgrade: a.upgrade,
     };
-    *bytes_in = a.received.bytes.len() as u64;
     let body = if a.received.whole {
         Outbound::Whole(a.received.bytes)
     } else {
         Outbound::Stream { first: a.received.bytes, rest, framing: a.framing }
     };
-    let answered = upstream::send(&s, &a.head, body, bytes_in).await;
-    let abandon = Abandon { id: a.id, bound: t.upstream_abandon, idle: t.idle_timeout };
+    let answered = upstream::send(&s, &a.head, body).await;
+    let proxy = a.proxy;
     let Answered { conn, head, head_bytes, took } = match answered {
         Ok(answered) => answered,
-        Err(Failed { failure, busy }) => {
-            let cause = if matches!(failure, Failure::Timeout) { Cause::Timeout } else { Cause::ClientBody };
-            let answer = fail_to_proxy(a.proxy, failure, a.ticket, a.started);
+        Err(Failed::Full) => return Reply::Own(Answer::upstream_full(proxy, a.ticket, a.started)),
+        // Phase 6: limiter's own answer to a request the upstream did not
+        // answer.
+        Err(Failed::Error { error, busy }) => {
+            proxy.counters.note(&error, a.peer, &a.id);
+            let answer = Answer::failed(proxy, &error, a.ticket);
             if let Some(busy) = busy {
+                let cause =
+                    if error.kind() == Kind::UpstreamTimeout { Cause::Timeout } else { Cause::ClientBody };
+                let abandon = Abandon { id: a.id, bound: t.upstream_abandon, idle: t.idle_timeout };
                 upstream::follow_pending(busy, a.pool.clone(), a.permit, s.to_head, cause, abandon);
             }
             return Reply::Own(answer);
         }
     };
-    let (proxy, mut permit) = (a.proxy, a.permit);
+    let mut permit = a.permit;
     proxy.counters.upstream_latency.record(took);
     permit.answered(took);
     if let Some(ticket) = a.ticket {
@@ -328,13 +361,15 @@ pub async fn forward<B: BodySource>(a: Admitted<'_>, rest: B, bytes_in: &mut u64
         let slot = permit.tunnel();
         return Reply::Upgraded { head, head_bytes, conn, slot };
     }
+    let abandon = Abandon { id: a.id.clone(), bound: t.upstream_abandon, idle: t.idle_timeout };
     let mut rest = ResponseBody::new(conn, &head, a.pool.clone(), t.idle_timeout, permit, Some(abandon));
     let body = match rest.read_ahead(t.response_buffer_bytes, &proxy.budget, t.buffer_memory_bytes).await {
         Ok(Ahead::Whole(bytes)) => Body::Whole(bytes),
         Ok(Ahead::Streaming(first)) => Body::Stream { first, rest: Box::new(rest) },
-        Err(()) => {
-            tracing::debug!("the upstream's response body broke off before the client got any of it");
-            return Reply::Own(Answer::response_broke_off(proxy));
+        // Nothing has reached the client yet: it can still be told.
+        Err(error) => {
+            proxy.counters.note(&error, a.peer, &a.id);
+            return Reply::Own(Answer::failed(proxy, &error, None));
         }
     };
     Reply::Upstream { head, head_bytes, body, took }
@@ -343,26 +378,6 @@ pub async fn forward<B: BodySource>(a: Admitted<'_>, rest: B, bytes_in: &mut u64
 /// Methods that may be sent twice (RFC 9110 §9.2.2).
 fn idempotent(method: &Method) -> bool {
     [Method::GET, Method::HEAD, Method::OPTIONS, Method::PUT, Method::DELETE, Method::TRACE].contains(method)
-}
-
-/// Phase 6: limiter's own answer to a request the upstream did not answer,
-/// its ticket recording a failure of the upstream's, or dropped
-/// unrecorded for one of the client's or of limiter's own cap.
-pub fn fail_to_proxy(proxy: &Proxy, failure: Failure, ticket: Option<Ticket>, started: Instant) -> Answer {
-    tracing::debug!("forwarding failed: {failure:?}");
-    match failure {
-        Failure::Full => Answer::upstream_full(proxy, ticket, started),
-        Failure::Connect => Answer::upstream_failed(proxy, ticket, true),
-        Failure::Upstream => Answer::upstream_failed(proxy, ticket, false),
-        Failure::Timeout => Answer::upstream_timeout(proxy, ticket),
-        Failure::ClientBody(timeout) => {
-            drop(ticket);
-            match timeout {
-                Some(rule) => Answer::body_timeout(proxy, rule),
-                None => Answer::body_failed(proxy),
-            }
-        }
-    }
 }
 
 /// Phase 7: what the access log needs of a request, from its head; its
@@ -377,18 +392,45 @@ pub struct Logged {
     session: Option<u32>,
 }
 
-/// How a request ended, for its line.
+/// How a request ended, for its line: the rules of its `status`,
+/// `reason` and byte counts, once for both protocols.
+#[derive(Clone, Copy, Debug)]
 pub struct Outcome {
     pub status: u16,
     pub reason: Option<&'static str>,
     pub upstream: Option<Duration>,
+    /// The request body's data bytes limiter read from the client
+    /// ([`BodySource::received`]).
     pub bytes_in: u64,
+    /// The response body's bytes the client's connection took.
     pub bytes_out: u64,
 }
 
-/// The status logged for a request whose client went away before its
-/// response could be sent (nginx's).
+/// The status logged for a request whose client went away before any of
+/// its response could be sent (nginx's).
 pub const CLIENT_GONE: u16 = 499;
+
+impl Outcome {
+    /// An answer of limiter's own.
+    pub fn own(answer: &Answer, bytes_in: u64, bytes_out: u64) -> Self {
+        Self { status: answer.status.as_u16(), reason: answer.why, upstream: None, bytes_in, bytes_out }
+    }
+
+    /// The upstream's response, `status`, answered after `took`.
+    pub fn upstream(status: u16, took: Duration, bytes_in: u64) -> Self {
+        Self { status, reason: None, upstream: Some(took), bytes_in, bytes_out: 0 }
+    }
+
+    /// The response did not reach its end: `kind` says why. A client gone
+    /// (or cut) before any byte of its response was sent is logged 499.
+    pub fn broke(mut self, kind: Kind) -> Self {
+        if matches!(kind, Kind::ClientGone | Kind::ClientCut) && self.bytes_out == 0 && self.status != 101 {
+            self.status = CLIENT_GONE;
+        }
+        self.reason = Some(kind.as_str());
+        self
+    }
+}
 
 impl Logged {
     /// The request's line-to-be, if the access log is on.
@@ -403,9 +445,16 @@ impl Logged {
         })
     }
 
-    /// A head refused before it became a request (`method` and `path` are
-    /// `-`).
-    pub fn refused_head(proxy: &Proxy, client: Client, status: u16, reason: &'static str) {
+    /// A head refused before it became a request: `method` and `path` as
+    /// far as they were read (`-` for a head not read as a request at all),
+    /// its answer's status and why.
+    pub fn refused(
+        proxy: &Proxy,
+        client: Client,
+        (method, path): (&[u8], &[u8]),
+        status: u16,
+        reason: &'static str,
+    ) {
         if !proxy.access_log.enabled() {
             return;
         }
@@ -413,8 +462,8 @@ impl Logged {
             ts: SystemTime::now(),
             id: RequestId::own(),
             started: Instant::now(),
-            method: Method::from_bytes(b"-").expect("a token"),
-            path: "-".to_owned(),
+            method: Method::from_bytes(method).unwrap_or_else(|_| Method::from_bytes(b"-").expect("a token")),
+            path: String::from_utf8_lossy(path).into_owned(),
             session: None,
         };
         log.done(

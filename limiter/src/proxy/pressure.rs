@@ -2,7 +2,7 @@
 //! the reserved slots and the normal pool) refused a request within the
 //! last [`WINDOW`]. While it does, a permit that a client holds by not
 //! reading its response is one another client was refused, so slow
-//! readers lose theirs sooner ([`super::stream_guard`]): a response
+//! readers lose theirs sooner ([`super::h2::guard`], and `h1::response` on HTTP/1): a response
 //! streamed holding its permit whose client leaves a chunk untaken for
 //! [`PATIENCE`] is cut.
 //!
@@ -25,9 +25,10 @@ use tokio::{
 /// admission, too, keeps the classes' reserves.
 pub const WINDOW: Duration = crate::admission::PRESSURE;
 
-/// Under pressure, how long a client may leave the chunk it was handed
-/// (at most [`super::stream_guard::CHUNK`], 16 KiB) untaken before its
-/// stream is cut, if the stream holds a permit.
+/// Under pressure, how long a client may leave bytes untaken before it is
+/// cut, if its response holds a permit: on HTTP/2 the chunk its stream was
+/// handed (at most [`super::h2::guard::CHUNK`], 16 KiB), on HTTP/1 each
+/// write to its connection, whatever its size.
 pub const PATIENCE: Duration = Duration::from_secs(1);
 
 /// When the pools last refused a request, shared by every worker.

@@ -25,10 +25,10 @@ use super::{
     Proxy, Tuning,
     counters::HANDSHAKES,
     h1, h2,
-    headers::{Client, Forwarding},
     io::{ClientIo, Watch},
     pipeline::Logged,
     proto::Proto,
+    request::headers::{Client, Forwarding},
     upstream::Pool,
 };
 
@@ -59,7 +59,8 @@ pub struct Listeners {
 /// Runs one worker thread per listener, each with its own single-threaded
 /// runtime and upstream pool, as nginx runs one event loop per worker: a
 /// request never changes thread, so no cross-thread wake-ups on the hot
-/// path. Returns when every worker has stopped after `shutdown`.
+/// path. Returns the workers' join handles; each worker stops after
+/// `shutdown`, once its connections have drained.
 pub fn run_workers(
     listeners: Listeners,
     proxy: Arc<Proxy>,
@@ -278,7 +279,7 @@ async fn connection(
             match handshake(stream, &tuning, &proxy).await {
                 Some((tls, Proto::H2Tls)) => {
                     let conn =
-                        h2::Conn { client: client(Proto::H2Tls), proxy: proxy.clone(), pool, shutdown };
+                        h2::Session { client: client(Proto::H2Tls), proxy: proxy.clone(), pool, shutdown };
                     ended_h2(h2::serve(tls, conn).await, addr);
                 }
                 Some((tls, proto)) => serve_h1(tls, client(proto), &proxy, &pool, shutdown, &tuning).await,
@@ -287,7 +288,7 @@ async fn connection(
         })
         .await;
     } else if tuning.h2c && Box::pin(sends_preface(&stream, tuning.header_read_timeout)).await {
-        let conn = h2::Conn { client: client(Proto::H2c), proxy: proxy.clone(), pool, shutdown };
+        let conn = h2::Session { client: client(Proto::H2c), proxy: proxy.clone(), pool, shutdown };
         ended_h2(Box::pin(h2::serve(stream, conn)).await, addr);
     } else {
         serve_h1(stream, client(Proto::H1), &proxy, &pool, shutdown, &tuning).await;
@@ -322,7 +323,7 @@ async fn serve_h1<S>(
         tuning.linger,
         proxy.counters.clone(),
     );
-    let conn = h1::Conn { proxy, pool, client, fwd: &fwd, shutdown };
+    let conn = h1::Session { proxy, pool, client, fwd: &fwd, shutdown };
     // Boxed: the connection's future, copied into its task on every
     // accept, stays small; the engine's state is made once, on the heap.
     if let h1::Ended::HeadTimeout { mid_head } = Box::pin(h1::serve(io, conn)).await {
@@ -331,7 +332,7 @@ async fn serve_h1<S>(
         // is no request refused: only a head begun and not finished is (408,
         // as nginx logs its client_header_timeout; nothing is sent).
         if mid_head {
-            Logged::refused_head(proxy, client, 408, "header_timeout");
+            Logged::refused(proxy, client, (b"-", b"-"), 408, "header_timeout");
         }
     }
 }

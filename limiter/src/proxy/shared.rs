@@ -8,8 +8,8 @@ use std::sync::{
 use super::{
     Counters, Tuning,
     budget::Budget,
+    h2::reset_groups::ResetGroups,
     pressure::Pressure,
-    reset_groups::ResetGroups,
     upstream::{Pool, Upstreams},
 };
 use crate::{

@@ -32,7 +32,9 @@ pub struct Tuning {
     pub buffer_memory_bytes: u64,
     /// Responses up to this size are read ahead of the client (0: off).
     pub response_buffer_bytes: u64,
-    /// Bytes per second a streamed request body must average (0: off).
+    /// `http.minDataRate`: the least rate, over every stretch after a grace
+    /// ([`super::rate`]), of a request body streamed upstream and of a client
+    /// reading a streamed response (0: off).
     pub min_data_rate: u64,
     /// What new TLS handshakes use (the pair as last loaded).
     pub tls: Option<Arc<rustls::ServerConfig>>,

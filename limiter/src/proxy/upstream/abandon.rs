@@ -1,8 +1,10 @@
 //! Exchanges limiter gave up on while the upstream still works on them: a
 //! request answered 504 (no response head within `http.upstreamTimeoutMs`),
-//! a response whose client went away, reset its stream or was cut before
-//! the upstream had delivered it, a request body that failed on the
-//! client's side half-way upstream.
+//! a response whose client went away or reset its stream before the
+//! upstream had delivered it, a request body that failed on the client's
+//! side half-way upstream. (A client limiter cuts for reading too slowly
+//! is not followed: its upstream connection closes with it, which is what
+//! the cut is for.)
 //!
 //! Closing the upstream connection does not end the upstream's work (a
 //! servlet that computes does not notice), so the request's permits (the
@@ -26,8 +28,8 @@ use crate::request_id::RequestId;
 pub enum Cause {
     /// No response head within `http.upstreamTimeoutMs` (the client got 504).
     Timeout,
-    /// The client went away, reset its stream or was cut before the
-    /// response was delivered.
+    /// The client went away or reset its stream before the response was
+    /// delivered.
     ClientGone,
     /// The request body failed on the client's side (it broke off, framed
     /// it wrongly, or sent it too slowly) after part of it went upstream.
@@ -78,7 +80,7 @@ pub struct Abandoned {
     counts: [[std::sync::atomic::AtomicU64; End::ALL.len()]; Cause::ALL.len()],
     /// Followed now (their permits held).
     pub now: std::sync::atomic::AtomicU64,
-    log: crate::proxy::refusal_log::AbandonLog,
+    log: crate::proxy::log_lines::AbandonLog,
 }
 
 impl Abandoned {

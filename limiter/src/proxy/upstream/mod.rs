@@ -40,13 +40,13 @@ use tokio::{
 
 pub use self::{
     abandon::{Abandon, Cause, End},
-    pool::{Conn, GetError, Pool, Upstreams},
+    pool::{GetError, Pool, UpstreamConn, Upstreams},
 };
 use super::{
     budget::{Budget, Collect},
-    counters::BodyTimeout,
-    http1::{
-        self, Framing, ResponseHead,
+    error::{BodyTimeout, Error, Kind},
+    h1::framing::{
+        self as http1, Framing, ResponseHead,
         body::{Decoder, Encoder},
     },
     rate::{Broke, Pace},
@@ -59,49 +59,42 @@ use crate::admission::Permit;
 pub trait BodySource {
     /// The next piece of its data; `Ok(None)` at its end, `Err` if the
     /// client broke it off or framed it wrongly. Cancel-safe.
-    fn next(&mut self) -> impl Future<Output = Result<Option<Bytes>, ()>>;
+    fn next(&mut self) -> impl Future<Output = Result<Option<Bytes>, Error>>;
+
+    /// The body's data bytes read from the client so far (the access
+    /// log's `bytes_in`, the same on every protocol).
+    fn received(&self) -> u64;
 }
 
 /// A request body as it goes upstream.
-pub enum Outbound<B> {
+pub enum Outbound<'b, B> {
     /// In memory (or none): sent with its length, in the head's write.
     Whole(Bytes),
     /// What came, then the rest streamed from the client, framed as said.
-    Stream { first: Bytes, rest: B, framing: Outgoing },
+    Stream { first: Bytes, rest: &'b mut B, framing: Outgoing },
 }
 
 /// Why a request got no response head.
-#[derive(Debug)]
-pub enum Failure {
-    /// Every connection the cap allows stayed busy.
+pub enum Failed {
+    /// Every connection the cap allows stayed busy: limiter's own cap
+    /// (503 `upstream_full`), not an error of the upstream's.
     Full,
-    Connect,
-    /// No response head within `http.upstreamTimeoutMs`.
-    Timeout,
-    /// The connection failed (or the upstream answered what limiter cannot
-    /// read) before a whole response head.
-    Upstream,
-    /// The client's streamed body failed (`Some`: too slowly, by which rule).
-    ClientBody(Option<BodyTimeout>),
+    /// The exchange failed; `busy`: the connection the upstream may still
+    /// be working on the request on (after a timeout, or a client body
+    /// that failed half-way), with when the request went, to follow to its
+    /// end.
+    Error { error: Error, busy: Option<(UpstreamConn, Instant)> },
 }
 
-/// Why a request got no response head, and the connection the upstream
-/// may still be working on it on (after a timeout, or a client body that
-/// failed half-way), with when the request went: to follow to its end.
-pub struct Failed {
-    pub failure: Failure,
-    pub busy: Option<(Conn, Instant)>,
-}
-
-impl From<Failure> for Failed {
-    fn from(failure: Failure) -> Self {
-        Self { failure, busy: None }
+impl From<Error> for Failed {
+    fn from(error: Error) -> Self {
+        Self::Error { error, busy: None }
     }
 }
 
 /// A response head and the connection its body comes on.
 pub struct Answered {
-    pub conn: Conn,
+    pub conn: UpstreamConn,
     pub head: ResponseHead,
     /// The head's bytes (its spans point here).
     pub head_bytes: Bytes,
@@ -122,13 +115,11 @@ pub struct Send<'a> {
     pub upgrade: bool,
 }
 
-/// Sends `head` and `body` and waits for the response head. `streamed`
-/// counts the body bytes that came from the client while sending.
+/// Sends `head` and `body` and waits for the response head.
 pub async fn send<B: BodySource>(
     s: &Send<'_>,
     head: &[u8],
-    body: Outbound<B>,
-    streamed: &mut u64,
+    body: Outbound<'_, B>,
 ) -> Result<Answered, Failed> {
     let may_retry = s.idempotent && matches!(body, Outbound::Whole(_));
     let mut body = body;
@@ -137,20 +128,20 @@ pub async fn send<B: BodySource>(
         attempt += 1;
         let mut conn = match s.pool.get(s.connect_timeout, s.idle_timeout).await {
             Ok(conn) => conn,
-            Err(GetError::Full) => return Err(Failure::Full.into()),
-            Err(GetError::Connect(_)) => return Err(Failure::Connect.into()),
+            Err(GetError::Full) => return Err(Failed::Full),
+            Err(GetError::Connect(e)) => return Err(Error::io(Kind::UpstreamConnect, e).into()),
         };
         let retry = may_retry && conn.reused && attempt == 1;
         let sent = match &mut body {
             Outbound::Whole(bytes) => write_whole(&mut conn, head, bytes, s.idle_timeout).await,
             Outbound::Stream { first, rest, framing } => {
-                match stream(s, &mut conn, head, first, rest, *framing, streamed).await {
+                match stream(s, &mut conn, head, first, &mut **rest, *framing).await {
                     Ok(sent) => sent,
-                    Err(failure) => {
+                    Err(error) => {
                         // Part of the request is upstream: the upstream may
                         // be working on it. Nothing more is coming.
                         let _ = conn.stream.shutdown().await;
-                        return Err(Failed { failure, busy: Some((conn, Instant::now())) });
+                        return Err(Failed::Error { error, busy: Some((conn, Instant::now())) });
                     }
                 }
             }
@@ -160,12 +151,12 @@ pub async fn send<B: BodySource>(
             Sent::Answered => true,
             // The upstream closed or stalled: an answer it sent first is
             // still the client's.
-            Sent::Failed if answer_came(&mut conn, s.to_head).await => true,
-            Sent::Failed if retry && conn.buf.is_empty() => {
+            Sent::Failed(_) if answer_came(&mut conn, s.to_head).await => true,
+            Sent::Failed(_) if retry && conn.buf.is_empty() => {
                 s.pool.shared().retries.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            Sent::Failed => return Err(Failure::Upstream.into()),
+            Sent::Failed(error) => return Err(error.into()),
         };
         let sent = Instant::now();
         let deadline = tokio::time::Instant::now() + s.upstream_timeout;
@@ -176,13 +167,13 @@ pub async fn send<B: BodySource>(
                 let head_bytes = conn.buf.split_to(head.len).freeze();
                 return Ok(Answered { conn, head, head_bytes, took: sent.elapsed() });
             }
-            Err(HeadError::NothingCame) if retry => {
+            Err(NoResponse { nothing: true, .. }) if retry => {
                 s.pool.shared().retries.fetch_add(1, Ordering::Relaxed);
             }
-            Err(HeadError::NothingCame | HeadError::Invalid) => return Err(Failure::Upstream.into()),
-            Err(HeadError::Timeout) => {
-                return Err(Failed { failure: Failure::Timeout, busy: Some((conn, sent)) });
+            Err(NoResponse { error, .. }) if error.kind() == Kind::UpstreamTimeout => {
+                return Err(Failed::Error { error, busy: Some((conn, sent)) });
             }
+            Err(NoResponse { error, .. }) => return Err(error.into()),
         }
     }
 }
@@ -194,12 +185,12 @@ enum Sent {
     /// Not all of it: the upstream's final answer came first.
     Answered,
     /// The connection failed (or stalled past `http.idleTimeoutMs`).
-    Failed,
+    Failed(Error),
 }
 
 /// A body in memory goes in the head's write (copied when small, else
 /// beside it in one vectored write).
-async fn write_whole(conn: &mut Conn, head: &[u8], body: &Bytes, idle: Duration) -> Sent {
+async fn write_whole(conn: &mut UpstreamConn, head: &[u8], body: &Bytes, idle: Duration) -> Sent {
     if body.len() <= 16 * 1024 {
         let mut out = Vec::with_capacity(head.len() + body.len());
         out.extend_from_slice(head);
@@ -214,7 +205,7 @@ async fn write_whole(conn: &mut Conn, head: &[u8], body: &Bytes, idle: Duration)
 /// Writes `bytes` upstream, watching the connection for a final answer
 /// meanwhile (an upstream may answer before it reads a body); gives up
 /// after `idle` without progress.
-async fn write_watching(conn: &mut Conn, bytes: &mut impl bytes::Buf, idle: Duration) -> Sent {
+async fn write_watching(conn: &mut UpstreamConn, bytes: &mut impl bytes::Buf, idle: Duration) -> Sent {
     while bytes.has_remaining() {
         let progress = {
             let (reader, mut writer) = conn.stream.split();
@@ -222,47 +213,56 @@ async fn write_watching(conn: &mut Conn, bytes: &mut impl bytes::Buf, idle: Dura
                 biased;
                 written = tokio::time::timeout(idle, writer.write_buf(bytes)) => match written {
                     Ok(Ok(n)) if n > 0 => None,
-                    _ => return Sent::Failed,
+                    Ok(Ok(_)) => return Sent::Failed(Error::closed(Kind::UpstreamClosed)),
+                    Ok(Err(e)) => return Sent::Failed(Error::io(Kind::UpstreamClosed, e)),
+                    Err(_) => return Sent::Failed(Error::rule(Kind::UpstreamClosed, STALLED_WRITE)),
                 },
                 readable = reader.as_ref().readable() => Some(readable),
             }
         };
         if let Some(readable) = progress {
-            if readable.is_err() {
-                return Sent::Failed;
+            if let Err(e) = readable {
+                return Sent::Failed(Error::io(Kind::UpstreamClosed, e));
             }
             match answer_read(conn, false) {
                 Watched::Answer => return Sent::Answered,
                 Watched::Nothing => {}
-                Watched::Broken => return Sent::Failed,
+                Watched::Broken(error) => return Sent::Failed(error),
             }
         }
     }
     Sent::Whole
 }
 
+/// The upstream took no byte of the request for the idle timeout.
+const STALLED_WRITE: &str = "it took none of the request for http.idleTimeoutMs";
+
 /// What a look at the upstream's side of a connection found.
 enum Watched {
     Nothing,
     /// A final response head is in the buffer.
     Answer,
-    /// The upstream closed it, or sent what is no response.
-    Broken,
+    /// The upstream closed it, or it failed.
+    Broken(Error),
 }
 
 /// Reads what the upstream sent, without waiting: whether a final answer
 /// has come (interim ones are left for [`read_head_until`] to skip).
-fn answer_read(conn: &mut Conn, to_head: bool) -> Watched {
+fn answer_read(conn: &mut UpstreamConn, to_head: bool) -> Watched {
     if conn.buf.capacity() - conn.buf.len() < 1024 {
         conn.buf.reserve(pool::BUF);
     }
-    match conn.stream.try_read_buf(&mut conn.buf) {
-        Ok(0) => return if final_head(&conn.buf, to_head) { Watched::Answer } else { Watched::Broken },
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-        Err(_) => return if final_head(&conn.buf, to_head) { Watched::Answer } else { Watched::Broken },
+    let broken = match conn.stream.try_read_buf(&mut conn.buf) {
+        Ok(0) => Some(Error::closed(Kind::UpstreamClosed)),
+        Ok(_) => None,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+        Err(e) => Some(Error::io(Kind::UpstreamClosed, e)),
+    };
+    match broken {
+        _ if final_head(&conn.buf, to_head) => Watched::Answer,
+        Some(error) => Watched::Broken(error),
+        None => Watched::Nothing,
     }
-    if final_head(&conn.buf, to_head) { Watched::Answer } else { Watched::Nothing }
 }
 
 /// Whether `buf` holds a final response head, after any interim ones.
@@ -271,18 +271,18 @@ fn final_head(mut buf: &[u8], to_head: bool) -> bool {
         match http1::parse_response(buf, to_head) {
             http1::Response::Head(_) => return true,
             http1::Response::Interim { len, .. } => buf = &buf[len..],
-            http1::Response::Partial | http1::Response::Invalid => return false,
+            http1::Response::Partial | http1::Response::Invalid(_) => return false,
         }
     }
 }
 
 /// After a write failed: whether the upstream's final answer had come (it
 /// answered, then closed without reading the rest).
-async fn answer_came(conn: &mut Conn, to_head: bool) -> bool {
+async fn answer_came(conn: &mut UpstreamConn, to_head: bool) -> bool {
     loop {
         match answer_read(conn, to_head) {
             Watched::Answer => return true,
-            Watched::Broken => return false,
+            Watched::Broken(_) => return false,
             // Nothing yet: the readiness says whether more may come.
             Watched::Nothing => {
                 let ready = tokio::time::timeout(Duration::from_millis(10), conn.stream.readable()).await;
@@ -299,13 +299,12 @@ async fn answer_came(conn: &mut Conn, to_head: bool) -> bool {
 /// client's side failed.
 async fn stream<B: BodySource>(
     s: &Send<'_>,
-    conn: &mut Conn,
+    conn: &mut UpstreamConn,
     head: &[u8],
     first: &Bytes,
     rest: &mut B,
     framing: Outgoing,
-    streamed: &mut u64,
-) -> Result<Sent, Failure> {
+) -> Result<Sent, Error> {
     let mut out = Vec::with_capacity(head.len() + first.len() + 16);
     out.extend_from_slice(head);
     let mut encoder = match framing {
@@ -313,7 +312,7 @@ async fn stream<B: BodySource>(
         _ => Encoder::Chunked,
     };
     // The client's framing said how long: never past it.
-    let too_long = |_| Failure::ClientBody(None);
+    let too_long = |_| Error::rule(Kind::ClientBody, "more body than its Content-Length");
     encoder.data(&mut out, first).map_err(too_long)?;
     let idle = s.idle_timeout;
     let mut pace = Pace::new(s.min_rate, idle);
@@ -327,8 +326,8 @@ async fn stream<B: BodySource>(
         let next = tokio::select! {
             next = tokio::time::timeout_at(due, rest.next()) => Some(next),
             readable = conn.stream.readable() => {
-                if readable.is_err() {
-                    return Ok(Sent::Failed);
+                if let Err(e) = readable {
+                    return Ok(Sent::Failed(Error::io(Kind::UpstreamClosed, e)));
                 }
                 None
             }
@@ -337,84 +336,88 @@ async fn stream<B: BodySource>(
             match answer_read(conn, s.to_head) {
                 Watched::Answer => return Ok(Sent::Answered),
                 Watched::Nothing => continue,
-                Watched::Broken => return Ok(Sent::Failed),
+                Watched::Broken(error) => return Ok(Sent::Failed(error)),
             }
         };
         let data = match next {
             Err(_) if pace.broke(rule) => {
-                return Err(Failure::ClientBody(Some(match rule {
-                    Broke::MinRate => BodyTimeout::MinRate,
-                    Broke::Idle => BodyTimeout::Idle,
-                })));
+                return Err(match rule {
+                    Broke::MinRate => {
+                        Error::rule(Kind::ClientSlowBody(BodyTimeout::MinRate), "http.minDataRate")
+                    }
+                    Broke::Idle => Error::rule(Kind::ClientSlowBody(BodyTimeout::Idle), "http.idleTimeoutMs"),
+                });
             }
             Err(_) => continue,
-            Ok(Err(())) => return Err(Failure::ClientBody(None)),
+            Ok(Err(error)) => return Err(error),
             Ok(Ok(None)) => break,
             Ok(Ok(Some(data))) => data,
         };
         pace.add(data.len());
-        *streamed += data.len() as u64;
         encoder.data(&mut out, &data).map_err(too_long)?;
     }
-    encoder.finish(&mut out).map_err(too_long)?;
+    encoder
+        .finish(&mut out)
+        .map_err(|_| Error::rule(Kind::ClientBody, "less body than its Content-Length"))?;
     Ok(write_watching(conn, &mut &out[..], idle).await)
 }
 
 /// Why no response head came.
-pub(crate) enum HeadError {
-    /// The connection ended or failed before any byte of a response.
-    NothingCame,
-    /// What came is not a response limiter forwards, or it broke off.
-    Invalid,
-    Timeout,
+pub(crate) struct NoResponse {
+    pub error: Error,
+    /// No byte of a response came before the connection ended (a pooled
+    /// one the upstream may have closed while it sat idle).
+    pub nothing: bool,
 }
 
 /// Reads the response head (interim 1xx heads skipped; `101` only to an
 /// upgrade) until `deadline`.
 pub(crate) async fn read_head_until(
-    conn: &mut Conn,
+    conn: &mut UpstreamConn,
     to_head: bool,
     upgrade: bool,
     deadline: tokio::time::Instant,
-) -> Result<ResponseHead, HeadError> {
+) -> Result<ResponseHead, NoResponse> {
     let mut any = false;
+    let invalid = |rule| NoResponse { error: Error::rule(Kind::UpstreamInvalid, rule), nothing: false };
     loop {
         if !conn.buf.is_empty() {
             any = true;
             match http1::parse_response(&conn.buf, to_head) {
                 http1::Response::Head(head) if head.status == 101 && !upgrade => {
-                    return Err(HeadError::Invalid);
+                    return Err(invalid("a 101 to a request that asked for no upgrade"));
                 }
                 http1::Response::Head(head) => return Ok(head),
                 http1::Response::Interim { len, .. } => {
                     conn.buf.advance(len);
                     continue;
                 }
-                http1::Response::Invalid => return Err(HeadError::Invalid),
+                http1::Response::Invalid(why) => return Err(invalid(why)),
                 http1::Response::Partial => {}
             }
         }
         if conn.buf.capacity() - conn.buf.len() < 1024 {
             conn.buf.reserve(pool::BUF);
         }
-        match tokio::time::timeout_at(
+        let read = tokio::time::timeout_at(
             deadline,
             tokio::io::AsyncReadExt::read_buf(&mut conn.stream, &mut conn.buf),
         )
-        .await
-        {
-            Err(_) => return Err(HeadError::Timeout),
-            Ok(Ok(0) | Err(_)) if !any => return Err(HeadError::NothingCame),
-            Ok(Ok(0) | Err(_)) => return Err(HeadError::Invalid),
-            Ok(Ok(_)) => {}
-        }
+        .await;
+        let error = match read {
+            Ok(Ok(n)) if n > 0 => continue,
+            Err(_) => Error::rule(Kind::UpstreamTimeout, "http.upstreamTimeoutMs"),
+            Ok(Ok(_)) => Error::closed(Kind::UpstreamClosed),
+            Ok(Err(e)) => Error::io(Kind::UpstreamClosed, e),
+        };
+        return Err(NoResponse { error, nothing: !any });
     }
 }
 
 /// A response body as the upstream sends it, decoded strictly. It holds
 /// the request's permit while it streams (see the module's doc).
 pub struct ResponseBody {
-    conn: Option<Conn>,
+    conn: Option<UpstreamConn>,
     decoder: Decoder,
     pub(super) pool: Arc<Pool>,
     /// The connection cannot carry another request.
@@ -433,7 +436,7 @@ impl ResponseBody {
     /// The body of `head` on `conn` (its head already taken off the
     /// buffer); `abandon` says how it is followed if dropped before its end.
     pub fn new(
-        conn: Conn,
+        conn: UpstreamConn,
         head: &ResponseHead,
         pool: Arc<Pool>,
         idle: Duration,
@@ -480,24 +483,27 @@ impl ResponseBody {
     }
 
     /// The body failed: its connection closes, its permit goes back.
-    fn fail(&mut self) {
+    fn fail(&mut self, error: Error) -> Poll<Result<Option<Bytes>, Error>> {
         self.done = true;
         self.conn = None;
         self.permit = None;
+        Poll::Ready(Err(error))
     }
 
     /// The next piece of data; `None` at the end; `Err` if the upstream
     /// broke it off, framed it wrongly or stalled past the idle timeout.
-    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, ()>> {
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, Error>> {
         loop {
             if self.done {
                 return Poll::Ready(Ok(None));
             }
-            let Some(conn) = self.conn.as_mut() else { return Poll::Ready(Err(())) };
+            let Some(conn) = self.conn.as_mut() else {
+                return Poll::Ready(Err(Error::closed(Kind::UpstreamBody)));
+            };
             if !conn.buf.is_empty() {
-                let Ok(step) = self.decoder.decode(&conn.buf) else {
-                    self.fail();
-                    return Poll::Ready(Err(()));
+                let step = match self.decoder.decode(&conn.buf) {
+                    Ok(step) => step,
+                    Err(e) => return self.fail(Error::rule(Kind::UpstreamBody, e.rule())),
                 };
                 let data = if step.data.is_empty() {
                     conn.buf.advance(step.used);
@@ -527,25 +533,18 @@ impl ResponseBody {
             match conn.stream.poll_read_ready(cx) {
                 Poll::Ready(Ok(())) => match conn.stream.try_read_buf(&mut conn.buf) {
                     Ok(0) => {
-                        if self.decoder.eof().is_ok() {
-                            self.closes = true;
-                            self.finish();
-                            return Poll::Ready(Ok(None));
+                        if let Err(e) = self.decoder.eof() {
+                            return self.fail(Error::rule(Kind::UpstreamBody, e.rule()));
                         }
-                        self.fail();
-                        return Poll::Ready(Err(()));
+                        self.closes = true;
+                        self.finish();
+                        return Poll::Ready(Ok(None));
                     }
                     Ok(_) => self.armed = false,
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(_) => {
-                        self.fail();
-                        return Poll::Ready(Err(()));
-                    }
+                    Err(e) => return self.fail(Error::io(Kind::UpstreamBody, e)),
                 },
-                Poll::Ready(Err(_)) => {
-                    self.fail();
-                    return Poll::Ready(Err(()));
-                }
+                Poll::Ready(Err(e)) => return self.fail(Error::io(Kind::UpstreamBody, e)),
                 Poll::Pending => {
                     let idle = self.idle;
                     let timer = self.timer.get_or_insert_with(|| Box::pin(sleep(idle)));
@@ -554,8 +553,8 @@ impl ResponseBody {
                         self.armed = true;
                     }
                     if timer.as_mut().poll(cx).is_ready() {
-                        self.fail();
-                        return Poll::Ready(Err(()));
+                        return self
+                            .fail(Error::rule(Kind::UpstreamBody, "it stalled past http.idleTimeoutMs"));
                     }
                     return Poll::Pending;
                 }
@@ -563,14 +562,19 @@ impl ResponseBody {
         }
     }
 
-    pub async fn next(&mut self) -> Result<Option<Bytes>, ()> {
+    pub async fn next(&mut self) -> Result<Option<Bytes>, Error> {
         std::future::poll_fn(|cx| self.poll_next(cx)).await
     }
 
     /// Reads the body ahead of the client if it ends within `limit` bytes
     /// and the budget (`Ahead::Whole`: the permit is back); otherwise what
     /// was read, to send before the rest.
-    pub async fn read_ahead(&mut self, limit: u64, budget: &Arc<Budget>, memory: u64) -> Result<Ahead, ()> {
+    pub async fn read_ahead(
+        &mut self,
+        limit: u64,
+        budget: &Arc<Budget>,
+        memory: u64,
+    ) -> Result<Ahead, Error> {
         let mut collect = match self.remaining() {
             _ if limit == 0 => return Ok(Ahead::Streaming(Bytes::new())),
             Some(n) if n > limit => return Ok(Ahead::Streaming(Bytes::new())),
@@ -631,7 +635,7 @@ impl Drop for ResponseBody {
 /// permit; `sent` is when the request went upstream (the adaptive limit
 /// learns the answer's latency if it comes).
 pub fn follow_pending(
-    (mut conn, sent): (Conn, Instant),
+    (mut conn, sent): (UpstreamConn, Instant),
     pool: Arc<Pool>,
     permit: Permit,
     to_head: bool,
@@ -652,7 +656,7 @@ pub fn follow_pending(
                 let mut body = ResponseBody::new(conn, &head, pool, abandon.idle, permit, None);
                 drain(&mut body, deadline).await
             }
-            Err(HeadError::Timeout) => End::Bound,
+            Err(NoResponse { error, .. }) if error.kind() == Kind::UpstreamTimeout => End::Bound,
             Err(_) => End::Closed,
         };
         shared.abandoned.now.fetch_sub(1, Ordering::Relaxed);
@@ -684,7 +688,7 @@ async fn drain(body: &mut ResponseBody, deadline: tokio::time::Instant) -> End {
             match body.next().await {
                 Ok(Some(_)) => {}
                 Ok(None) => return End::Answered,
-                Err(()) => return End::Closed,
+                Err(_) => return End::Closed,
             }
         }
     };

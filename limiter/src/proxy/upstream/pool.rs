@@ -63,8 +63,8 @@ impl Upstreams {
         Arc::new(u)
     }
 
-    /// Applies a reloaded limit (connections beyond it close as they
-    /// finish; none is cut).
+    /// Applies a reloaded limit: connections beyond it close as they
+    /// finish their requests ([`Pool::put`]); none is cut.
     pub fn set_limit(&self, limit: usize) {
         self.limit.store(limit.max(1), Ordering::Relaxed);
     }
@@ -131,7 +131,7 @@ impl Drop for Slot {
 
 /// One upstream connection and what was read from it past the last
 /// response (nothing, on a connection that may be reused).
-pub struct Conn {
+pub struct UpstreamConn {
     pub stream: TcpStream,
     pub buf: BytesMut,
     /// Carried a request before this one.
@@ -139,7 +139,7 @@ pub struct Conn {
     _slot: Slot,
 }
 
-impl Conn {
+impl UpstreamConn {
     /// The socket, and what the upstream sent past its last head, for a
     /// tunnel: it no longer counts under the cap.
     pub fn into_tunnel(self) -> (TcpStream, BytesMut) {
@@ -151,7 +151,7 @@ impl Conn {
 pub const BUF: usize = 16 * 1024;
 
 struct Idle {
-    conn: Conn,
+    conn: UpstreamConn,
     since: Instant,
 }
 
@@ -196,7 +196,7 @@ impl Pool {
         self.shared.clone()
     }
 
-    fn take_idle(&self, idle_timeout: Duration) -> Option<Conn> {
+    fn take_idle(&self, idle_timeout: Duration) -> Option<UpstreamConn> {
         let mut idle = lock(&self.idle);
         let now = Instant::now();
         while let Some(i) = idle.pop() {
@@ -212,7 +212,11 @@ impl Pool {
 
     /// A connection for one request: an idle one, a new one, or at the cap
     /// another worker's idle one (see the module's doc).
-    pub async fn get(&self, connect_timeout: Duration, idle_timeout: Duration) -> Result<Conn, GetError> {
+    pub async fn get(
+        &self,
+        connect_timeout: Duration,
+        idle_timeout: Duration,
+    ) -> Result<UpstreamConn, GetError> {
         if let Some(conn) = self.take_idle(idle_timeout) {
             return Ok(conn);
         }
@@ -232,7 +236,7 @@ impl Pool {
             if let Some(moved) = self.shared.take_idle_elsewhere(self)
                 && let Ok(stream) = TcpStream::from_std(moved.stream)
             {
-                return Ok(Conn {
+                return Ok(UpstreamConn {
                     stream,
                     buf: BytesMut::with_capacity(BUF),
                     reused: true,
@@ -248,7 +252,7 @@ impl Pool {
         }
     }
 
-    async fn connect(&self, slot: Slot, deadline: tokio::time::Instant) -> Result<Conn, GetError> {
+    async fn connect(&self, slot: Slot, deadline: tokio::time::Instant) -> Result<UpstreamConn, GetError> {
         self.shared.connecting.fetch_add(1, Ordering::Relaxed);
         let outcome = tokio::time::timeout_at(deadline, TcpStream::connect(self.addr.as_str())).await;
         self.shared.connecting.fetch_sub(1, Ordering::Relaxed);
@@ -261,7 +265,7 @@ impl Pool {
         };
         let _ = stream.set_nodelay(true);
         self.shared.connects_ok.fetch_add(1, Ordering::Relaxed);
-        Ok(Conn { stream, buf: BytesMut::with_capacity(BUF), reused: false, _slot: slot })
+        Ok(UpstreamConn { stream, buf: BytesMut::with_capacity(BUF), reused: false, _slot: slot })
     }
 
     fn failed(&self, e: io::Error) -> GetError {
@@ -271,9 +275,9 @@ impl Pool {
     }
 
     /// Returns a connection whose last response was read whole and left
-    /// nothing behind it.
-    pub fn put(&self, conn: Conn) {
-        if !conn.buf.is_empty() {
+    /// nothing behind it; past the cap (lowered by a reload), it closes.
+    pub fn put(&self, conn: UpstreamConn) {
+        if !conn.buf.is_empty() || self.shared.open() > self.shared.limit() {
             return;
         }
         let mut idle = lock(&self.idle);
@@ -287,7 +291,7 @@ impl Pool {
     /// Gives up one idle connection to another worker's request.
     fn give_one(&self) -> Option<Moving> {
         let idle = lock(&self.idle).pop()?;
-        let Conn { stream, _slot: slot, .. } = idle.conn;
+        let UpstreamConn { stream, _slot: slot, .. } = idle.conn;
         // Closed meanwhile, or not movable: dropped (its slot freed).
         if !still_open(&stream) {
             return None;
@@ -310,7 +314,7 @@ struct Moving {
 
 /// Whether an idle connection is still open: nothing arrived on it since
 /// its last response (the runtime's readiness says so without a system
-/// call), or what arrived was not its end.
+/// call, or a peek finds the readiness stale).
 fn still_open(stream: &TcpStream) -> bool {
     use std::task::{Context, Poll, Waker};
     let mut cx = Context::from_waker(Waker::noop());

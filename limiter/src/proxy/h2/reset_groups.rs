@@ -26,8 +26,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::refusal_log::GroupLog;
 use crate::config::{KernelConfig, Prefix};
+use crate::proxy::log_lines::GroupLog;
 
 /// Connections ended for resets, within [`WINDOW`], that get a group
 /// refused.

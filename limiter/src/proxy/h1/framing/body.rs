@@ -6,7 +6,7 @@
 //! optional spaces or tabs around `;` and `=`), CRLF; the data, CRLF; after
 //! the last chunk, trailer fields (a token, `:`, a value of visible bytes,
 //! spaces and tabs) each ended by CRLF, then CRLF. A bare LF or CR, a
-//! control byte, obs-fold, a size past 2^60 or with no digit, data that does
+//! control byte, obs-fold, a size of 2^60 or more or with no digit, data that does
 //! not end where its size says, more than [`EXTENSION_BYTES`] of extensions
 //! or [`TRAILER_BYTES`] / [`TRAILER_FIELDS`] of trailers fails the body.
 //! Extensions and trailers are read and dropped: what goes on is the data,
@@ -32,11 +32,21 @@ pub enum BodyError {
     Incomplete,
 }
 
+impl BodyError {
+    /// The rule it broke, in words.
+    pub fn rule(self) -> &'static str {
+        match self {
+            Self::Chunked(why) => why,
+            Self::Incomplete => "the body ended before its framing did",
+        }
+    }
+}
+
 impl std::fmt::Display for BodyError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Chunked(why) => write!(f, "malformed chunked body: {why}"),
-            Self::Incomplete => f.write_str("the body ended before its framing did"),
+            Self::Incomplete => f.write_str(self.rule()),
         }
     }
 }
@@ -257,8 +267,9 @@ impl Chunked {
                 }
                 match (b as char).to_digit(16) {
                     Some(d) => {
-                        if self.size >> 60 != 0 {
-                            return bad("a chunk size past 2^60");
+                        // One more digit would make it 2^60 or more.
+                        if self.size >> 56 != 0 {
+                            return bad("a chunk size of 2^60 or more");
                         }
                         self.size = self.size << 4 | u64::from(d);
                         self.state = S::Size;

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use hyper::{Method, Request, Response};
 use tokio::net::TcpListener;
 
-use super::http1::plain;
+use crate::plain_http as plain;
 
 /// Starts the sample upstream on a free loopback port; returns its address.
 pub async fn start() -> std::io::Result<SocketAddr> {

@@ -20,8 +20,8 @@
 //!
 //! Under pressure ([`super::pressure`]: a pool refused a request within
 //! the last second) a stream that holds a permit is cut sooner: once its
-//! chunk has waited [`PATIENCE`] untaken (HTTP/1 applies the same rule to
-//! its writes, in [`super::h1`]).
+//! chunk has waited [`PATIENCE`] untaken (HTTP/1 applies the same patience
+//! to each of its writes, in `h1::response`).
 //!
 //! A cut drops the upstream's body, and says so first (the flag given to
 //! [`guard`]): one still streaming has its upstream connection closed,
@@ -46,7 +46,7 @@ use tokio::{
     time::{Instant, sleep_until},
 };
 
-use super::{
+use crate::proxy::{
     Counters, Tuning,
     pressure::{PATIENCE, Pressure},
     rate::GRACE,
@@ -79,7 +79,7 @@ struct Shared {
     /// ahead whole).
     streaming: bool,
     /// Set before a cut drops the body.
-    cut: Option<Arc<AtomicBool>>,
+    cut: Arc<AtomicBool>,
 }
 
 impl Shared {
@@ -103,9 +103,7 @@ impl Shared {
     /// Drops the upstream's body: the next time hyper asks, the body fails.
     fn cut(&self) {
         self.done.store(true, Ordering::Relaxed);
-        if let Some(cut) = &self.cut {
-            cut.store(true, Ordering::Relaxed);
-        }
+        self.cut.store(true, Ordering::Relaxed);
         drop(self.held().take());
     }
 }
@@ -126,7 +124,7 @@ pub fn guard(
     body: UnsyncBoxBody<Bytes, BoxError>,
     streaming: bool,
     list: &Watchlist,
-    cut: Option<Arc<AtomicBool>>,
+    cut: Arc<AtomicBool>,
 ) -> Guarded {
     let hint = body.size_hint();
     let shared = Arc::new(Shared {
@@ -346,7 +344,7 @@ mod tests {
         });
         let permit = admission.admit(Ask::default()).unwrap();
         let (list, idle) = (Watchlist::default(), Duration::from_secs(60));
-        let mut body = guard(Endless(Some(permit)).boxed_unsync(), true, &list, None);
+        let mut body = guard(Endless(Some(permit)).boxed_unsync(), true, &list, Arc::default());
         assert!(matches!(poll(&mut body), Poll::Ready(Some(Ok(_)))), "hyper takes a chunk");
         let taken = Instant::now();
         let second = taken + PATIENCE + Duration::from_millis(50);
@@ -364,7 +362,7 @@ mod tests {
     #[test]
     fn a_stream_read_whole_is_not_cut_under_pressure() {
         let (list, idle) = (Watchlist::default(), Duration::from_secs(60));
-        let mut body = guard(Endless(None).boxed_unsync(), false, &list, None);
+        let mut body = guard(Endless(None).boxed_unsync(), false, &list, Arc::default());
         assert!(matches!(poll(&mut body), Poll::Ready(Some(Ok(_)))));
         let later = Instant::now() + PATIENCE + Duration::from_millis(50);
         assert_eq!(list.look(later, true, 1024, idle).0, 0, "it holds no permit: only the minimum rate");

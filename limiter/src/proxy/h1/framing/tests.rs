@@ -200,7 +200,12 @@ fn chunk_sizes_are_hex_digits_within_2_to_the_60() {
     refused("0x3\r\nabc\r\n0\r\n\r\n");
     refused("-3\r\nabc\r\n0\r\n\r\n");
     refused(" 3\r\nabc\r\n0\r\n\r\n");
-    assert_eq!(refused("1000000000000000000000003\r\nabc\r\n"), "a chunk size past 2^60");
+    assert_eq!(refused("1000000000000000\r\nabc\r\n"), "a chunk size of 2^60 or more");
+    assert_eq!(refused("1000000000000000000000003\r\nabc\r\n"), "a chunk size of 2^60 or more");
+    // 2^60 - 1 is a size (the body then waits for its data).
+    let mut d = Decoder::new(Framing::Chunked);
+    assert_eq!(d.decode(b"0fffffffffffffff\r\n").map(|s| s.used), Ok(18));
+    assert_eq!(d.remaining(), None);
     assert_eq!(refused(&format!("{}3\r\nabc\r\n", "0".repeat(64))), "a chunk size over 64 bytes");
 }
 
@@ -299,15 +304,19 @@ fn a_responses_framing_follows_rfc_9112_section_6_3() {
 
 #[test]
 fn responses_limiter_cannot_frame_are_the_upstreams_failure() {
-    for head in [
-        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
-        "HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
-        "HTTP/1.1 999 Nine\r\n\r\n",
-        "HTTP/1.1 200 OK\r\nX: 1\r\n 2\r\n\r\n",
-        "nonsense\r\n\r\n",
+    let differ = "Content-Length values that differ or are not digits";
+    let unread = "a response head httparse does not read";
+    for (head, why) in [
+        ("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", differ),
+        ("HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", differ),
+        ("HTTP/1.1 999 Nine\r\n\r\n", "a status outside 100-599"),
+        ("HTTP/1.1 200 OK\r\nX: 1\r\n 2\r\n\r\n", unread),
+        ("nonsense\r\n\r\n", unread),
     ] {
-        assert_eq!(parse_response(head.as_bytes(), false), Response::Invalid, "{head:?}");
+        assert_eq!(parse_response(head.as_bytes(), false), Response::Invalid(why), "{head:?}");
     }
+    let endless = format!("HTTP/1.1 200 OK\r\nx-a: {}", "b".repeat(super::MAX_RESPONSE_HEAD));
+    assert_eq!(parse_response(endless.as_bytes(), false), Response::Invalid("a response head past 417 KiB"));
     assert_eq!(
         parse_response(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n", false),
         Response::Interim { len: 25, status: 100 }

@@ -14,17 +14,20 @@
 //! authority; limiter's forwarding headers and the request's id; then one
 //! framing line of limiter's ([`Outgoing`]).
 
+pub(crate) mod head;
+pub mod headers;
+pub(crate) mod path;
+#[cfg(test)]
+mod tests;
+
 use bytes::{Bytes, BytesMut};
 use hyper::Method;
 
-use super::{
-    head::{self, Bad},
-    headers::{
-        FORWARDING, Forwarding, Rewrite, Seen, connection_named, forwarding_index, is_hop_by_hop,
-        underscore_passes,
-    },
-    http1::{Field, Framing, RequestHead, Span, tokens},
+use self::{
+    head::Bad,
+    headers::{FORWARDING, Forwarding, HopByHop, Rewrite, Seen, forwarding_index, underscore_passes},
 };
+use super::h1::framing::{Field, Framing, RequestHead, Span, tokens};
 use crate::request_id::RequestId;
 
 /// The protocol version a request came in.
@@ -44,6 +47,30 @@ pub enum BodyLen {
     Chunked,
     /// An HTTP/2 stream without `content-length`.
     Unknown,
+}
+
+impl From<Framing> for BodyLen {
+    /// What an HTTP/1 request head's framing says of its body.
+    fn from(framing: Framing) -> Self {
+        match framing {
+            Framing::None | Framing::Close => Self::None,
+            Framing::Length(n) => Self::Length(n),
+            Framing::Chunked => Self::Chunked,
+        }
+    }
+}
+
+impl BodyLen {
+    /// How the body is read as HTTP/1 framing: the inverse of
+    /// `From<Framing>` (a length HTTP/2 did not give, [`BodyLen::Unknown`],
+    /// reads as chunks).
+    pub fn framing(self) -> Framing {
+        match self {
+            Self::None => Framing::None,
+            Self::Length(n) => Framing::Length(n),
+            Self::Chunked | Self::Unknown => Framing::Chunked,
+        }
+    }
 }
 
 /// How limiter frames the body it sends upstream.
@@ -104,11 +131,7 @@ impl Request {
         }
         let seen = Seen::of_names(head.fields.iter().map(|f| f.name.get(&buf)));
         let version = if head.minor == 0 { Version::Http10 } else { Version::Http11 };
-        let body = match head.framing {
-            Framing::None | Framing::Close => BodyLen::None,
-            Framing::Length(n) => BodyLen::Length(n),
-            Framing::Chunked => BodyLen::Chunked,
-        };
+        let body = BodyLen::from(head.framing);
         let mut req = Self {
             buf,
             method,
@@ -267,7 +290,7 @@ impl Request {
     /// `Authorization`, `Transfer-Encoding` and `Connection`, then the
     /// target and its authority.
     pub fn check(&self) -> Result<(), Bad> {
-        head::check_lines(self.field("host"), self.field("transfer-encoding"), &self.seen)?;
+        head::check_lines(self.field("host"), &self.seen)?;
         if self.seen.connection() {
             head::check_connection(self.values("connection"))?;
         }
@@ -328,24 +351,20 @@ impl Request {
         }
         let mut rewrite = Lines { req: self, drop: 0, extended: [None, None], tail: Vec::new() };
         u.fwd.apply(&mut rewrite, host, &self.seen, u.id.as_bytes());
-        let named: Vec<&[u8]> = if self.seen.connection() {
-            connection_named(self.values("connection")).collect()
-        } else {
-            Vec::new()
-        };
+        let hop_by_hop = HopByHop::of(&self.seen, self.values("connection"));
         let mut extended = rewrite.extended;
         let mut underscored = 0;
         for f in &self.fields {
             let (name, value) = (f.name.get(buf), f.value.get(buf));
+            if hop_by_hop.drops(name) {
+                continue;
+            }
             if self.seen.underscores && name.contains(&b'_') {
                 if !underscore_passes(name, u.underscores) {
                     underscored += 1;
                     continue;
                 }
                 line(out, name, value);
-                continue;
-            }
-            if self.seen.any_hop_by_hop() && is_hop_by_hop(name, &named) {
                 continue;
             }
             match name.len() {

@@ -11,7 +11,7 @@ use bytes::{Buf as _, Bytes, BytesMut};
 use hyper::{Request, Response, StatusCode, header::HeaderValue};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 
-use super::{Framing, HeadError, body::Decoder, parse_request};
+use crate::proxy::framing::{Framing, HeadError, body::Decoder, empty_lines, parse_request};
 
 /// What one connection is held to.
 #[derive(Clone, Copy, Debug)]
@@ -63,6 +63,7 @@ where
 {
     let deadline = tokio::time::Instant::now() + limits.header_timeout;
     let head = loop {
+        buf.advance(empty_lines(buf));
         if !buf.is_empty() {
             match parse_request(buf) {
                 Ok(Some(head)) if head.len <= limits.max_head => break head,

@@ -22,7 +22,6 @@
 //!   and agree across lines (or the response is the upstream's failure).
 
 pub mod body;
-pub mod plain;
 #[cfg(test)]
 mod tests;
 
@@ -83,8 +82,22 @@ pub enum HeadError {
     TooLarge,
     /// Framing two readers could read differently (see the module's list).
     FramingConflict,
-    /// A transfer coding other than a lone `chunked`.
+    /// Codings before a final `chunked` (`gzip, chunked`, on one line or
+    /// several): 501.
     TransferEncoding,
+}
+
+impl HeadError {
+    /// Its name: the access log's `reason` and the `kind` label of
+    /// `limiter_http_bad_requests_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Malformed => "malformed",
+            Self::TooLarge => "too_large",
+            Self::FramingConflict => "framing_conflict",
+            Self::TransferEncoding => "transfer_encoding",
+        }
+    }
 }
 
 /// What a request head says of its message, as found in one pass.
@@ -211,8 +224,8 @@ pub enum Response {
         status: u16,
     },
     Head(ResponseHead),
-    /// Not a response limiter forwards (the upstream's failure).
-    Invalid,
+    /// Not a response limiter forwards (the upstream's failure), and why.
+    Invalid(&'static str),
 }
 
 /// Parses a response head (`to_head`: the request was a `HEAD`).
@@ -222,11 +235,14 @@ pub fn parse_response(buf: &[u8], to_head: bool) -> Response {
     let len = match res.parse(buf) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) if buf.len() < MAX_RESPONSE_HEAD => return Response::Partial,
-        _ => return Response::Invalid,
+        Ok(httparse::Status::Partial) => return Response::Invalid("a response head past 417 KiB"),
+        Err(_) => return Response::Invalid("a response head httparse does not read"),
     };
-    let (Some(status), Some(minor)) = (res.code, res.version) else { return Response::Invalid };
+    let (Some(status), Some(minor)) = (res.code, res.version) else {
+        return Response::Invalid("a response head httparse does not read");
+    };
     if !(100..=599).contains(&status) {
-        return Response::Invalid;
+        return Response::Invalid("a status outside 100-599");
     }
     if (100..200).contains(&status) && status != 101 {
         return Response::Interim { len, status };
@@ -261,7 +277,9 @@ pub fn parse_response(buf: &[u8], to_head: bool) -> Response {
         }
     }
     let length = match lengths {
-        Some(Err(())) if !codings => return Response::Invalid,
+        Some(Err(())) if !codings => {
+            return Response::Invalid("Content-Length values that differ or are not digits");
+        }
         Some(Ok(n)) => Some(n),
         _ => None,
     };
@@ -318,6 +336,19 @@ pub fn date_line(out: &mut Vec<u8>) {
     });
 }
 
+/// The bytes of empty lines (CRLF, or a bare LF) at the front of `buf`,
+/// which a server skips before a request line (RFC 9112 §2.2).
+pub fn empty_lines(buf: &[u8]) -> usize {
+    let mut at = 0;
+    loop {
+        match &buf[at..] {
+            [b'\n', ..] => at += 1,
+            [b'\r', b'\n', ..] => at += 2,
+            _ => return at,
+        }
+    }
+}
+
 /// The comma-separated tokens of a field value, trimmed, empty ones
 /// skipped.
 pub fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
@@ -325,7 +356,7 @@ pub fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
 }
 
 /// A `Content-Length` value: digits only (httparse trimmed the spaces
-/// around them), within 2^62.
+/// around them), at most 18 of them (under 10^18).
 fn digits(value: &[u8]) -> Result<u64, ()> {
     if value.is_empty() || value.len() > 18 || !value.iter().all(u8::is_ascii_digit) {
         return Err(());

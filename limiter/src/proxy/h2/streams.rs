@@ -12,7 +12,7 @@ use std::{
 
 use tokio::sync::Notify;
 
-use super::stream_guard::Watchlist;
+use super::guard::Watchlist;
 
 /// The open streams of one HTTP/2 connection, so that it can close when
 /// it has had none for `http.idleTimeoutMs`.
@@ -20,7 +20,7 @@ use super::stream_guard::Watchlist;
 pub struct Streams {
     open: AtomicU32,
     changed: Notify,
-    /// Its streams' responses, watched for starvation ([`super::stream_guard`]).
+    /// Its streams' responses, watched for starvation ([`super::guard`]).
     pub watchlist: Watchlist,
     /// Frames the client sent (PINGs aside), as the flood meter counts
     /// them: a client granting window to a download is not idle.

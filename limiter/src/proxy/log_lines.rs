@@ -1,7 +1,7 @@
-//! Log lines for refusals, rate-limited so that an attack cannot flood the
-//! disk and no refusal goes unaccounted: each line says how many went
-//! unlogged since the line before it. Lock-free: every worker thread
-//! refuses at once under overload.
+//! The proxy's rate-limited log lines, so that an attack (or a failing
+//! upstream) cannot flood the disk and no event goes unaccounted: each line
+//! says how many went unlogged since the line before it. Lock-free: every
+//! worker thread refuses at once under overload.
 //!
 //! - [`RefusalLog`]: 503 refusals, at most [`LINES_PER_SECOND`] lines per
 //!   second of the daemon's clock (so at most twice that across the
@@ -12,6 +12,8 @@
 //!   line per such connection is filtered out ([`crate::daemon::logging`]);
 //! - [`GroupLog`]: client groups refused at accept for those resets
 //!   ([`super::reset_groups`]), at most [`RESET_LINES_PER_SECOND`] a second;
+//! - [`ErrorLog`]: failures of the upstream's ([`super::error`]), at most
+//!   [`LINES_PER_SECOND`] a second;
 //! - [`AbandonLog`]: requests limiter gave up on while the upstream went
 //!   on with them ([`super::upstream::abandon`]), at most
 //!   [`LINES_PER_SECOND`] a second.
@@ -180,6 +182,36 @@ impl GroupLog {
                 refused_for_s,
                 unlogged_since_last_line = suppressed,
                 "client group refused at accept: its HTTP/2 connections keep ending for stream resets"
+            );
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct ErrorLog(Lines);
+
+impl Default for ErrorLog {
+    fn default() -> Self {
+        Self(Lines::new(LINES_PER_SECOND))
+    }
+}
+
+impl ErrorLog {
+    /// Records one failure of the upstream's; logs it, with its cause, if
+    /// this second still has room.
+    pub fn note(
+        &self,
+        error: &super::error::Error,
+        peer: std::net::SocketAddr,
+        id: &crate::request_id::RequestId,
+    ) {
+        if let Some(suppressed) = self.0.note() {
+            tracing::warn!(
+                kind = error.kind().as_str(),
+                client = %peer,
+                request_id = %id,
+                unlogged_since_last_line = suppressed,
+                "{error}"
             );
         }
     }

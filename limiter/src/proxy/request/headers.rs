@@ -10,16 +10,14 @@
 //! its `X-Forwarded-Proto`, `-Host`, `-Port` and `X-Request-Id` kept.
 //! `X-Original-URL` and `X-Rewrite-URL`, path overrides that some
 //! frameworks honour past their access rules, never pass. A field whose
-//! name holds a `_` is dropped ([`underscore_passes`]).
+//! name holds a `_` is dropped unless `http.underscoresInHeaders = on`
+//! ([`underscore_passes`]).
 
 use std::net::SocketAddr;
 
-use super::proto::Proto;
+use crate::proxy::{h1::framing::ResponseHead, proto::Proto};
 
-use hyper::{
-    HeaderMap,
-    header::{self, HeaderName},
-};
+use hyper::header::{self, HeaderName};
 
 /// Hop-by-hop headers, always removed; plus any header the `Connection`
 /// header names. (Names, not strings: a lookup by string parses it first.
@@ -38,7 +36,6 @@ static HOP_BY_HOP: [HeaderName; 8] = [
 
 /// Places in [`HOP_BY_HOP`] that [`Seen`] reports on.
 const CONNECTION_AT: usize = 0;
-const TRANSFER_ENCODING_AT: usize = 5;
 const UPGRADE_AT: usize = 6;
 
 /// An upstream component that takes some request headers as the word of
@@ -303,10 +300,9 @@ static X_CLIENT_ID: HeaderName = HeaderName::from_static("x-client-id");
 /// response, only its hop-by-hop headers are used.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Seen {
-    /// Lines of `Host`, `Authorization` and `Transfer-Encoding` (up to 255).
+    /// Lines of `Host` and `Authorization` (up to 255).
     pub hosts: u8,
     pub authorizations: u8,
-    pub codings: u8,
     /// `X-Client-Id` is there.
     pub client_id: bool,
     /// A bit for each member of [`FORWARDING`] present.
@@ -319,11 +315,7 @@ pub struct Seen {
 }
 
 impl Seen {
-    pub fn scan(headers: &HeaderMap) -> Self {
-        Self::of_names(headers.iter().map(|(name, _)| name.as_str().as_bytes()))
-    }
-
-    /// The same over the names of a head's lines, as the client wrote them
+    /// What the names of a head's lines show, as the client wrote them
     /// (any case): one line, one name.
     pub fn of_names<'a>(names: impl Iterator<Item = &'a [u8]>) -> Self {
         let mut seen = Self::default();
@@ -344,9 +336,6 @@ impl Seen {
                 2 | 7 | 10 | 16 | 17 | 19 => {
                     if let Some(i) = HOP_BY_HOP.iter().position(is) {
                         seen.hop_by_hop |= 1 << i;
-                        if i == TRANSFER_ENCODING_AT {
-                            seen.codings = seen.codings.saturating_add(1);
-                        }
                     }
                 }
                 _ => {}
@@ -358,7 +347,7 @@ impl Seen {
         seen
     }
 
-    /// Whether a hop-by-hop header is there (then [`is_hop_by_hop`] must
+    /// Whether a hop-by-hop header is there (then [`HopByHop::drops`] must
     /// be asked of each line).
     pub fn any_hop_by_hop(&self) -> bool {
         self.hop_by_hop != 0
@@ -388,7 +377,7 @@ impl Seen {
 /// The headers `Connection` lines name besides the fixed hop-by-hop ones
 /// (its usual `keep-alive` is one of those): the tokens of the lines that
 /// are text, trimmed.
-pub fn connection_named<'a>(values: impl Iterator<Item = &'a [u8]>) -> impl Iterator<Item = &'a [u8]> {
+fn connection_named<'a>(values: impl Iterator<Item = &'a [u8]>) -> impl Iterator<Item = &'a [u8]> {
     values
         .filter(|v| v.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b)))
         .flat_map(|v| v.split(|&b| b == b','))
@@ -398,11 +387,43 @@ pub fn connection_named<'a>(values: impl Iterator<Item = &'a [u8]>) -> impl Iter
         })
 }
 
-/// Whether a line named `name` goes as hop-by-hop: one of the fixed names,
-/// or one of `named` (what [`connection_named`] found).
-pub fn is_hop_by_hop(name: &[u8], named: &[&[u8]]) -> bool {
-    HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h.as_str().as_bytes()))
-        || named.iter().any(|n| name.eq_ignore_ascii_case(n))
+/// A head's hop-by-hop lines (RFC 9110 §7.6.1): the fixed names, and the
+/// names its `Connection` lines give. One rule for the request limiter
+/// forwards and for the response it relays, on either protocol.
+pub struct HopByHop<'a> {
+    named: Vec<&'a [u8]>,
+    any: bool,
+}
+
+impl<'a> HopByHop<'a> {
+    /// The rule for a head whose names `seen` found, and its `Connection`
+    /// values.
+    pub fn of(seen: &Seen, connection: impl Iterator<Item = &'a [u8]>) -> Self {
+        let named = if seen.connection() { connection_named(connection).collect() } else { Vec::new() };
+        Self { named, any: seen.any_hop_by_hop() }
+    }
+
+    /// Whether a line named `name` stops at this hop.
+    pub fn drops(&self, name: &[u8]) -> bool {
+        self.any
+            && (HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h.as_str().as_bytes()))
+                || self.named.iter().any(|n| name.eq_ignore_ascii_case(n)))
+    }
+}
+
+/// The lines of an upstream response that go on to its client, on either
+/// protocol, in their order: all but the hop-by-hop ones and
+/// `Content-Length` (the client's framing is limiter's, from
+/// [`crate::proxy::pipeline::Body::length`]).
+pub fn response_lines<'h>(
+    head: &'h ResponseHead,
+    bytes: &'h [u8],
+) -> impl Iterator<Item = (&'h [u8], &'h [u8])> {
+    let lines = head.fields.iter().map(move |f| (f.name.get(bytes), f.value.get(bytes)));
+    let seen = Seen::of_names(lines.clone().map(|(name, _)| name));
+    let connection = lines.clone().filter(|(name, _)| name.eq_ignore_ascii_case(b"connection"));
+    let hop = HopByHop::of(&seen, connection.map(|(_, value)| value));
+    lines.filter(move |(name, _)| !hop.drops(name) && !name.eq_ignore_ascii_case(b"content-length"))
 }
 
 /// Who sent a request, as the forwarding headers name it.

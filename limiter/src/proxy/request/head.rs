@@ -1,6 +1,7 @@
-//! What a request head must satisfy, beyond what hyper checks, before the
-//! breaker and admission see it: the headers the proxy itself interprets
-//! must mean one thing to the proxy and to the upstream.
+//! What a request head must satisfy before the breaker and admission see
+//! it, whichever protocol brought it ([`super::Request::check`] applies
+//! these): the headers the proxy itself interprets must mean one thing to
+//! the proxy and to the upstream.
 //!
 //! - `Host`: at most one line, and a valid authority (RFC 9110 §7.2,
 //!   RFC 3986 §3.2.2): a registered name or IPv4 address, or a bracketed
@@ -10,21 +11,12 @@
 //!   too (HTTP/1.0: the proxy names the upstream).
 //! - `Authorization`: at most one line: it names the session, and two
 //!   would be two sessions to count while the upstream picks one of them.
-//! - `Transfer-Encoding`: absent or exactly `chunked`. hyper already
-//!   refuses (400) a request whose last coding is not `chunked`; any other
-//!   list (`gzip, chunked`, `chunked, chunked`) would reach the upstream
-//!   with its codings dropped, since hop-by-hop stripping removes the
-//!   header and hyper re-frames the body as chunked. Neither limiter nor
-//!   Jetty decodes a request coding, so it is refused with 501 (RFC 9112
-//!   §6.1 allows it).
-//!
 //! - `Connection`: it may name headers an intermediary drops (RFC 9110
 //!   §7.6.1), never the message's own framing or routing. A `Connection`
 //!   line naming `Content-Length`, `Transfer-Encoding` or `Host` is
 //!   refused (400): obeying it would forward a body without its length
 //!   (the upstream then reads the body as the next request) or a request
 //!   without its authority.
-//!
 //! - The request target and its authority (RFC 9112 §3.2, RFC 9113
 //!   §8.3.1): an HTTP/1.1 request without `Host` is refused (400); an
 //!   authority in the target (HTTP/1 absolute form, HTTP/2 `:authority`)
@@ -33,13 +25,20 @@
 //!   the authority form (`GET app:80`) is CONNECT's only, and `*` is
 //!   OPTIONS' only.
 //!
-//! A head that fails is answered by the proxy with `Connection: close`,
-//! never forwarded, takes no breaker ticket and no permit, and is counted
-//! by [`Bad::kind`] under `limiter_http_bad_requests_total`.
+//! `Transfer-Encoding` is decided where the body's framing is, once: on
+//! HTTP/1 by the framing module (a coding list other than a lone
+//! `chunked` is refused there, [`Bad::TransferEncoding`] naming the 501 of
+//! codings before a final `chunked`); on HTTP/2 h2 refuses the header as
+//! connection-specific (RFC 9113 §8.2.2) before limiter sees the stream.
+//!
+//! A head that fails is answered by the proxy with `Connection: close`
+//! (on HTTP/2, its stream ends), never forwarded, takes no breaker ticket
+//! and no permit, and is counted by [`Bad::kind`] under
+//! `limiter_http_bad_requests_total`.
 
 use std::net::Ipv6Addr;
 
-use hyper::{HeaderMap, StatusCode, header};
+use hyper::StatusCode;
 
 use super::headers::Seen;
 
@@ -50,7 +49,8 @@ pub enum Bad {
     Host,
     /// More than one `Authorization`.
     Authorization,
-    /// A transfer coding other than a single `chunked`.
+    /// Codings before a final `chunked` (`gzip, chunked`): 501, found by
+    /// the framing module as it reads the head.
     TransferEncoding,
     /// A request target this method cannot have (the authority form
     /// outside CONNECT, `*` outside OPTIONS).
@@ -103,17 +103,6 @@ impl Bad {
     }
 }
 
-/// Checks the headers of a request head, whose names `seen` has counted;
-/// `Err` names the first that fails.
-pub fn check(headers: &HeaderMap, seen: &Seen) -> Result<(), Bad> {
-    let first = |name: &header::HeaderName| headers.get(name).map(header::HeaderValue::as_bytes);
-    check_lines(first(&header::HOST), first(&header::TRANSFER_ENCODING), seen)?;
-    if seen.connection() {
-        check_connection(headers.get_all(header::CONNECTION).iter().map(header::HeaderValue::as_bytes))?;
-    }
-    Ok(())
-}
-
 /// Refuses `Connection` lines that name `Content-Length`,
 /// `Transfer-Encoding` or `Host` (in any case, anywhere in any line).
 pub fn check_connection<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> Result<(), Bad> {
@@ -124,56 +113,14 @@ pub fn check_connection<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> Resul
     if values.any(|v| v.split(|&b| b == b',').any(framing)) { Err(Bad::Connection) } else { Ok(()) }
 }
 
-/// [`check`] given the head's (first) `Host` and `Transfer-Encoding`
-/// values, however the head is held.
-pub fn check_lines(host: Option<&[u8]>, coding: Option<&[u8]>, seen: &Seen) -> Result<(), Bad> {
+/// Checks `Host` (its first line's value) and `Authorization`, whose
+/// lines `seen` has counted.
+pub fn check_lines(host: Option<&[u8]>, seen: &Seen) -> Result<(), Bad> {
     if seen.hosts > 1 || (seen.hosts == 1 && !host.is_some_and(is_valid_host)) {
         return Err(Bad::Host);
     }
     if seen.authorizations > 1 {
         return Err(Bad::Authorization);
-    }
-    if seen.codings > 1
-        || (seen.codings == 1 && !coding.is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked")))
-    {
-        return Err(Bad::TransferEncoding);
-    }
-    Ok(())
-}
-
-/// Checks the request target and its authority against the `Host`
-/// header (see the module's list); `Err` names what fails.
-pub fn target(
-    method: &hyper::Method,
-    uri: &hyper::Uri,
-    version: hyper::Version,
-    headers: &HeaderMap,
-    seen: &Seen,
-) -> Result<(), Bad> {
-    let authority = uri.authority();
-    if uri.path() == "*" && method != hyper::Method::OPTIONS {
-        return Err(Bad::Target);
-    }
-    if authority.is_some() && uri.scheme().is_none() {
-        // The authority form (`GET app:80`): CONNECT's, refused before this.
-        return Err(Bad::Target);
-    }
-    if let Some(a) = authority {
-        // `user@host` is deprecated (RFC 9110 §4.2.4) and refused on
-        // HTTP/2 (RFC 9113 §8.3.1); and the authority becomes the `Host`.
-        if !is_valid_host(a.as_str().as_bytes()) || a.as_str().is_empty() {
-            return Err(Bad::Host);
-        }
-        if version == hyper::Version::HTTP_2
-            && seen.hosts == 1
-            && !headers
-                .get(header::HOST)
-                .is_some_and(|h| h.as_bytes().eq_ignore_ascii_case(a.as_str().as_bytes()))
-        {
-            return Err(Bad::Host);
-        }
-    } else {
-        origin_form_host(version >= hyper::Version::HTTP_11, seen)?;
     }
     Ok(())
 }
@@ -250,21 +197,7 @@ static REG_NAME: [bool; 256] = {
 
 #[cfg(test)]
 mod tests {
-    use hyper::header::{HeaderName, HeaderValue};
-
     use super::*;
-
-    fn map(pairs: &[(&str, &[u8])]) -> HeaderMap {
-        let mut m = HeaderMap::new();
-        for (k, v) in pairs {
-            m.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_bytes(v).unwrap());
-        }
-        m
-    }
-
-    fn checked(h: HeaderMap) -> Result<(), Bad> {
-        check(&h, &Seen::scan(&h))
-    }
 
     #[test]
     fn hosts_are_authorities_and_nothing_else() {
@@ -320,77 +253,6 @@ mod tests {
         }
         assert!(!is_valid_host(b"app\x7f"));
         assert!(!is_valid_host(b"app\x80"));
-    }
-
-    #[test]
-    fn heads_that_mean_two_things_are_refused() {
-        assert_eq!(checked(map(&[("host", b"app")])), Ok(()));
-        assert_eq!(checked(HeaderMap::new()), Ok(()));
-        assert_eq!(checked(map(&[("host", b"app"), ("host", b"app")])), Err(Bad::Host));
-        assert_eq!(checked(map(&[("host", b"app\",for=6.6.6.6;host=\"app")])), Err(Bad::Host));
-        assert_eq!(checked(map(&[("authorization", b"Bearer a")])), Ok(()));
-        assert_eq!(
-            checked(map(&[("authorization", b"Bearer a"), ("authorization", b"Bearer a")])),
-            Err(Bad::Authorization)
-        );
-        for te in [&b"chunked"[..], b"Chunked", b"CHUNKED"] {
-            assert_eq!(checked(map(&[("transfer-encoding", te)])), Ok(()));
-        }
-        for te in [&b"gzip, chunked"[..], b"chunked, chunked", b"deflate,chunked", b"identity", b"chunked,"] {
-            assert_eq!(checked(map(&[("transfer-encoding", te)])), Err(Bad::TransferEncoding), "{te:?}");
-        }
-        assert_eq!(
-            checked(map(&[("transfer-encoding", b"gzip"), ("transfer-encoding", b"chunked")])),
-            Err(Bad::TransferEncoding)
-        );
-        for named in [&b"Content-Length"[..], b"keep-alive, content-length", b"TRANSFER-ENCODING", b" host "]
-        {
-            let h = map(&[("host", b"app"), ("connection", named)]);
-            assert_eq!(checked(h), Err(Bad::Connection), "{named:?}");
-        }
-        let twice = map(&[("host", b"app"), ("connection", b"keep-alive"), ("connection", b"Host")]);
-        assert_eq!(checked(twice), Err(Bad::Connection), "a second line");
-        for fine in [&b"keep-alive"[..], b"close", b"x-secret, upgrade", b"content-lengths", b"hosts"] {
-            assert_eq!(checked(map(&[("host", b"app"), ("connection", fine)])), Ok(()), "{fine:?}");
-        }
-        // The first failing check names the refusal.
-        assert_eq!(
-            checked(map(&[("host", b"a b"), ("authorization", b"x"), ("authorization", b"y")])),
-            Err(Bad::Host)
-        );
-    }
-
-    fn target_of(method: &str, uri: &str, version: hyper::Version, hosts: &[&str]) -> Result<(), Bad> {
-        let mut h = HeaderMap::new();
-        for host in hosts {
-            h.append(header::HOST, HeaderValue::from_str(host).unwrap());
-        }
-        let seen = Seen::scan(&h);
-        target(&method.parse().unwrap(), &uri.parse().unwrap(), version, &h, &seen)
-    }
-
-    #[test]
-    fn targets_and_their_authorities_follow_the_rfcs() {
-        use hyper::Version as V;
-        assert_eq!(target_of("GET", "/x", V::HTTP_11, &["app"]), Ok(()));
-        assert_eq!(target_of("GET", "/x", V::HTTP_11, &[]), Err(Bad::Host), "HTTP/1.1 needs Host");
-        assert_eq!(target_of("GET", "/x", V::HTTP_10, &[]), Ok(()), "HTTP/1.0 may omit it");
-        assert_eq!(
-            target_of("GET", "http://app.example/x", V::HTTP_11, &["other"]),
-            Ok(()),
-            "the target wins"
-        );
-        assert_eq!(target_of("GET", "app:80", V::HTTP_11, &["app"]), Err(Bad::Target), "authority form");
-        assert_eq!(target_of("GET", "*", V::HTTP_11, &["app"]), Err(Bad::Target));
-        assert_eq!(target_of("OPTIONS", "*", V::HTTP_11, &["app"]), Ok(()));
-        assert_eq!(target_of("GET", "http://u:p@app/x", V::HTTP_11, &["app"]), Err(Bad::Host), "userinfo");
-        // HTTP/2: `:authority` (in the URI) against `host`.
-        assert_eq!(target_of("GET", "https://app/x", V::HTTP_2, &[]), Ok(()));
-        assert_eq!(target_of("GET", "https://app/x", V::HTTP_2, &["APP"]), Ok(()));
-        assert_eq!(target_of("GET", "https://app/x", V::HTTP_2, &["other"]), Err(Bad::Host));
-        assert_eq!(target_of("GET", "https://user@app/x", V::HTTP_2, &[]), Err(Bad::Host));
-        assert_eq!(target_of("GET", "/x", V::HTTP_2, &["app"]), Ok(()), "host without :authority");
-        assert_eq!(target_of("GET", "/x", V::HTTP_2, &[]), Err(Bad::Host), "no authority at all");
     }
 
     #[test]
