@@ -56,7 +56,7 @@ mod tasks;
 use std::sync::Arc;
 
 pub use self::{
-    permits::{Fleet, FleetError, Held, SessionView, Snapshot, session_key_for},
+    permits::{Fleet, FleetError, FleetUnits, SessionView, Snapshot, session_key_for},
     shares::Kind,
 };
 use crate::config::FleetConfig;

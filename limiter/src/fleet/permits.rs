@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 use super::{
     health::Health,
     shares::{Answer, Budgets, Kind, Take},
-    store::{Conn, Store},
+    store::{Store, StoreConn},
 };
 use crate::{
     admission::{Refusal, normalised},
@@ -175,7 +175,7 @@ impl Fleet {
 
     /// Publishes this node's fingerprint where none is, and checks it
     /// against the fleet's: `Err` when they differ.
-    pub(super) async fn check_fingerprint(&self, conn: &mut Conn) -> Result<(), FleetError> {
+    pub(super) async fn check_fingerprint(&self, conn: &mut StoreConn) -> Result<(), FleetError> {
         let Some(ours) = self.fingerprint() else { return Ok(()) };
         let key = format!("limiter:{{{}}}:hash-key-fingerprint", self.name);
         let set = conn.query::<Option<String>>(redis::cmd("SET").arg(&key).arg(&ours).arg("NX")).await;
@@ -237,7 +237,7 @@ impl Fleet {
         self: &Arc<Self>,
         web: bool,
         session: Option<&[u8]>,
-    ) -> (Option<Held>, Option<Refusal>) {
+    ) -> (Option<FleetUnits>, Option<Refusal>) {
         let web = web && self.limit(Kind::Web) > 0;
         let session = session.filter(|_| self.limit(Kind::Session) > 0).and_then(|a| self.session_key(a));
         // Nothing allocated, nothing asked, for a request no fleet limit
@@ -260,7 +260,7 @@ impl Fleet {
                 Err(r) => refusal = refusal.or(Some(r)),
             }
         }
-        (Held::new(self, held), refusal)
+        (FleetUnits::new(self, held), refusal)
     }
 
     /// One budget's unit for a request: `Ok` with the key it holds.
@@ -347,7 +347,7 @@ impl Fleet {
     /// counts as failing).
     pub(super) async fn send_claim(
         &self,
-        mut conn: Conn,
+        mut conn: StoreConn,
         key: &str,
         kind: Kind,
         (needed, wanted): (u32, u32),
@@ -506,18 +506,18 @@ const BUSIEST: usize = 10;
 
 /// The fleet units a request holds; given back when dropped (with its
 /// local permit, to which it is attached).
-pub struct Held {
+pub struct FleetUnits {
     fleet: Arc<Fleet>,
     keys: Vec<Arc<str>>,
 }
 
-impl Held {
+impl FleetUnits {
     fn new(fleet: &Arc<Fleet>, keys: Vec<Arc<str>>) -> Option<Self> {
         (!keys.is_empty()).then(|| Self { fleet: fleet.clone(), keys })
     }
 }
 
-impl Drop for Held {
+impl Drop for FleetUnits {
     fn drop(&mut self) {
         self.fleet.release(&self.keys);
     }

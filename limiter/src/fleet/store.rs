@@ -17,12 +17,12 @@ use crate::config::StoreUrl;
 
 /// A connection to the store, cheap to clone (every clone shares it).
 #[derive(Clone)]
-pub(super) enum Conn {
+pub(super) enum StoreConn {
     Single(MultiplexedConnection),
     Cluster(ClusterConnection),
 }
 
-impl Conn {
+impl StoreConn {
     /// Runs a script (`EVALSHA`, loading it first where the store does not
     /// have it, as after a restart).
     pub(super) async fn eval<T: FromRedisValue>(&mut self, script: &ScriptInvocation<'_>) -> RedisResult<T> {
@@ -47,7 +47,7 @@ pub(super) struct Store {
     url: StoreUrl,
     password: Option<String>,
     /// The connection in use; `None` until one is made.
-    conn: RwLock<Option<Conn>>,
+    conn: RwLock<Option<StoreConn>>,
 }
 
 impl Store {
@@ -56,12 +56,12 @@ impl Store {
     }
 
     /// The connection in use, if any.
-    pub(super) fn conn(&self) -> Option<Conn> {
+    pub(super) fn conn(&self) -> Option<StoreConn> {
         self.conn.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// A new connection, made within `timeout`, in place of the one in use.
-    pub(super) async fn reconnect(&self, timeout: Duration) -> RedisResult<Conn> {
+    pub(super) async fn reconnect(&self, timeout: Duration) -> RedisResult<StoreConn> {
         let conn = tokio::time::timeout(timeout, self.connect(timeout)).await.map_err(|_| {
             redis::RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
@@ -88,7 +88,7 @@ impl Store {
         Ok(addr.into_connection_info()?.set_redis_settings(redis))
     }
 
-    async fn connect(&self, timeout: Duration) -> RedisResult<Conn> {
+    async fn connect(&self, timeout: Duration) -> RedisResult<StoreConn> {
         if !self.url.cluster {
             let (host, port) = &self.url.nodes[0];
             let client = Client::open(self.info(host, *port)?)?;
@@ -96,7 +96,9 @@ impl Store {
             // own would only add a second, different one.
             let config =
                 AsyncConnectionConfig::new().set_connection_timeout(Some(timeout)).set_response_timeout(None);
-            return Ok(Conn::Single(client.get_multiplexed_async_connection_with_config(&config).await?));
+            return Ok(StoreConn::Single(
+                client.get_multiplexed_async_connection_with_config(&config).await?,
+            ));
         }
         let seeds = self.url.nodes.iter().map(|(h, p)| self.info(h, *p)).collect::<RedisResult<Vec<_>>>()?;
         let mut builder = ClusterClientBuilder::new(seeds).connection_timeout(timeout).retries(2);
@@ -109,7 +111,7 @@ impl Store {
         if self.url.tls {
             builder = builder.tls(redis::TlsMode::Secure);
         }
-        Ok(Conn::Cluster(builder.build()?.get_async_connection().await?))
+        Ok(StoreConn::Cluster(builder.build()?.get_async_connection().await?))
     }
 
     /// The store as the configuration names it (never with a password).

@@ -156,18 +156,18 @@ impl Collect {
         };
         match self.reservation.take() {
             None => bytes,
-            Some(reservation) => Bytes::from_owner(Held { bytes, _reservation: reservation }),
+            Some(reservation) => Bytes::from_owner(Budgeted { bytes, _reservation: reservation }),
         }
     }
 }
 
 /// Bytes and their share of the budget.
-struct Held {
+struct Budgeted {
     bytes: Bytes,
     _reservation: Reservation,
 }
 
-impl AsRef<[u8]> for Held {
+impl AsRef<[u8]> for Budgeted {
     fn as_ref(&self) -> &[u8] {
         &self.bytes
     }

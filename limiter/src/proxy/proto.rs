@@ -36,10 +36,6 @@ impl Proto {
         }
     }
 
-    pub fn is_h2(self) -> bool {
-        matches!(self, Self::H2Tls | Self::H2c)
-    }
-
     /// Its place in [`Proto::ALL`] and in the counters.
     pub fn index(self) -> usize {
         self as usize

@@ -65,10 +65,10 @@ pub struct Starved;
 
 /// The upstream's body (holding its permit while it streams), until the
 /// end or the cut.
-type Held = Option<UnsyncBoxBody<Bytes, BoxError>>;
+type Upstream = Option<UnsyncBoxBody<Bytes, BoxError>>;
 
 struct Shared {
-    held: Mutex<Held>,
+    held: Mutex<Upstream>,
     /// Bytes of the chunk hyper took last, not yet delivered (0: none).
     pending: AtomicU64,
     /// When hyper took it, in milliseconds since `start`.
@@ -83,7 +83,7 @@ struct Shared {
 }
 
 impl Shared {
-    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+    fn held(&self) -> std::sync::MutexGuard<'_, Upstream> {
         self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 

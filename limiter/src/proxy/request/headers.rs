@@ -501,11 +501,6 @@ impl Forwarding {
         Self { client, written: std::sync::OnceLock::new(), with_host: std::sync::Mutex::new(None) }
     }
 
-    /// The client of this connection.
-    pub fn client(&self) -> Client {
-        self.client
-    }
-
     /// Writes the forwarding headers for this connection's client, from
     /// what was written before when it can be (see the module's rules);
     /// `seen` is what [`Seen::of_names`] found of the client's own, `id`

@@ -58,10 +58,6 @@ impl Span {
     pub fn get(self, buf: &[u8]) -> &[u8] {
         &buf[self.start as usize..self.end as usize]
     }
-
-    pub fn is_empty(self) -> bool {
-        self.start == self.end
-    }
 }
 
 /// One field line: where its name and value are in the head's buffer.
