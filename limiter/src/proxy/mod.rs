@@ -75,6 +75,8 @@ pub(crate) mod server;
 pub(crate) mod shared;
 pub(crate) mod tuning;
 pub(crate) mod upstream;
+#[cfg(test)]
+mod testing;
 
 pub use self::{
     counters::Counters,

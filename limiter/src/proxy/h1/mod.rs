@@ -182,7 +182,8 @@ where
                 }
                 Ok(None) => {}
                 Err(e) => {
-                    refuse(io, c, Answer::head_error(c.proxy, e), (b"-", b"-")).await;
+                    let seen = http1::request_line(buf);
+                    refuse(io, c, Answer::head_error(c.proxy, e), seen).await;
                     return Err(NoHead::Closed);
                 }
             }
@@ -385,3 +386,5 @@ where
         Ok(()) => Next::Close { between: early.read },
     }
 }
+#[cfg(test)]
+mod tests;

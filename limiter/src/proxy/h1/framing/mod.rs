@@ -115,6 +115,15 @@ pub struct RequestHead {
     pub expect_continue: bool,
 }
 
+/// The method and target of a head [`parse_request`] refused, as far as
+/// its request line was read (for the access log).
+pub fn request_line(buf: &[u8]) -> (&[u8], &[u8]) {
+    let mut req = httparse::Request::new(&mut []);
+    // Too many headers for none: the request line is read all the same.
+    let _ = req.parse(buf);
+    (req.method.map_or(&b"-"[..], str::as_bytes), req.path.map_or(&b"-"[..], str::as_bytes))
+}
+
 /// Parses the request head at the front of `buf`: `Ok(None)` while it is
 /// not whole (the caller bounds how much it waits for).
 pub fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> {
