@@ -307,3 +307,118 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for ClientIo<S> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _, DuplexStream, duplex};
+
+    use super::*;
+
+    const IDLE: Duration = Duration::from_secs(60);
+    const LINGER: Duration = Duration::from_secs(5);
+
+    fn h1(between_requests: bool, pipe: usize, min_rate: u64) -> (ClientIo<DuplexStream>, DuplexStream) {
+        let (client, server) = duplex(pipe);
+        let io = ClientIo::new(
+            server,
+            Watch::H1 { between_requests },
+            IDLE,
+            min_rate,
+            LINGER,
+            Arc::new(Counters::default()),
+        );
+        (io, client)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_close_between_whole_requests_with_nothing_waiting_does_not_linger() {
+        let (mut io, mut client) = h1(true, 1024, 0);
+        io.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
+        let started = Instant::now();
+        io.shutdown().await.unwrap();
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"HTTP/1.1 200 OK\r\n\r\n", "the answer, then the FIN");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_close_after_an_unread_body_drains_it_until_the_client_stops_then_the_deadline() {
+        let (mut io, mut client) = h1(false, 1024, 0);
+        io.write_all(b"HTTP/1.1 503 Service Unavailable\r\n\r\n").await.unwrap();
+        // The client is still sending the body the 503 refused.
+        let sender = tokio::spawn(async move {
+            for _ in 0..10 {
+                client.write_all(&[b'x'; 100]).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            client
+        });
+        let started = Instant::now();
+        io.shutdown().await.unwrap();
+        let mut client = sender.await.unwrap();
+        assert_eq!(
+            started.elapsed(),
+            LINGER,
+            "the client went quiet without closing: the close lingers to its deadline"
+        );
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap();
+        assert!(got.starts_with(b"HTTP/1.1 503"), "the 503 reached the client intact");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_closes_ends_the_lingering_at_once() {
+        let (mut io, mut client) = h1(false, 1024, 0);
+        client.write_all(b"part of a body").await.unwrap();
+        client.shutdown().await.unwrap();
+        let started = Instant::now();
+        io.shutdown().await.unwrap();
+        assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lingering_stops_at_its_byte_cap() {
+        let (mut io, mut client) = h1(false, 1 << 20, 0);
+        let flood = tokio::spawn(async move {
+            let chunk = vec![0u8; 1 << 20];
+            while client.write_all(&chunk).await.is_ok() {}
+        });
+        io.shutdown().await.unwrap();
+        assert!(io.closing.as_ref().is_some_and(|c| c.drained >= LINGER_MAX_BYTES));
+        drop(io);
+        flood.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_stops_reading_fails_the_write_after_the_idle_timeout() {
+        let (mut io, _client) = h1(true, 64, 0);
+        let started = Instant::now();
+        let err = io.write_all(&[0u8; 1024]).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(started.elapsed(), IDLE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_reading_under_the_minimum_rate_is_cut_after_the_grace() {
+        let (mut io, mut client) = h1(true, 64, 1000);
+        // 64 bytes a second, under 1000 B/s.
+        let reader = tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            while client.read(&mut buf).await.is_ok_and(|n| n > 0) {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        let started = Instant::now();
+        let err = io.write_all(&[0u8; 1 << 20]).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        let took = started.elapsed();
+        assert!(
+            took >= super::super::rate::GRACE && took < IDLE,
+            "cut by the rate, not the idle timeout: {took:?}"
+        );
+        assert_eq!(io.counters.slow_readers.load(Ordering::Relaxed), 1);
+        drop(io);
+        reader.await.unwrap();
+    }
+}

@@ -73,10 +73,10 @@ pub(crate) mod reason;
 pub mod request;
 pub(crate) mod server;
 pub(crate) mod shared;
-pub(crate) mod tuning;
-pub(crate) mod upstream;
 #[cfg(test)]
 mod testing;
+pub(crate) mod tuning;
+pub(crate) mod upstream;
 
 pub use self::{
     counters::Counters,

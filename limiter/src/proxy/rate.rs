@@ -73,3 +73,50 @@ impl Pace {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const IDLE: Duration = Duration::from_secs(60);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_transfer_has_the_grace_then_must_keep_the_rate_over_every_stretch() {
+        let mut pace = Pace::new(1000, IDLE);
+        let (due, rule) = pace.due();
+        assert_eq!(
+            (due - Instant::now(), rule),
+            (GRACE, Broke::MinRate),
+            "nothing is judged within the grace"
+        );
+        // 3000 bytes in the grace's 3 s keep 1000 B/s: measured afresh.
+        pace.add(3000);
+        tokio::time::advance(GRACE).await;
+        assert!(!pace.broke(Broke::MinRate));
+        // A fast start does not pay for a trickle after it: 500 B in the
+        // next 3 s is under the rate, and due when 500 B's worth passed.
+        pace.add(500);
+        tokio::time::advance(GRACE).await;
+        assert!(pace.broke(Broke::MinRate));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_rate_only_the_idle_timeout_counts() {
+        let mut pace = Pace::new(0, IDLE);
+        assert_eq!(pace.due(), (Instant::now() + IDLE, Broke::Idle));
+        let mut slow = Pace::new(1, Duration::from_secs(1));
+        assert_eq!(slow.due().1, Broke::Idle, "the idle timeout comes before the grace ends");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rate_kept_on_average_but_late_is_looked_at_again_not_cut() {
+        let mut pace = Pace::new(100, IDLE);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        pace.add(1000);
+        // Past the grace, 1000 B in 3.5 s is over 100 B/s: not broken.
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        assert!(!pace.broke(Broke::MinRate));
+        let (due, _) = pace.due();
+        assert_eq!(due - Instant::now(), GRACE, "measured afresh, with a new grace");
+    }
+}

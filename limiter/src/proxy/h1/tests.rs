@@ -38,7 +38,8 @@ async fn pipelined_requests_are_answered_in_order_over_one_kept_upstream_connect
     assert_eq!(exactly(&mut client, 3).await, b"two");
     assert_eq!(rig.proxy.upstreams.connects_ok.load(Ordering::Relaxed), 1);
     let lines = rig.log_lines(2).await;
-    let paths: Vec<_> = lines.iter().map(|l| (l["path"].as_str().unwrap(), l["status"].as_u64().unwrap())).collect();
+    let paths: Vec<_> =
+        lines.iter().map(|l| (l["path"].as_str().unwrap(), l["status"].as_u64().unwrap())).collect();
     assert_eq!(paths, [("/one", 200), ("/two", 200)]);
     assert_eq!(rig.in_use(), 0);
 }
@@ -62,11 +63,25 @@ async fn a_head_refused_as_it_is_read_is_answered_logged_and_closes() {
     let lines = rig.log_lines(4).await;
     let seen: Vec<_> = lines
         .iter()
-        .map(|l| (l["method"].as_str().unwrap().to_owned(), l["path"].as_str().unwrap().to_owned(), l["reason"].as_str().unwrap().to_owned()))
+        .map(|l| {
+            (
+                l["method"].as_str().unwrap().to_owned(),
+                l["path"].as_str().unwrap().to_owned(),
+                l["reason"].as_str().unwrap().to_owned(),
+            )
+        })
         .collect();
-    let want = [("GET", "/a", "host"), ("POST", "/b", "framing_conflict"), ("GET", "/c", "connection"), ("GET", "/d", "malformed")];
+    let want = [
+        ("GET", "/a", "host"),
+        ("POST", "/b", "framing_conflict"),
+        ("GET", "/c", "connection"),
+        ("GET", "/d", "malformed"),
+    ];
     assert_eq!(seen, want.map(|(m, p, r)| (m.to_owned(), p.to_owned(), r.to_owned())));
-    assert!(tokio::time::timeout(Duration::from_millis(50), rig.upstream.accept()).await.is_err(), "nothing went upstream");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), rig.upstream.accept()).await.is_err(),
+        "nothing went upstream"
+    );
 }
 
 #[tokio::test]
@@ -116,7 +131,9 @@ async fn a_request_over_the_limit_is_refused_at_once_and_the_permit_returns_with
 
 #[tokio::test]
 async fn after_a_504_the_permit_is_held_until_the_upstream_is_done() {
-    let rig = Rig::new(&format!("{ONE_PERMIT}\nhttp.upstreamTimeoutMs = 200\nhttp.upstreamAbandonMs = 30000")).await;
+    let rig =
+        Rig::new(&format!("{ONE_PERMIT}\nhttp.upstreamTimeoutMs = 200\nhttp.upstreamAbandonMs = 30000"))
+            .await;
     let (mut client, _) = rig.connect();
     client.write_all(b"GET /work HTTP/1.1\r\nHost: a\r\n\r\n").await.unwrap();
     let mut up = rig.accept().await;
@@ -222,7 +239,10 @@ async fn a_drain_closes_an_idle_keep_alive_connection_and_lets_a_request_in_flig
     busy.write_all(b"GET /2 HTTP/1.1\r\nHost: a\r\n\r\n").await.unwrap();
     head(&mut up).await;
     rig.drain();
-    tokio::time::timeout(Duration::from_secs(5), idle_served).await.expect("the idle connection ends").unwrap();
+    tokio::time::timeout(Duration::from_secs(5), idle_served)
+        .await
+        .expect("the idle connection ends")
+        .unwrap();
     assert_eq!(to_end(&mut idle).await, b"");
     answer(&mut up, "2").await;
     let last = head(&mut busy).await;

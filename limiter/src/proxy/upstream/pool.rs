@@ -339,3 +339,133 @@ fn still_open(stream: &TcpStream) -> bool {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::{io::AsyncWriteExt as _, net::TcpListener};
+
+    use super::*;
+
+    const CONNECT: Duration = Duration::from_secs(5);
+    const IDLE: Duration = Duration::from_secs(60);
+
+    async fn upstream() -> (TcpListener, String) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        (listener, addr)
+    }
+
+    #[tokio::test]
+    async fn a_returned_connection_is_reused_and_one_past_the_cap_waits_for_it() {
+        let (listener, addr) = upstream().await;
+        let pool = Pool::new(addr, Upstreams::new(1));
+        let first = pool.get(CONNECT, IDLE).await.unwrap();
+        let _peer = listener.accept().await.unwrap();
+        assert!(!first.reused);
+        assert_eq!(pool.shared().open(), 1);
+        let waiting = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.get(CONNECT, IDLE).await.map(|c| c.reused) }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "the cap is 1: it waits");
+        pool.put(first);
+        assert!(waiting.await.unwrap().unwrap(), "it got the returned connection");
+        assert_eq!(pool.shared().connects_ok.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn at_the_cap_a_request_waits_the_connect_timeout_then_is_refused() {
+        let (listener, addr) = upstream().await;
+        let pool = Pool::new(addr, Upstreams::new(1));
+        let _held = pool.get(CONNECT, IDLE).await.unwrap();
+        let _peer = listener.accept().await.unwrap();
+        let started = tokio::time::Instant::now();
+        assert!(matches!(pool.get(Duration::from_millis(100), IDLE).await, Err(GetError::Full)));
+        assert!(started.elapsed() >= Duration::from_millis(100));
+    }
+
+    #[tokio::test]
+    async fn a_slot_comes_back_when_its_connection_closes() {
+        let (listener, addr) = upstream().await;
+        let pool = Pool::new(addr, Upstreams::new(1));
+        let held = pool.get(CONNECT, IDLE).await.unwrap();
+        let _peer = listener.accept().await.unwrap();
+        let waiting = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.get(CONNECT, IDLE).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // A response that left bytes behind: not put back, closed.
+        drop(held);
+        let _second = listener.accept().await.unwrap();
+        let conn = waiting.await.unwrap().unwrap();
+        assert!(!conn.reused, "a new connection in the freed slot");
+        assert_eq!(pool.shared().open(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_with_bytes_left_over_or_past_a_lowered_cap_is_not_kept() {
+        let (listener, addr) = upstream().await;
+        let pool = Pool::new(addr, Upstreams::new(2));
+        let a = pool.get(CONNECT, IDLE).await.unwrap();
+        let mut leftover = pool.get(CONNECT, IDLE).await.unwrap();
+        leftover.buf.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+        pool.put(leftover);
+        assert_eq!(pool.shared().open(), 1, "a connection with bytes past its response closes");
+        let c = pool.get(CONNECT, IDLE).await.unwrap();
+        assert!(!c.reused);
+        pool.shared().set_limit(1);
+        assert_eq!(pool.shared().open(), 2, "the lowered cap cuts nothing in use");
+        pool.put(a);
+        assert_eq!(pool.shared().open(), 1, "past the cap, a returned connection closes");
+        pool.put(c);
+        assert_eq!(pool.shared().open(), 1, "at the cap, it is kept");
+        assert!(pool.get(CONNECT, IDLE).await.unwrap().reused);
+        drop(listener);
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_the_upstream_closed_or_wrote_on_is_dropped_not_reused() {
+        let (listener, addr) = upstream().await;
+        let pool = Pool::new(addr, Upstreams::new(4));
+        let (one, two) = (pool.get(CONNECT, IDLE).await.unwrap(), pool.get(CONNECT, IDLE).await.unwrap());
+        let (closed, _) = listener.accept().await.unwrap();
+        let (mut chatty, _) = listener.accept().await.unwrap();
+        pool.put(one);
+        pool.put(two);
+        drop(closed);
+        chatty.write_all(b"HTTP/1.1 408 Request Timeout\r\n\r\n").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let fresh = pool.get(CONNECT, IDLE).await.unwrap();
+        assert!(!fresh.reused, "neither idle connection was taken");
+        assert_eq!(pool.shared().open(), 1);
+        // An idle connection past the idle timeout is not taken either.
+        pool.put(fresh);
+        let _peer = listener.accept().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!pool.get(CONNECT, Duration::from_millis(10)).await.unwrap().reused);
+    }
+
+    #[tokio::test]
+    async fn at_the_cap_another_workers_idle_connection_is_borrowed() {
+        let (listener, addr) = upstream().await;
+        let shared = Upstreams::new(1);
+        let (mine, theirs) = (Pool::new(addr.clone(), shared.clone()), Pool::new(addr, shared.clone()));
+        let conn = theirs.get(CONNECT, IDLE).await.unwrap();
+        let _peer = listener.accept().await.unwrap();
+        theirs.put(conn);
+        let borrowed = mine.get(CONNECT, IDLE).await.unwrap();
+        assert!(borrowed.reused);
+        assert_eq!((shared.borrowed.load(Ordering::Relaxed), shared.open()), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn a_refused_connect_is_an_error_and_frees_its_slot() {
+        let (listener, addr) = upstream().await;
+        drop(listener);
+        let pool = Pool::new(addr, Upstreams::new(1));
+        assert!(matches!(pool.get(CONNECT, IDLE).await, Err(GetError::Connect(_))));
+        assert_eq!((pool.shared().open(), pool.shared().connects_failed.load(Ordering::Relaxed)), (0, 1));
+    }
+}
