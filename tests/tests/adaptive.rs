@@ -171,9 +171,17 @@ fn under_pressure_sheddable_requests_are_refused_first_and_critical_ones_last() 
     let (sheddable, normal, critical) = (by(0), by(1), by(2));
     let text = format!("sheddable {sheddable:?}\nnormal {normal:?}\ncritical {critical:?}");
     // Under pressure a sheddable request may use 7 of the 9 slots, a
-    // normal one 8 (one is kept for critical paths), a critical one all 9.
-    assert!(critical.goodput > normal.goodput && normal.goodput > sheddable.goodput, "{text}");
-    assert!(sheddable.refused > normal.refused && normal.refused > critical.refused, "{text}");
+    // normal one 8 (one is kept for critical paths), a critical one all 9:
+    // the order at each count is admission's unit test
+    // (`under_pressure_sheddable_requests_go_first_and_critical_ones_last`).
+    // Here, that the daemon classes each path (a critical one behind `..`
+    // too) and applies it: with critical clients enough to fill the pool,
+    // they take nearly all of it, by a margin no noise of two shared CPUs
+    // crosses (normal and sheddable requests get a few a second; comparing
+    // those two near-zero figures would test the noise).
+    let others = normal.goodput + sheddable.goodput;
+    assert!(critical.goodput > 3.0 * others, "{text}");
+    assert!(critical.refused < sheddable.refused + normal.refused, "{text}");
     let reasons = |p: usize| {
         let mut r: Vec<String> = answers
             .iter()
