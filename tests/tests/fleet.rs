@@ -67,6 +67,41 @@ fn assert_refused(r: &Reply, reason: &str) {
 }
 
 /// Joins `handles`, every one of which must have answered.
+/// Starts `n` long requests of `token`, the i-th on `addrs[i % len]`, one
+/// at a time: each is in the upstream before the next goes, and one the
+/// shares refused at once (nodes claiming in the same instant may split the
+/// last units unevenly, within the README's false-refusal bound) is sent
+/// again, so that a test starts from exactly `n` held.
+fn hold_each(
+    net: &StoreNet,
+    up: &Upstream,
+    addrs: &[SocketAddr],
+    path: &str,
+    token: &str,
+    n: u64,
+) -> Vec<thread::JoinHandle<std::io::Result<Reply>>> {
+    let mut held = Vec::new();
+    for i in 0..n {
+        let mut sent = 0;
+        loop {
+            let h = spawn_get(net, addrs[i as usize % addrs.len()], path, &auth(token));
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while up.session_now(token) <= i && !h.is_finished() && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(10));
+            }
+            if up.session_now(token) > i {
+                held.push(h);
+                break;
+            }
+            let reply = h.join().expect("a client thread");
+            sent += 1;
+            assert!(sent < 20, "request {i} of {token} was never admitted: last {reply:?}");
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+    held
+}
+
 fn statuses(handles: Vec<thread::JoinHandle<std::io::Result<Reply>>>) -> Vec<Reply> {
     handles.into_iter().map(|h| h.join().expect("a client thread").expect("a response")).collect()
 }
@@ -1045,8 +1080,7 @@ fn redis_restarted_empty_while_shares_are_held_never_lifts_the_limit() {
     .unwrap();
     let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
     let token = "Bearer restarted";
-    let held: Vec<_> = (0..6).map(|i| spawn_get(&net, addrs[i % 3], "/sess?ms=6000", &auth(token))).collect();
-    wait_for("six held", Duration::from_secs(5), || up.session_now(token) == 6);
+    let held = hold_each(&net, &up, &addrs, "/sess?ms=6000", token, 6);
     let tries = Sessions::start(&net, &addrs, 6, token, 500, Duration::from_millis(20));
     redis.kill();
     redis.start().unwrap();

@@ -479,9 +479,9 @@ fn heads_hyper_refuses_are_logged_with_their_status_and_reason() {
     assert_eq!(
         seen,
         [
-            (400, Some("malformed"), "-"),
-            (431, Some("too_large"), "-"),
-            (408, Some("header_timeout"), "-"),
+            (400, Some("malformed"), "/"),
+            (431, Some("too_large"), "/"),
+            (408, Some("header_timeout"), "/"),
             (200, None, "/ok"),
             (200, None, "/last")
         ]

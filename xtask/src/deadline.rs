@@ -1,9 +1,9 @@
-//! A deadline for each black-box test. The integration tests run one at a
-//! time (`--test-threads=1`), and libtest then writes `test NAME ... ` as a
-//! test starts and its result when it ends. This runner passes cargo's
-//! output through, watches for those two events, and when one test runs
-//! past its deadline it kills the whole run (cargo, the test binary and
-//! what it started: one process group) and fails naming the test, minutes
+//! A deadline for each black-box test. Each test binary runs its tests one
+//! at a time (`--test-threads=1`), and libtest then writes `test NAME ... `
+//! as a test starts and its result when it ends. This runner passes the
+//! binary's output on, watches for those two events, and when one test
+//! runs past its deadline it kills the binary's run (the binary and what
+//! it started: one process group) and fails naming the test, minutes
 //! before anything else would notice a hang.
 
 use std::{
@@ -60,14 +60,10 @@ impl Watch {
     }
 }
 
-/// Runs `cmd` (a `cargo test … --test-threads=1`) with a deadline of
-/// `limit` for each test it runs.
-pub fn run(what: &str, cmd: &mut Command, limit: Duration) -> Result<()> {
-    run_to(what, cmd, limit, std::io::stdout())
-}
-
-/// [`run`], passing the output to `out`.
-fn run_to(
+/// Runs `cmd` (a test binary, or a `cargo test`, with
+/// `--test-threads=1`) with a deadline of `limit` for each test it runs,
+/// passing its output to `out`.
+pub fn run(
     what: &str,
     cmd: &mut Command,
     limit: Duration,
@@ -141,7 +137,7 @@ mod tests {
     fn a_hung_test_fails_the_run_by_name() {
         let script = "echo 'running 1 tests'; printf 'test hangs::forever ... '; exec sleep 30";
         let started = Instant::now();
-        let err = run_to(
+        let err = run(
             "a hung run",
             Command::new("sh").args(["-c", script]),
             Duration::from_millis(300),
@@ -157,12 +153,7 @@ mod tests {
     fn a_run_within_its_deadlines_passes() {
         let script =
             "printf 'test quick ... '; sleep 0.2; echo ok; printf 'test quick2 ... '; sleep 0.2; echo ok";
-        run_to(
-            "a quick run",
-            Command::new("sh").args(["-c", script]),
-            Duration::from_secs(2),
-            std::io::sink(),
-        )
-        .unwrap();
+        run("a quick run", Command::new("sh").args(["-c", script]), Duration::from_secs(2), std::io::sink())
+            .unwrap();
     }
 }

@@ -6,6 +6,7 @@
 
 mod bench;
 mod deadline;
+mod lanes;
 mod programs;
 mod scaling;
 mod setup;
@@ -294,20 +295,17 @@ fn test(filter: &[String]) -> Result<()> {
     // The release artifact, for the test that runs it from a clean directory.
     let tarball = dist()?;
     // Integration tests: the real kernel, real sockets. A network namespace
-    // switch is per thread and cgroup membership per process, so one at a
-    // time. They are #[ignore]d for a plain `cargo test` (which would run
-    // them in parallel, without the binary built); here they all run.
+    // switch is per thread and cgroup membership per process, so each
+    // binary runs its tests one at a time, binaries side by side
+    // ([`lanes`]). They are #[ignore]d for a plain `cargo test` (which
+    // would run them in parallel, without the binary built); here they all
+    // run.
     let bin = build_daemon(false)?;
     // The last limiter of pinned layout 2, for the layout-migration test.
     let layout2 = build_revision(LAYOUT2_REV, "layout2", false)?;
-    let mut integration = cargo();
-    integration
-        .args(["test", "--package", "limiter-tests", "--", "--test-threads=1", "--include-ignored"])
-        .args(filter)
-        .env("LIMITER_BIN", &bin)
-        .env("LIMITER_LAYOUT2_BIN", &layout2)
-        .env("LIMITER_DIST", &tarball);
-    deadline::run("integration tests", &mut integration, deadline::PER_TEST)?;
+    let binaries = lanes::build("limiter-tests")?;
+    let envs = [("LIMITER_BIN", bin), ("LIMITER_LAYOUT2_BIN", layout2), ("LIMITER_DIST", tarball)];
+    lanes::run(binaries, lanes::lanes(), filter, &envs)?;
     // The short version of every soak scenario.
     if filter.is_empty() { soak(true) } else { Ok(()) }
 }

@@ -77,3 +77,6 @@ pub async fn start(
     tokio::spawn(tasks::run(Arc::downgrade(&fleet)));
     Ok(Some(fleet))
 }
+
+#[cfg(test)]
+mod tests;

@@ -26,7 +26,6 @@ use super::{
     counters::HANDSHAKES,
     h1, h2,
     io::{ClientIo, Watch},
-    pipeline::Logged,
     proto::Proto,
     request::headers::{Client, Forwarding},
     upstream::Pool,
@@ -326,15 +325,7 @@ async fn serve_h1<S>(
     let conn = h1::Session { proxy, pool, client, fwd: &fwd, shutdown };
     // Boxed: the connection's future, copied into its task on every
     // accept, stays small; the engine's state is made once, on the heap.
-    if let h1::Ended::HeadTimeout { mid_head } = Box::pin(h1::serve(io, conn)).await {
-        proxy.counters.header_timeouts.fetch_add(1, Ordering::Relaxed);
-        // A keep-alive connection idling past the timeout between requests
-        // is no request refused: only a head begun and not finished is (408,
-        // as nginx logs its client_header_timeout; nothing is sent).
-        if mid_head {
-            Logged::refused(proxy, client, (b"-", b"-"), 408, "header_timeout");
-        }
-    }
+    Box::pin(h1::serve(io, conn)).await;
 }
 
 /// The TLS handshake, within `http.tls.handshakeTimeoutMs` and holding no

@@ -18,8 +18,7 @@ use tokio::{
 };
 
 use super::{
-    Proto, Proxy,
-    h1::{self, Ended},
+    Proto, Proxy, h1,
     io::{ClientIo, Watch},
     request::headers::{Client, Forwarding},
     upstream::Pool,
@@ -53,13 +52,13 @@ impl Rig {
 
     /// A client connection served as the proxy serves one, and the task
     /// serving it.
-    pub fn connect(&self) -> (DuplexStream, JoinHandle<Ended>) {
+    pub fn connect(&self) -> (DuplexStream, JoinHandle<()>) {
         let (client, server) = tokio::io::duplex(64 * 1024);
         (client, self.serve(server))
     }
 
     /// Serves `stream` as an HTTP/1 client connection from 192.0.2.1.
-    pub fn serve<S>(&self, stream: S) -> JoinHandle<Ended>
+    pub fn serve<S>(&self, stream: S) -> JoinHandle<()>
     where
         S: AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {

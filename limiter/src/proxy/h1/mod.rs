@@ -64,15 +64,6 @@ pub struct Session<'a> {
     pub shutdown: watch::Receiver<bool>,
 }
 
-/// How a connection ended.
-pub enum Ended {
-    /// Closed (by either side, or after a response that closes it).
-    Closed,
-    /// No whole head within `http.headerReadTimeoutMs`; `mid_head`: some
-    /// of one had come.
-    HeadTimeout { mid_head: bool },
-}
-
 /// The first read buffer of a connection (grown, up to
 /// `http.maxHeaderBytes`, for a larger head).
 const READ_BUF: usize = 4096;
@@ -82,7 +73,7 @@ const READ_BUF: usize = 4096;
 const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
 
 /// Serves one HTTP/1.x client connection until it closes or times out.
-pub async fn serve<S>(mut io: ClientIo<S>, c: Session<'_>) -> Ended
+pub async fn serve<S>(mut io: ClientIo<S>, c: Session<'_>)
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -93,8 +84,19 @@ where
         io.set_between_requests(buf.is_empty());
         let req = match read_head(&mut io, &mut buf, &c, &tuning, served == 0).await {
             Ok(req) => req,
-            Err(NoHead::Closed) => return Ended::Closed,
-            Err(NoHead::Timeout { mid_head }) => return Ended::HeadTimeout { mid_head },
+            Err(NoHead::Closed) => return,
+            Err(NoHead::Timeout) => {
+                c.proxy.counters.header_timeouts.fetch_add(1, Ordering::Relaxed);
+                // A keep-alive connection idling past the timeout between
+                // requests is no request refused: only a head begun and not
+                // finished is (408, as nginx logs its client_header_timeout;
+                // nothing is sent).
+                if !buf.is_empty() {
+                    let seen = http1::request_line(&buf);
+                    Logged::refused(c.proxy, c.client, seen, 408, "header_timeout");
+                }
+                return;
+            }
         };
         served += 1;
         match exchange(&mut io, &mut buf, &c, &tuning, req).await {
@@ -108,9 +110,9 @@ where
             Next::Close { between } => {
                 io.set_between_requests(between && whole_requests(&buf));
                 let _ = io.shutdown().await;
-                return Ended::Closed;
+                return;
             }
-            Next::Gone => return Ended::Closed,
+            Next::Gone => return,
         }
     }
 }
@@ -138,7 +140,9 @@ fn whole_requests(mut buf: &[u8]) -> bool {
 /// Why no request came.
 enum NoHead {
     Closed,
-    Timeout { mid_head: bool },
+    /// No whole head within `http.headerReadTimeoutMs` (the buffer holds
+    /// what came of one, if anything).
+    Timeout,
 }
 
 /// Reads the next request head; a head refused as it is read is answered
@@ -211,7 +215,7 @@ where
             Ok(Ok(0) | Err(_)) => return Err(NoHead::Closed),
             Ok(Ok(_)) => {}
             Err(_) if grace.is_some_and(|g| tokio::time::Instant::now() >= g) => return Err(NoHead::Closed),
-            Err(_) => return Err(NoHead::Timeout { mid_head: !buf.is_empty() }),
+            Err(_) => return Err(NoHead::Timeout),
         }
     }
 }

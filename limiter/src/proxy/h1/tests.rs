@@ -248,3 +248,24 @@ async fn a_drain_closes_an_idle_keep_alive_connection_and_lets_a_request_in_flig
     let last = head(&mut busy).await;
     assert_eq!((status(&last), header(&last, "connection")), (200, Some("close")), "{last}");
 }
+
+#[tokio::test]
+async fn a_head_cut_at_the_header_timeout_is_logged_408_and_an_idle_connection_is_not() {
+    let rig = Rig::new("http.headerReadTimeoutMs = 100").await;
+    let (mut slow, slow_served) = rig.connect();
+    slow.write_all(b"GET /half HTTP/1.1\r\nHost: a\r\n").await.unwrap();
+    let (mut idle, idle_served) = rig.connect();
+    idle.write_all(b"GET /whole HTTP/1.1\r\nHost: a\r\n\r\n").await.unwrap();
+    let mut up = rig.accept().await;
+    head(&mut up).await;
+    answer(&mut up, "").await;
+    head(&mut idle).await;
+    slow_served.await.unwrap();
+    idle_served.await.unwrap();
+    assert_eq!(to_end(&mut slow).await, b"", "nothing is sent to a head cut off");
+    let lines = rig.log_lines(2).await;
+    let seen: Vec<_> =
+        lines.iter().map(|l| (l["path"].as_str().unwrap(), l["status"].as_u64().unwrap())).collect();
+    assert!(seen.contains(&("/half", 408)) && seen.contains(&("/whole", 200)), "{seen:?}");
+    assert_eq!(rig.proxy.counters.header_timeouts.load(Ordering::Relaxed), 2, "both count as timeouts");
+}
