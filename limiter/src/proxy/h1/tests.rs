@@ -269,3 +269,53 @@ async fn a_head_cut_at_the_header_timeout_is_logged_408_and_an_idle_connection_i
     assert!(seen.contains(&("/half", 408)) && seen.contains(&("/whole", 200)), "{seen:?}");
     assert_eq!(rig.proxy.counters.header_timeouts.load(Ordering::Relaxed), 2, "both count as timeouts");
 }
+
+#[tokio::test]
+async fn a_client_that_leaves_mid_download_keeps_its_permit_until_the_upstream_is_done() {
+    let rig = Rig::new(ONE_PERMIT).await;
+    let (mut client, served) = rig.connect();
+    client.write_all(b"GET /dl HTTP/1.1\r\nHost: a\r\n\r\n").await.unwrap();
+    let mut up = rig.accept().await;
+    head(&mut up).await;
+    up.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n").await.unwrap();
+    up.write_all(&[b'x'; 16384]).await.unwrap();
+    head(&mut client).await;
+    exactly(&mut client, 16384).await;
+    drop(client);
+    up.write_all(&[b'x'; 16384]).await.unwrap();
+    served.await.unwrap();
+    assert_eq!(rig.in_use(), 1, "the upstream still sends: its permit is held");
+    up.write_all(&vec![b'x'; 1_000_000 - 2 * 16384]).await.unwrap();
+    for _ in 0..500 {
+        if rig.in_use() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(rig.in_use(), 0, "back once the upstream delivered its last byte");
+    assert_eq!(rig.proxy.upstreams.abandoned.count(Cause::ClientGone, End::Answered), 1);
+    assert_eq!(rig.log_lines(1).await[0]["status"], 200);
+}
+
+#[tokio::test]
+async fn a_timeout_on_a_pooled_connection_is_a_504_never_a_retry() {
+    let rig = Rig::new("http.upstreamTimeoutMs = 200\nhttp.upstreamAbandonMs = 30000").await;
+    let (mut client, _) = rig.connect();
+    client.write_all(b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\n").await.unwrap();
+    let mut up = rig.accept().await;
+    head(&mut up).await;
+    answer(&mut up, "1").await;
+    head(&mut client).await;
+    exactly(&mut client, 1).await;
+    // The next GET goes on the pooled connection; the upstream works on it
+    // past the timeout. Sending it again elsewhere would run it twice.
+    client.write_all(b"GET /2 HTTP/1.1\r\nHost: a\r\n\r\n").await.unwrap();
+    assert!(head(&mut up).await.starts_with("GET /2 "));
+    assert_eq!(status(&head(&mut client).await), 504);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), rig.upstream.accept()).await.is_err(),
+        "sent once"
+    );
+    assert_eq!(rig.proxy.upstreams.retries.load(Ordering::Relaxed), 0);
+    answer(&mut up, "2").await;
+}

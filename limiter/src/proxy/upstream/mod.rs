@@ -365,8 +365,9 @@ async fn stream<B: BodySource>(
 /// Why no response head came.
 pub(crate) struct NoResponse {
     pub error: Error,
-    /// No byte of a response came before the connection ended (a pooled
-    /// one the upstream may have closed while it sat idle).
+    /// The connection ended (closed or failed, not timed out) before any
+    /// byte of a response came: a pooled one the upstream may have closed
+    /// while it sat idle.
     pub nothing: bool,
 }
 
@@ -404,13 +405,15 @@ pub(crate) async fn read_head_until(
             tokio::io::AsyncReadExt::read_buf(&mut conn.stream, &mut conn.buf),
         )
         .await;
-        let error = match read {
+        let (error, ended) = match read {
             Ok(Ok(n)) if n > 0 => continue,
-            Err(_) => Error::rule(Kind::UpstreamTimeout, "http.upstreamTimeoutMs"),
-            Ok(Ok(_)) => Error::closed(Kind::UpstreamClosed),
-            Ok(Err(e)) => Error::io(Kind::UpstreamClosed, e),
+            // Not an end: the upstream may be working on the request still,
+            // which must never be sent twice.
+            Err(_) => (Error::rule(Kind::UpstreamTimeout, "http.upstreamTimeoutMs"), false),
+            Ok(Ok(_)) => (Error::closed(Kind::UpstreamClosed), true),
+            Ok(Err(e)) => (Error::io(Kind::UpstreamClosed, e), true),
         };
-        return Err(NoResponse { error, nothing: !any });
+        return Err(NoResponse { error, nothing: ended && !any });
     }
 }
 
