@@ -38,10 +38,53 @@ const LONGEST_FIRST: [&str; 10] = [
 /// Binaries run alone, after the others (see the module's doc).
 const ALONE: [&str; 3] = ["adaptive", "shedding", "breaker"];
 
+/// Binaries whose tests are split among processes of their own (each
+/// test names what it makes after its process, so shards share nothing):
+/// whole, the longest would outlast every lane.
+const SHARDS: [(&str, usize); 1] = [("fleet", 3)];
+
 /// One test binary of a package.
 pub struct Binary {
     pub name: String,
     pub path: PathBuf,
+}
+
+/// What one process runs: a binary, or a shard of its tests.
+struct Job {
+    name: String,
+    path: PathBuf,
+    /// The tests of a shard (run with `--exact`); `None`: all of them.
+    tests: Option<Vec<String>>,
+}
+
+/// A binary's tests, ignored ones included (`--list`).
+fn list(path: &PathBuf) -> Result<Vec<String>> {
+    let out = Command::new(path).args(["--list", "--include-ignored"]).output().context("listing tests")?;
+    if !out.status.success() {
+        bail!("{} --list failed ({})", path.display(), out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_suffix(": test"))
+        .map(str::to_owned)
+        .collect())
+}
+
+/// The jobs of a binary: itself, or its [`SHARDS`] (not when the run is
+/// filtered: the filter then chooses the tests).
+fn jobs(b: Binary, filtered: bool) -> Result<Vec<Job>> {
+    let shards = SHARDS.iter().find(|(n, _)| *n == b.name).map_or(1, |s| s.1);
+    if shards == 1 || filtered {
+        return Ok(vec![Job { name: b.name, path: b.path, tests: None }]);
+    }
+    let tests = list(&b.path)?;
+    Ok((0..shards)
+        .map(|i| Job {
+            name: format!("{}.{}", b.name, i + 1),
+            path: b.path.clone(),
+            tests: Some(tests.iter().skip(i).step_by(shards).cloned().collect()),
+        })
+        .collect())
 }
 
 /// Builds `package`'s test binaries and lists them.
@@ -84,15 +127,26 @@ fn order(mut binaries: Vec<Binary>) -> (Vec<Binary>, Vec<Binary>) {
 /// failed, after all have run.
 pub fn run(binaries: Vec<Binary>, lanes: usize, args: &[String], envs: &[(&str, PathBuf)]) -> Result<()> {
     let (side_by_side, alone) = order(binaries);
+    let expand = |bins: Vec<Binary>| -> Result<Vec<Job>> {
+        let mut all = Vec::new();
+        for b in bins {
+            all.extend(jobs(b, !args.is_empty())?);
+        }
+        Ok(all)
+    };
+    let (side_by_side, alone) = (expand(side_by_side)?, expand(alone)?);
     let logs = root().join("target/test-logs");
     std::fs::create_dir_all(&logs)?;
     let results = Mutex::new(Vec::new());
-    let one = |b: &Binary| {
+    let one = |b: &Job| {
         let log = logs.join(format!("{}.log", b.name));
         let started = Instant::now();
         let outcome = File::create(&log).context("a test log").and_then(|file| {
             let mut cmd = Command::new(&b.path);
             cmd.args(["--test-threads=1", "--include-ignored"]).args(args).current_dir(root().join("tests"));
+            if let Some(tests) = &b.tests {
+                cmd.arg("--exact").args(tests);
+            }
             for (k, v) in envs {
                 cmd.env(k, v);
             }
@@ -137,12 +191,13 @@ pub fn run(binaries: Vec<Binary>, lanes: usize, args: &[String], envs: &[(&str, 
     Ok(())
 }
 
-/// Lanes to run: `LIMITER_TEST_LANES`, or the CPUs (at least 1, at most 4).
+/// Lanes to run: `LIMITER_TEST_LANES`, or one more than the CPUs, at
+/// most 4 (the tests mostly wait: on timers, on the daemons they drive).
 pub fn lanes() -> usize {
     std::env::var("LIMITER_TEST_LANES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| thread::available_parallelism().map_or(1, |n| n.get().min(4)))
+        .unwrap_or_else(|| thread::available_parallelism().map_or(1, |n| n.get() + 1).min(4))
 }
 
 #[cfg(test)]

@@ -113,6 +113,13 @@ impl<S> ClientIo<S> {
         }
     }
 
+    /// An HTTP/1 client's connection, with the timeouts and the rate in
+    /// force.
+    pub fn h1(inner: S, tuning: &super::Tuning, counters: Arc<Counters>) -> Self {
+        let watch = Watch::H1 { between_requests: true };
+        Self::new(inner, watch, tuning.idle_timeout, tuning.min_data_rate, tuning.linger, counters)
+    }
+
     /// The HTTP/1 engine's say on whether every request it read was read
     /// whole (a lingering close then has nothing to protect).
     pub fn set_between_requests(&mut self, between: bool) {

@@ -25,7 +25,7 @@ use super::{
     Proxy, Tuning,
     counters::HANDSHAKES,
     h1, h2,
-    io::{ClientIo, Watch},
+    io::ClientIo,
     proto::Proto,
     request::headers::{Client, Forwarding},
     upstream::Pool,
@@ -314,14 +314,7 @@ async fn serve_h1<S>(
 {
     proxy.counters.connections_by_proto[client.proto.index()].fetch_add(1, Ordering::Relaxed);
     let fwd = Forwarding::new(client);
-    let io = ClientIo::new(
-        stream,
-        Watch::H1 { between_requests: true },
-        tuning.idle_timeout,
-        tuning.min_data_rate,
-        tuning.linger,
-        proxy.counters.clone(),
-    );
+    let io = ClientIo::h1(stream, tuning, proxy.counters.clone());
     let conn = h1::Session { proxy, pool, client, fwd: &fwd, shutdown };
     // Boxed: the connection's future, copied into its task on every
     // accept, stays small; the engine's state is made once, on the heap.

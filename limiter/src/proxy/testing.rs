@@ -19,7 +19,7 @@ use tokio::{
 
 use super::{
     Proto, Proxy, h1,
-    io::{ClientIo, Watch},
+    io::ClientIo,
     request::headers::{Client, Forwarding},
     upstream::Pool,
 };
@@ -68,14 +68,7 @@ impl Rig {
             let addr: SocketAddr = "192.0.2.1:40000".parse().expect("an address");
             let client = Client { addr, proto: Proto::H1, port: 8080, trusted: false };
             let fwd = Forwarding::new(client);
-            let io = ClientIo::new(
-                stream,
-                Watch::H1 { between_requests: true },
-                tuning.idle_timeout,
-                tuning.min_data_rate,
-                tuning.linger,
-                proxy.counters.clone(),
-            );
+            let io = ClientIo::h1(stream, &tuning, proxy.counters.clone());
             h1::serve(io, h1::Session { proxy: &proxy, pool: &pool, client, fwd: &fwd, shutdown }).await
         })
     }
@@ -92,6 +85,18 @@ impl Rig {
     /// Normal-pool permits held now.
     pub fn in_use(&self) -> u32 {
         self.proxy.admission.snapshot().normal_in_use
+    }
+
+    /// Waits (up to 5 s) until no normal-pool permit is held; how many are
+    /// held then.
+    pub async fn until_free(&self) -> u32 {
+        for _ in 0..500 {
+            if self.in_use() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.in_use()
     }
 
     /// The access log's lines once there are `n` of them (within 5 s).

@@ -145,13 +145,7 @@ async fn after_a_504_the_permit_is_held_until_the_upstream_is_done() {
     other.write_all(b"GET /next HTTP/1.1\r\nHost: a\r\n\r\n").await.unwrap();
     assert_eq!(status(&head(&mut other).await), 503, "no permit while the upstream works");
     answer(&mut up, "late").await;
-    for _ in 0..500 {
-        if rig.in_use() == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(rig.in_use(), 0, "the permit is back once the upstream answered");
+    assert_eq!(rig.until_free().await, 0, "the permit is back once the upstream answered");
     assert_eq!(rig.proxy.upstreams.abandoned.count(Cause::Timeout, End::Answered), 1);
     assert_eq!(rig.errors(Kind::UpstreamTimeout), 1);
 }
@@ -286,13 +280,7 @@ async fn a_client_that_leaves_mid_download_keeps_its_permit_until_the_upstream_i
     served.await.unwrap();
     assert_eq!(rig.in_use(), 1, "the upstream still sends: its permit is held");
     up.write_all(&vec![b'x'; 1_000_000 - 2 * 16384]).await.unwrap();
-    for _ in 0..500 {
-        if rig.in_use() == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(rig.in_use(), 0, "back once the upstream delivered its last byte");
+    assert_eq!(rig.until_free().await, 0, "back once the upstream delivered its last byte");
     assert_eq!(rig.proxy.upstreams.abandoned.count(Cause::ClientGone, End::Answered), 1);
     assert_eq!(rig.log_lines(1).await[0]["status"], 200);
 }
