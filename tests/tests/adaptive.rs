@@ -115,10 +115,12 @@ fn a_learnt_limit_keeps_admitted_latency_near_the_service_time_and_follows_a_ste
     assert_eq!(static_pool.refused, 0, "{static_pool:?}");
     assert!(static_pool.p99 >= Duration::from_millis(6 * S), "{static_pool:?}");
     // Learnt: admitted requests within four service times, goodput near
-    // the upstream's 100 a second, 503s at once.
+    // the upstream's 100 a second, 503s at once: under one service time,
+    // which a request that waited for the upstream cannot be (a few ms
+    // here; 16 at p99 with 60 client threads on two busy CPUs).
     assert!(learnt.p99 <= Duration::from_millis(4 * S), "learnt {learnt:?}; all {all}");
     assert!(learnt.goodput >= 0.8 * 1000.0 / S as f64 * f64::from(WORKERS), "learnt {learnt:?}");
-    assert!(learnt.refused > 0 && learnt.refused_p99 <= Duration::from_millis(10), "learnt {learnt:?}");
+    assert!(learnt.refused > 0 && learnt.refused_p99 < Duration::from_millis(S), "learnt {learnt:?}");
     assert_eq!(learnt.failed, 0);
     assert!(doubled.goodput >= 0.8 * 2000.0 / S as f64 * f64::from(WORKERS), "doubled {doubled:?}");
     assert!(doubled.p99 <= Duration::from_millis(4 * S), "doubled {doubled:?}");
