@@ -6,9 +6,10 @@
 //! (`limiter-common`), the lock file and the toolchain, never on the profile
 //! or features `limiter` is built with; yet each of those builds runs this
 //! script in a directory of its own, and aya-build compiles `core` for BPF
-//! again in each (half a minute on two cores). So the object is kept in
-//! `target/ebpf-cache`, named by a hash of everything it is made from, and
-//! copied from there when it is already built.
+//! again in each (half a minute on two cores). So the object is kept in the
+//! workspace's `target/ebpf-cache` (every target directory's builds share
+//! it), named by a hash of everything it is made from, and copied from
+//! there when it is already built.
 use std::{
     collections::hash_map::DefaultHasher,
     fs,
@@ -21,7 +22,7 @@ fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let object = out.join("limiter");
-    let cached = cache_dir(&out).map(|dir| dir.join(format!("limiter-{:016x}", inputs_hash(&root))));
+    let cached = Some(root.join("target/ebpf-cache").join(format!("limiter-{:016x}", inputs_hash(&root))));
     if let Some(cached) = &cached
         && fs::copy(cached, &object).is_ok()
     {
@@ -49,12 +50,6 @@ fn main() {
             let _ = fs::rename(&part, &cached);
         }
     }
-}
-
-/// `target/ebpf-cache`, from `OUT_DIR` (`target/PROFILE/build/limiter-HASH/out`,
-/// or one level deeper under a `--target` triple).
-fn cache_dir(out: &Path) -> Option<PathBuf> {
-    out.ancestors().find(|a| a.join("CACHEDIR.TAG").is_file()).map(|target| target.join("ebpf-cache"))
 }
 
 /// A hash of what the object is made from: the sources and manifests of

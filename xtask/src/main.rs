@@ -133,10 +133,31 @@ pub fn build_daemon(release: bool) -> Result<PathBuf> {
     Ok(root().join("target").join(if release { "release" } else { "debug" }).join("limiter"))
 }
 
+/// Builds the release daemon in `target/suite` (beside another build in
+/// `target`), its output to `log`; returns the binary's path.
+fn build_release_aside(log: &Path) -> Result<PathBuf> {
+    let target = root().join("target/suite");
+    let mut cmd = cargo();
+    cmd.args(["build", "--release", "--package", "limiter", "--bin", "limiter"])
+        .env("CARGO_TARGET_DIR", &target);
+    status("building the release daemon", logged(&mut cmd, log)?)?;
+    Ok(target.join("release/limiter"))
+}
+
+/// `cmd` with its output appended to `log`.
+fn logged<'c>(cmd: &'c mut Command, log: &Path) -> Result<&'c mut Command> {
+    let file = fs::OpenOptions::new().create(true).append(true).open(log).context("a build log")?;
+    Ok(cmd.stdout(file.try_clone()?).stderr(file))
+}
+
 /// Runs the soak suite against the release daemon: the short version (the
 /// test suite's), or the long one.
 fn soak(short: bool) -> Result<()> {
-    let bin = build_daemon(true)?;
+    soak_with(short, &build_daemon(true)?)
+}
+
+/// [`soak`] against the release daemon `bin`.
+fn soak_with(short: bool, bin: &Path) -> Result<()> {
     let mut cmd = cargo();
     // The daemon is the release build either way; the soak's own clients
     // are built for release only for the long version (the short one runs
@@ -145,7 +166,7 @@ fn soak(short: bool) -> Result<()> {
     if !short {
         cmd.arg("--release");
     }
-    cmd.arg("--").env("LIMITER_BIN", &bin);
+    cmd.arg("--").env("LIMITER_BIN", bin);
     if short {
         cmd.arg("--short");
     }
@@ -187,7 +208,11 @@ fn fuzz(seconds: u64) -> Result<()> {
 
 /// Builds the release binary and packs the tarball; returns its path.
 fn dist() -> Result<PathBuf> {
-    let bin = build_daemon(true)?;
+    dist_of(&build_daemon(true)?)
+}
+
+/// Packs the tarball around the release binary `bin`; returns its path.
+fn dist_of(bin: &Path) -> Result<PathBuf> {
     let name = format!("limiter-{}-{}-linux", env!("CARGO_PKG_VERSION"), env::consts::ARCH);
     let out = root().join("target/dist");
     let stage = out.join(&name);
@@ -199,7 +224,7 @@ fn dist() -> Result<PathBuf> {
             .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
         Ok(())
     };
-    copy(&bin, "bin/limiter")?;
+    copy(bin, "bin/limiter")?;
     copy(&root().join("examples/limiter.ini"), "etc/limiter.ini")?;
     // The README links docs/TOOLCHAIN.md: the tarball keeps the layout.
     for file in ["README.md", "BENCHMARKS.md", "docs/TOOLCHAIN.md"] {
@@ -244,7 +269,7 @@ pub const LAYOUT2_REV: &str = "e2a2f343b702a2566c7da2188551aa15f8502f75";
 /// with its own target directory `target/NAME` (benchmarks compare a
 /// revision; the layout-migration test runs an older layout). Built once
 /// per revision: a stamp beside the binary names the revision it is.
-pub fn build_revision(rev: &str, name: &str, release: bool) -> Result<PathBuf> {
+pub fn build_revision(rev: &str, name: &str, release: bool, log: Option<&Path>) -> Result<PathBuf> {
     let root = root();
     let target = root.join("target").join(name);
     let bin = target.join(if release { "release" } else { "debug" }).join("limiter");
@@ -281,6 +306,9 @@ pub fn build_revision(rev: &str, name: &str, release: bool) -> Result<PathBuf> {
     if release {
         build.arg("--release");
     }
+    if let Some(log) = log {
+        logged(&mut build, log)?;
+    }
     let built = status(&format!("building limiter at {rev}"), &mut build);
     remove();
     built?;
@@ -290,28 +318,45 @@ pub fn build_revision(rev: &str, name: &str, release: bool) -> Result<PathBuf> {
 
 fn test(filter: &[String]) -> Result<()> {
     setup::ensure(setup::Purpose::Test)?;
+    // The two builds only some tests need (the release daemon, for the
+    // tarball and the soak; the last limiter of pinned layout 2, for the
+    // layout-migration test) go on beside the others, each in a target
+    // directory of its own (cargo holds one build at a time in each):
+    // their long serial ends (fat LTO, linking) leave a core the unit
+    // tests' build takes. Their output goes to a log, shown if they fail.
+    let logs = root().join("target/test-logs");
+    fs::create_dir_all(&logs)?;
+    let aside = {
+        let log = logs.join("builds-aside.log");
+        std::thread::spawn(move || -> Result<(PathBuf, PathBuf)> {
+            let release = build_release_aside(&log)?;
+            let layout2 = build_revision(LAYOUT2_REV, "layout2", false, Some(&log))?;
+            Ok((release, layout2))
+        })
+    };
     // Unit tests: pure logic, no kernel, run in parallel.
     let mut unit = cargo();
     // `--include-ignored`: the one ignored unit test compares this machine
     // with what set-up installs, which holds only after set-up ran.
     unit.args(["test", "--package", "limiter-common", "--package", "limiter", "--package", "xtask"]);
     unit.args(["--", "--include-ignored"]).args(filter);
-    status("unit tests", &mut unit)?;
-
-    // The release artifact, for the test that runs it from a clean directory.
-    let tarball = dist()?;
+    let unit = status("unit tests", &mut unit);
     // Integration tests: the real kernel, real sockets. A network namespace
     // switch is per thread and cgroup membership per process, so each
     // binary runs its tests one at a time, binaries side by side
     // ([`lanes`]). They are #[ignore]d for a plain `cargo test` (which
     // would run them in parallel, without the binary built); here they all
     // run.
-    let bin = build_daemon(false)?;
-    // The last limiter of pinned layout 2, for the layout-migration test.
-    let layout2 = build_revision(LAYOUT2_REV, "layout2", false)?;
-    let binaries = lanes::build("limiter-tests")?;
+    let built = unit.and_then(|()| Ok((build_daemon(false)?, lanes::build("limiter-tests")?)));
+    let aside = aside.join().map_err(|_| anyhow::anyhow!("the builds aside panicked"))?;
+    let (bin, binaries) = built?;
+    let (release, layout2) = aside.with_context(|| {
+        format!("the builds aside failed; their output: {}", logs.join("builds-aside.log").display())
+    })?;
+    // The release artifact, for the test that runs it from a clean directory.
+    let tarball = dist_of(&release)?;
     let envs = [("LIMITER_BIN", bin), ("LIMITER_LAYOUT2_BIN", layout2), ("LIMITER_DIST", tarball)];
     lanes::run(binaries, lanes::lanes(), filter, &envs)?;
     // The short version of every soak scenario.
-    if filter.is_empty() { soak(true) } else { Ok(()) }
+    if filter.is_empty() { soak_with(true, &release) } else { Ok(()) }
 }
