@@ -63,13 +63,12 @@ pub fn main(args: &[String]) -> Result<()> {
     if which == "scrape" {
         // Against the last build of pinned layout 2 (every slot read on
         // every scrape).
-        cmd.env("LIMITER_BIN_BEFORE", build_revision(crate::LAYOUT2_REV, "layout2-release", true, None)?)
+        cmd.env("LIMITER_BIN_BEFORE", build_revision(crate::LAYOUT2_REV, "layout2-release", true)?)
             .env("LIMITER_BEFORE_REV", crate::LAYOUT2_REV);
     }
     if let Some(i) = args.iter().position(|a| a == "--before") {
         let rev = args.get(i + 1).context("--before needs a git revision")?;
-        cmd.env("LIMITER_BIN_BEFORE", build_revision(rev, "before", true, None)?)
-            .env("LIMITER_BEFORE_REV", rev);
+        cmd.env("LIMITER_BIN_BEFORE", build_revision(rev, "before", true)?).env("LIMITER_BEFORE_REV", rev);
     }
     status(&format!("benchmark {which}"), &mut cmd)
 }

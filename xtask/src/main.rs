@@ -269,7 +269,7 @@ pub const LAYOUT2_REV: &str = "e2a2f343b702a2566c7da2188551aa15f8502f75";
 /// with its own target directory `target/NAME` (benchmarks compare a
 /// revision; the layout-migration test runs an older layout). Built once
 /// per revision: a stamp beside the binary names the revision it is.
-pub fn build_revision(rev: &str, name: &str, release: bool, log: Option<&Path>) -> Result<PathBuf> {
+pub fn build_revision(rev: &str, name: &str, release: bool) -> Result<PathBuf> {
     let root = root();
     let target = root.join("target").join(name);
     let bin = target.join(if release { "release" } else { "debug" }).join("limiter");
@@ -306,9 +306,6 @@ pub fn build_revision(rev: &str, name: &str, release: bool, log: Option<&Path>) 
     if release {
         build.arg("--release");
     }
-    if let Some(log) = log {
-        logged(&mut build, log)?;
-    }
     let built = status(&format!("building limiter at {rev}"), &mut build);
     remove();
     built?;
@@ -318,21 +315,15 @@ pub fn build_revision(rev: &str, name: &str, release: bool, log: Option<&Path>) 
 
 fn test(filter: &[String]) -> Result<()> {
     setup::ensure(setup::Purpose::Test)?;
-    // The two builds only some tests need (the release daemon, for the
-    // tarball and the soak; the last limiter of pinned layout 2, for the
-    // layout-migration test) go on beside the others, each in a target
-    // directory of its own (cargo holds one build at a time in each):
-    // their long serial ends (fat LTO, linking) leave a core the unit
-    // tests' build takes. Their output goes to a log, shown if they fail.
+    // The release daemon (for the tarball and the soak) builds beside the
+    // other builds, in a target directory of its own (cargo holds one
+    // build at a time in each): its long serial end (fat LTO) leaves a
+    // core the others take. Its output goes to a log, shown if it fails.
     let logs = root().join("target/test-logs");
     fs::create_dir_all(&logs)?;
     let aside = {
         let log = logs.join("builds-aside.log");
-        std::thread::spawn(move || -> Result<(PathBuf, PathBuf)> {
-            let release = build_release_aside(&log)?;
-            let layout2 = build_revision(LAYOUT2_REV, "layout2", false, Some(&log))?;
-            Ok((release, layout2))
-        })
+        std::thread::spawn(move || build_release_aside(&log))
     };
     // Unit tests: pure logic, no kernel, run in parallel.
     let mut unit = cargo();
@@ -347,11 +338,17 @@ fn test(filter: &[String]) -> Result<()> {
     // ([`lanes`]). They are #[ignore]d for a plain `cargo test` (which
     // would run them in parallel, without the binary built); here they all
     // run.
-    let built = unit.and_then(|()| Ok((build_daemon(false)?, lanes::build("limiter-tests")?)));
-    let aside = aside.join().map_err(|_| anyhow::anyhow!("the builds aside panicked"))?;
-    let (bin, binaries) = built?;
-    let (release, layout2) = aside.with_context(|| {
-        format!("the builds aside failed; their output: {}", logs.join("builds-aside.log").display())
+    let built = unit.and_then(|()| {
+        let bin = build_daemon(false)?;
+        let binaries = lanes::build("limiter-tests")?;
+        // The last limiter of pinned layout 2, for the layout-migration test.
+        let layout2 = build_revision(LAYOUT2_REV, "layout2", false)?;
+        Ok((bin, binaries, layout2))
+    });
+    let aside = aside.join().map_err(|_| anyhow::anyhow!("the release build panicked"))?;
+    let (bin, binaries, layout2) = built?;
+    let release = aside.with_context(|| {
+        format!("the release build failed; its output: {}", logs.join("builds-aside.log").display())
     })?;
     // The release artifact, for the test that runs it from a clean directory.
     let tarball = dist_of(&release)?;
