@@ -17,7 +17,13 @@ static ALLOCATOR: limiter::allocator::Mimalloc = limiter::allocator::Mimalloc;
 static ALLOCATOR: limiter::alloc_count::Counting = limiter::alloc_count::Counting;
 
 #[derive(Parser)]
-#[command(name = "limiter", version, about = "Refuses work at the SYN and at HTTP before a server drowns")]
+#[command(
+    name = "limiter",
+    version,
+    about = "Refuses work at the SYN and at HTTP before a server drowns",
+    after_help = "Manual: man limiter(8); the manual's pages are in /usr/share/doc/limiter/docs \
+                  (the package) or docs/ (the source), starting at docs/README.md."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -77,6 +83,14 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Prepare the node for the daemon: mount bpffs (mode 0700) where the
+    /// pins go unless it is there, set net.ipv4.tcp_migrate_req = 1 (the
+    /// handover); the DaemonSet's init container runs it.
+    PrepareNode {
+        /// Where bpffs goes.
+        #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf")]
+        bpffs: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -107,6 +121,7 @@ fn main() -> ExitCode {
             Ok(t) => cli::top::main(&t, Duration::from_millis(interval_ms), once),
             Err(e) => cli::fail(e),
         },
+        Command::PrepareNode { bpffs } => cli::prepare_node::main(&bpffs),
         Command::Unload { target: t, force } => match access(&t) {
             Ok(t) => cli::unload::main(&t, force),
             Err(e) => cli::fail(e),

@@ -7,7 +7,9 @@
 //!   ([`status`] asks for it, on the admin socket or listener it verified);
 //! - [`reload`]: a reload that returns once the daemon applied or refused
 //!   it (systemd's `ExecReload`);
-//! - [`unload`]: remove the gate.
+//! - [`unload`]: remove the gate;
+//! - [`prepare_node`]: bpffs and the handover's sysctl on a node (the
+//!   DaemonSet's init container).
 //!
 //! Exit status: 0 success; [`EX_CONFIG`] (78) for what the configuration
 //! gets wrong, from `run`, `check-config` and `reload` alike; 1 for
@@ -16,6 +18,7 @@
 
 pub mod check_config;
 pub mod dump;
+pub mod prepare_node;
 pub mod reload;
 pub mod run;
 pub mod status;

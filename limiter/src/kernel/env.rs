@@ -233,11 +233,7 @@ pub fn ensure_bpffs(pin_dir: &Path) -> Result<bool, KernelError> {
     let ancestor = parent.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
     let mut mounted = false;
     if fs_type(ancestor) != Some(BPF_FS_MAGIC) {
-        fs::create_dir_all(parent)
-            .map_err(|e| KernelError::io(format!("creating {} to mount bpffs on", parent.display()), e))?;
-        mount(Some("bpf"), parent, Some("bpf"), MsFlags::empty(), Some("mode=0700"))
-            .map_err(|source| KernelError::MountBpffs { dir: parent.to_path_buf(), source })?;
-        mounted = true;
+        mounted = mount_bpffs(parent)?;
     }
     fs::DirBuilder::new()
         .recursive(true)
@@ -245,6 +241,21 @@ pub fn ensure_bpffs(pin_dir: &Path) -> Result<bool, KernelError> {
         .create(pin_dir)
         .map_err(|e| KernelError::io(format!("creating the pin directory {}", pin_dir.display()), e))?;
     Ok(mounted)
+}
+
+/// Mounts bpffs (mode 0700, `nosuid,nodev,noexec`) at `dir`, made if
+/// missing, unless `dir` is on bpffs already. Returns whether a mount was
+/// made.
+pub fn mount_bpffs(dir: &Path) -> Result<bool, KernelError> {
+    if fs_type(dir) == Some(BPF_FS_MAGIC) {
+        return Ok(false);
+    }
+    fs::create_dir_all(dir)
+        .map_err(|e| KernelError::io(format!("creating {} to mount bpffs on", dir.display()), e))?;
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(Some("bpf"), dir, Some("bpf"), flags, Some("mode=0700"))
+        .map_err(|source| KernelError::MountBpffs { dir: dir.to_path_buf(), source })?;
+    Ok(true)
 }
 
 /// Refuses a pin directory that someone besides root and `owners` could
