@@ -54,7 +54,7 @@ pub struct Entry {
 }
 
 impl Entry {
-    /// The JSON line (with its newline), fields in the README's order.
+    /// The JSON line (with its newline), fields in docs/access-log.md's order.
     pub fn line(&self) -> String {
         use std::fmt::Write as _;
         let text = |s: &str| serde_json::Value::from(s).to_string();

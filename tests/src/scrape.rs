@@ -2,7 +2,7 @@
 //! use: the kernel gate (a port-wide limit, a per-source cap, trusted
 //! prefixes, XDP on a veth, dry-run shedding), the proxy over cleartext,
 //! h2c and TLS, the access log, fleet limits over a Redis. The tests that hold the metrics to their
-//! conventions and the deployment files and README to the real metric
+//! conventions and the deployment files and manual to the real metric
 //! names all read this page, so none of them compares against a list that
 //! could be wrong in the same way.
 
@@ -78,22 +78,21 @@ pub fn names_a_family(families: &BTreeSet<String>, name: &str) -> bool {
             .any(|s| name.strip_suffix(s).is_some_and(|base| families.contains(base)))
 }
 
-/// The metric names of the README's metrics table (its rows' first cells).
-pub fn readme_metrics() -> BTreeSet<String> {
-    let readme = std::fs::read_to_string(crate::workspace().join("README.md")).unwrap();
-    let section = readme.split("\n## Metrics\n").nth(1).expect("the README's Metrics section");
-    let section = section.split("\n## ").next().unwrap_or(section);
+/// The metric names of the manual's metrics reference (docs/metrics.md:
+/// its table rows' first cells).
+pub fn manual_metrics() -> BTreeSet<String> {
+    let section = std::fs::read_to_string(crate::workspace().join("docs/metrics.md")).unwrap();
     let mut names = BTreeSet::new();
     for row in section.lines().filter(|l| l.starts_with("| `")) {
         let first = row.split('|').nth(1).unwrap_or_default();
         for name in first.split('`').skip(1).step_by(2) {
             assert!(
                 name.starts_with("limiter_") || name.starts_with("process_"),
-                "the README's metrics table names `{name}` in a row's first cell: one metric name a row, written whole"
+                "docs/metrics.md's table names `{name}` in a row's first cell: one metric name a row, written whole"
             );
             names.insert(name.to_owned());
         }
     }
-    assert!(names.len() > 40, "the README's metrics table: {names:?}");
+    assert!(names.len() > 40, "docs/metrics.md's table: {names:?}");
     names
 }

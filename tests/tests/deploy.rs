@@ -284,11 +284,12 @@ fn the_alerting_rules_pass_promtool_and_their_unit_tests_and_name_real_metrics()
 }
 
 /// `systemd-analyze security --offline=true` on the shipped unit: its
-/// overall exposure is what the README reports ("Who can do what on a
-/// node"), so a change to the unit that moves it must move the README too.
+/// overall exposure is what the manual reports (docs/trust.md, "Who can do
+/// what on a node"), so a change to the unit that moves it must move the
+/// manual too.
 #[test]
 #[ignore = "black-box: systemd-analyze; run by `cargo xtask test`"]
-fn the_units_exposure_is_what_the_readme_reports() {
+fn the_units_exposure_is_what_the_manual_reports() {
     let out = limiter_tests::process::run_with_deadline(
         Command::new("systemd-analyze")
             .args(["security", "--offline=true", "--no-pager"])
@@ -306,6 +307,9 @@ fn the_units_exposure_is_what_the_readme_reports() {
         .to_owned();
     let value: f64 = score.parse().unwrap();
     assert!(value <= 3.5, "the unit's exposure rose to {score}");
-    let readme = std::fs::read_to_string(workspace().join("README.md")).unwrap();
-    assert!(readme.contains(&format!("scores **{score}**")), "the README does not report the unit's {score}");
+    let page = std::fs::read_to_string(workspace().join("docs/trust.md")).unwrap();
+    assert!(
+        page.contains(&format!("scores **{score}**")),
+        "docs/trust.md does not report the unit's {score}"
+    );
 }

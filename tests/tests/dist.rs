@@ -26,6 +26,8 @@ fn the_release_tarball_runs_from_a_clean_directory() {
         "doc/README.md",
         "doc/BENCHMARKS.md",
         "doc/docs/TOOLCHAIN.md",
+        "doc/docs/README.md",
+        "doc/docs/configuration.md",
         "deploy/systemd/limiter.service",
         "deploy/systemd/limiter-bpffs.service",
         "deploy/systemd/limiter.socket",

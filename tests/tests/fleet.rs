@@ -70,7 +70,7 @@ fn assert_refused(r: &Reply, reason: &str) {
 /// Starts `n` long requests of `token`, the i-th on `addrs[i % len]`, one
 /// at a time: each is in the upstream before the next goes, and one the
 /// shares refused at once (nodes claiming in the same instant may split the
-/// last units unevenly, within the README's false-refusal bound) is sent
+/// last units unevenly, within the false-refusal bound of docs/fleet.md) is sent
 /// again, so that a test starts from exactly `n` held.
 fn hold_each(
     net: &StoreNet,
@@ -989,7 +989,7 @@ fn past_its_lease_a_cut_off_nodes_requests_are_the_only_overshoot_and_are_counte
     let net = StoreNet::new().unwrap();
     let _redis = net.redis(6379, &[]).unwrap();
     let up = Upstream::start();
-    // Requests of 6 s, leases of 1.5 s: what the README's guarantee table
+    // Requests of 6 s, leases of 1.5 s: what docs/fleet.md's guarantee table
     // says then, measured.
     let nodes = store::fleet(
         &net,

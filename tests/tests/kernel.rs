@@ -167,9 +167,9 @@ fn connection_past_the_limit_is_refused_at_once_and_established_ones_work() {
 #[ignore = "black-box: the daemon binary, root, real sockets; run by `cargo xtask test`"]
 fn burst_overshoot_stays_within_the_documented_bound() {
     require_kernel!();
-    // The documented bound (README, "Kernel gate"): handshakes in flight
+    // The documented bound (docs/kernel-gate.md): handshakes in flight
     // when the limit is reached can each complete, at most one per CPU
-    // racing the check. Measured highest here: see the README.
+    // racing the check. Measured highest here: see docs/kernel-gate.md.
     let limit = 50u64;
     let bound = limit + 2 * std::thread::available_parallelism().map_or(2, |n| n.get() as u64);
     let sb = Sandbox::new().unwrap();

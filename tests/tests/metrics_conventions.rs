@@ -2,7 +2,7 @@
 //! [`limiter_tests::scrape::full`]) follows Prometheus' conventions as
 //! `promtool check metrics` lints them, is OpenMetrics-clean (no two
 //! families share a name once a counter's `_total` is dropped), and is
-//! exactly what the README's metrics table lists.
+//! exactly what the manual's metrics reference (docs/metrics.md) lists.
 
 use std::{
     collections::BTreeMap,
@@ -52,11 +52,11 @@ fn the_readme_lists_exactly_the_families_of_a_real_scrape() {
     require_kernel!();
     let full = scrape::full();
     let served = scrape::families(&full.page);
-    let listed = scrape::readme_metrics();
+    let listed = scrape::manual_metrics();
     let unlisted: Vec<_> = served.difference(&listed).collect();
     let unserved: Vec<_> = listed.difference(&served).collect();
     assert!(
         unlisted.is_empty() && unserved.is_empty(),
-        "served but not in the README's metrics table: {unlisted:?}; in the table but not served: {unserved:?}"
+        "served but not in docs/metrics.md's table: {unlisted:?}; in the table but not served: {unserved:?}"
     );
 }

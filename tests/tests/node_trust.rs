@@ -1,4 +1,4 @@
-//! Who can do what on a node (README, "Who can do what on a node"), tried
+//! Who can do what on a node (docs/trust.md, "Who can do what on a node"), tried
 //! by a second, unprivileged user that the test creates and removes:
 //!
 //! - through the TCP admin listener, which every local user can reach, it

@@ -3,7 +3,7 @@
 //! (`http.responseBufferBytes`), and HTTP/1.1 clients that read nothing,
 //! keep the permits of those responses. While a pool refuses someone,
 //! such a response is cut once it has left its chunk untaken for a second
-//! (README, "What limiter trusts", "Slow readers"), so other clients are
+//! (docs/trust.md, "What limiter trusts", "Slow readers"), so other clients are
 //! served within about a second; downloads that keep reading are not cut.
 //!
 //! The HTTP/2 attack is written frame by frame (`limiter_tests::h2raw`),

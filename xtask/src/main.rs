@@ -6,8 +6,12 @@
 
 mod bench;
 mod deadline;
+mod deb;
+mod docs;
+mod image;
 mod lanes;
 mod programs;
+mod release;
 mod scaling;
 mod setup;
 
@@ -55,7 +59,16 @@ usage: cargo xtask VERB [ARGS]
                              missing) for N seconds (default 300)
   dist                       a release tarball in target/dist: the binary (kernel
                              programs embedded), example config, systemd units,
-                             Kubernetes manifest, README
+                             Kubernetes manifest, README and manual
+  image [--name NAME] [--archive FILE]
+                             the OCI image the DaemonSet runs (buildah, from
+                             scratch; default name registry.example.com/limiter:VERSION);
+                             prints its name and ID, and writes it as an OCI archive
+  deb [--revision N]         the Debian package target/dist/limiter_VERSION-N_amd64.deb
+  release                    the tarball, the package and the image archive of one
+                             release build, with target/dist/SHA256SUMS
+  docs                       write the manual's key reference from the key table and
+                             check every link and anchor of the documentation
 ";
 
 fn main() {
@@ -89,6 +102,19 @@ fn real_main() -> Result<()> {
                 .unwrap_or(300);
             fuzz(seconds)
         }
+        "image" => {
+            setup::ensure(setup::Purpose::Package)?;
+            image::main(&rest)
+        }
+        "deb" => {
+            setup::ensure(setup::Purpose::Package)?;
+            deb::main(&rest)
+        }
+        "release" => {
+            setup::ensure(setup::Purpose::Package)?;
+            release::main()
+        }
+        "docs" => docs::main(),
         "dist" => {
             setup::ensure(setup::Purpose::Build)?;
             let tarball = dist()?;
@@ -112,6 +138,13 @@ pub fn cargo() -> Command {
     let mut cmd = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cmd.current_dir(root());
     cmd
+}
+
+/// Sets a file's permission bits.
+pub fn set_mode(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
+    Ok(())
 }
 
 pub fn status(what: &str, cmd: &mut Command) -> Result<()> {
@@ -212,7 +245,7 @@ fn dist() -> Result<PathBuf> {
 }
 
 /// Packs the tarball around the release binary `bin`; returns its path.
-fn dist_of(bin: &Path) -> Result<PathBuf> {
+pub fn dist_of(bin: &Path) -> Result<PathBuf> {
     let name = format!("limiter-{}-{}-linux", env!("CARGO_PKG_VERSION"), env::consts::ARCH);
     let out = root().join("target/dist");
     let stage = out.join(&name);
@@ -226,9 +259,9 @@ fn dist_of(bin: &Path) -> Result<PathBuf> {
     };
     copy(bin, "bin/limiter")?;
     copy(&root().join("examples/limiter.ini"), "etc/limiter.ini")?;
-    // The README links docs/TOOLCHAIN.md: the tarball keeps the layout.
-    for file in ["README.md", "BENCHMARKS.md", "docs/TOOLCHAIN.md"] {
-        copy(&root().join(file), &format!("doc/{file}"))?;
+    // The README links the manual's pages: the tarball keeps the layout.
+    for file in docs::shipped()? {
+        copy(&root().join(&file), &format!("doc/{file}"))?;
     }
     for file in [
         "systemd/limiter.service",
@@ -350,9 +383,22 @@ fn test(filter: &[String]) -> Result<()> {
     let release = aside.with_context(|| {
         format!("the release build failed; its output: {}", logs.join("builds-aside.log").display())
     })?;
-    // The release artifact, for the test that runs it from a clean directory.
+    // The release artifacts, for the tests that run them as shipped: the
+    // tarball, the package and a second build of it (the upgrade), the
+    // image as an OCI archive.
     let tarball = dist_of(&release)?;
-    let envs = [("LIMITER_BIN", bin), ("LIMITER_LAYOUT2_BIN", layout2), ("LIMITER_DIST", tarball)];
+    let deb = deb::build(&release, 1)?;
+    let upgrade = deb::build(&release, 2)?;
+    let image = root().join("target/dist/limiter-test-image.oci.tar");
+    image::build(&release, &image::default_name(), Some(&image))?;
+    let envs = [
+        ("LIMITER_BIN", bin),
+        ("LIMITER_LAYOUT2_BIN", layout2),
+        ("LIMITER_DIST", tarball),
+        ("LIMITER_DEB", deb),
+        ("LIMITER_DEB_UPGRADE", upgrade),
+        ("LIMITER_IMAGE", image),
+    ];
     lanes::run(binaries, lanes::lanes(), filter, &envs)?;
     // The short version of every soak scenario.
     if filter.is_empty() { soak_with(true, &release) } else { Ok(()) }

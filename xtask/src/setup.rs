@@ -24,6 +24,10 @@ pub const NIGHTLY: &str = "nightly";
 
 /// Debian packages bpf-linker links against.
 pub const BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev"];
+/// Debian packages `cargo xtask image`, `deb` and `release` run: buildah
+/// (the image, from scratch) and dpkg-dev (`dpkg-shlibdeps`, the package's
+/// dependencies).
+pub const PACKAGING_PACKAGES: &[&str] = &["buildah", "dpkg-dev"];
 /// Where a program comes from on a fresh Debian machine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Provider {
@@ -108,6 +112,21 @@ pub const PROGRAMS: &[Program] = &[
         name: "kubernetes-validate",
         provider: Provider::PyPi { package: "kubernetes-validate", version: "1.37.0" },
     },
+    // The image run as the DaemonSet runs it (tests/tests/image.rs), and
+    // the package installed in a throwaway copy of the machine
+    // (tests/tests/package.rs: its script runs dpkg, chroot, getent and
+    // zcat there, and the package's own scripts adduser and
+    // deb-systemd-helper), then linted.
+    debian("crun", "crun"),
+    debian("unshare", "util-linux"),
+    debian("lintian", "lintian"),
+    debian("adduser", "adduser"),
+    debian("deb-systemd-helper", "init-system-helpers"),
+    base("dpkg", "dpkg"),
+    base("dpkg-query", "dpkg"),
+    base("chroot", "coreutils"),
+    base("getent", "libc-bin"),
+    base("zcat", "gzip"),
     // A second, unprivileged user for the tests of who can do what.
     base("useradd", "passwd"),
     base("userdel", "passwd"),
@@ -179,6 +198,8 @@ fn k8s_validator() -> (&'static str, &'static str) {
 pub enum Purpose {
     /// Building and running the daemon.
     Build,
+    /// Building it and packing its image and Debian package.
+    Package,
     /// The tests, the benchmarks and the soak: every program they start
     /// ([`PROGRAMS`]), one set for all three.
     Test,
@@ -187,6 +208,9 @@ pub enum Purpose {
 impl Purpose {
     fn packages(self) -> Vec<&'static str> {
         let mut packages = BUILD_PACKAGES.to_vec();
+        if self != Self::Build {
+            packages.extend(PACKAGING_PACKAGES);
+        }
         if self == Self::Test {
             for p in debian_packages() {
                 if !packages.contains(&p) {

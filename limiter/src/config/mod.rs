@@ -31,6 +31,7 @@ mod grammar;
 pub mod keys;
 mod listing;
 mod load;
+pub mod reference;
 mod store;
 mod values;
 

@@ -67,7 +67,7 @@ fn keys_are_case_sensitive() {
     // Under kernel. a wrong case is an unknown key: an error.
     assert_eq!(
         error("kernel.Ports = 80:1\n"),
-        "limiter.ini:1: kernel.Ports = 80:1: unknown key under `kernel.` (keys there are the daemon's; see the README's key table)"
+        "limiter.ini:1: kernel.Ports = 80:1: unknown key under `kernel.` (keys there are the daemon's; see `limiter check-config` or the manual's key reference)"
     );
 }
 
@@ -138,11 +138,11 @@ fn duplicates_unknown_keys_and_malformed_lines() {
     );
     assert_eq!(
         error("breaker.treshold = 0.5\n"),
-        "limiter.ini:1: breaker.treshold = 0.5: unknown key under `breaker.` (keys there are the daemon's; see the README's key table)"
+        "limiter.ini:1: breaker.treshold = 0.5: unknown key under `breaker.` (keys there are the daemon's; see `limiter check-config` or the manual's key reference)"
     );
     assert_eq!(
         error("admin.port = 9\n"),
-        "limiter.ini:1: admin.port = 9: unknown key under `admin.` (keys there are the daemon's; see the README's key table)"
+        "limiter.ini:1: admin.port = 9: unknown key under `admin.` (keys there are the daemon's; see `limiter check-config` or the manual's key reference)"
     );
     assert_eq!(error("a = 1\njust words\n"), "limiter.ini:2: expected `key = value`, found `just words`");
     assert_eq!(error("a = 1\n[http\n"), "limiter.ini:2: malformed section header, found `[http`");
@@ -296,37 +296,36 @@ fn bad_kernel_options_name_what_is_wrong() {
     }
 }
 
+/// The manual's key reference is the key table's rendering; with
+/// `LIMITER_BLESS=1` (what `cargo xtask docs` sets) the test writes it
+/// there instead.
 #[test]
-fn the_readme_key_table_lists_exactly_the_table_keys_with_their_defaults_and_reload() {
-    let readme = include_str!("../../../README.md");
-    let start = readme.find("| key | default | reload | meaning |").expect("the README has a key table");
-    let rows: Vec<&str> = readme[start..].lines().skip(2).take_while(|l| l.starts_with("| `")).collect();
-    let mut documented: BTreeMap<String, (String, String)> = BTreeMap::new();
-    for row in rows {
-        let cells: Vec<&str> = row.split(" | ").collect();
-        let key = cells[0].trim_start_matches("| ").trim_matches('`').to_owned();
-        let row = (cells[1].to_owned(), cells[2].to_owned());
-        assert!(documented.insert(key.clone(), row).is_none(), "{key} has two README rows");
+fn the_manual_key_reference_is_the_key_table() {
+    use super::reference::{markdown, splice};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/configuration.md");
+    let page = std::fs::read_to_string(&path).unwrap();
+    let wanted = splice(&page, &markdown()).expect("docs/configuration.md has the generated table's markers");
+    if std::env::var_os("LIMITER_BLESS").is_some() {
+        std::fs::write(&path, &wanted).unwrap();
+    } else {
+        assert!(
+            page == wanted,
+            "docs/configuration.md's key reference differs from the key table: run `cargo xtask docs`"
+        );
     }
-    let table: BTreeMap<String, &Key> = KEYS.iter().map(|k| (k.name.to_owned(), k)).collect();
-    let missing: Vec<&String> = table.keys().filter(|k| !documented.contains_key(*k)).collect();
-    let extra: Vec<&String> = documented.keys().filter(|k| !table.contains_key(*k)).collect();
-    assert!(missing.is_empty() && extra.is_empty(), "README lacks {missing:?}; README has unknown {extra:?}");
-    for (name, key) in &table {
-        let (cell, reload) = &documented[name];
-        assert_eq!(reload, key.reload.as_str(), "{name}: README says {reload}, the table {:?}", key.reload);
-        match key.default {
-            keys::DefaultValue::Value(v) => {
-                let shown = format!("`{v}`");
-                assert!(
-                    cell == &shown || cell.starts_with(&format!("{shown} (")),
-                    "{name}: README default `{cell}`, the table says {shown}"
-                );
-            }
-            keys::DefaultValue::Unset(text) | keys::DefaultValue::Computed(text, _) => {
-                assert_eq!(cell, text, "{name}: README default differs from the table's");
-            }
-        }
+}
+
+/// Every row of the reference renders one key: no `|` inside a meaning
+/// breaks the table, and each default is the table's.
+#[test]
+fn the_key_reference_has_one_row_per_key() {
+    let table = super::reference::markdown();
+    let rows: Vec<&str> = table.lines().skip(2).collect();
+    assert_eq!(rows.len(), KEYS.len());
+    for (row, key) in rows.iter().zip(KEYS) {
+        let cells = row.matches(" | ").count();
+        assert_eq!(cells, 3, "{}: a `|` in its text splits the row: {row}", key.name);
+        assert!(!key.manual.contains('\n'), "{}: the manual text is one paragraph", key.name);
     }
 }
 
@@ -612,4 +611,15 @@ fn a_reload_that_changes_a_fleet_secret_needs_a_restart() {
     let moved = parse(&text.replace("redis://h", "redis://other")).unwrap();
     assert_eq!(after.restart_changes(&moved), ["fleet.store"]);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The README's first configuration (its one `ini` block) is valid and
+/// means what the README says of it.
+#[test]
+fn the_readmes_first_configuration_is_valid() {
+    let readme = include_str!("../../../README.md");
+    let block = readme.split("```ini\n").nth(1).and_then(|b| b.split("```").next()).expect("an ini block");
+    let c = Config::parse(block, "README.md").unwrap_or_else(|e| panic!("the README's configuration: {e}"));
+    assert_eq!(c.kernel.ports, BTreeMap::from([(8080, 400)]));
+    assert_eq!(c.http.normal_limit(), 208 - 8 - 3, "the README says 3 slots for /debug/, 8 for Jetty");
 }

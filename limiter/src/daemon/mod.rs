@@ -167,7 +167,7 @@ pub fn prepare(config: Config, options: RunOptions) -> Result<Prepared, DaemonEr
     // Handover: a second daemon on the same configuration binds beside
     // this one (SO_REUSEPORT on every listener); with
     // net.ipv4.tcp_migrate_req = 1 the connections queued on a listener
-    // that closes move to the other daemon's (see the README).
+    // that closes move to the other daemon's (see docs/lifecycle.md).
     let mut listen = |key: &'static str, addr: SocketAddr, workers: usize| match passed.take(key, addr) {
         Some(l) => (0..workers.max(1))
             .map(|_| l.try_clone())

@@ -8,7 +8,7 @@
 //! atomically (`claim.lua`, one key, so one hash slot: it runs unchanged
 //! on a cluster) so that the shares of the live nodes never sum above the
 //! limit, but for what a node still had in flight when its lease lapsed
-//! (README, "Why the limit holds"); a request within its node's share is
+//! (docs/fleet.md, "Why the limit holds"); a request within its node's share is
 //! admitted at once, without a round trip, and given back here alone
 //! ([`shares`]). A node asks for more when its share is full (one round
 //! trip, for what is in use and waiting, plus a quarter while demand rises,

@@ -5,7 +5,7 @@
 //! source table is a few calls, not one per slot), and create, pin and
 //! map into memory an array shared by processes (`BPF_MAP_CREATE` with
 //! `BPF_F_MMAPABLE`, `BPF_OBJ_PIN`, `mmap`). The kernel's only `unsafe`,
-//! kept to these calls (the README's "Where `unsafe` lives" lists the
+//! kept to these calls (docs/architecture.md's "Where `unsafe` lives" lists the
 //! daemon's others).
 
 use std::{

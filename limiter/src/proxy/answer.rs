@@ -247,7 +247,7 @@ mod tests {
     use super::*;
     use crate::proxy::error::BodyTimeout;
 
-    /// Every `reason` the access log writes, with its status as the README
+    /// Every `reason` the access log writes, with its status as docs/access-log.md
     /// gives it, from the tables that make them.
     fn reasons() -> Vec<(String, String)> {
         let mut all: Vec<(String, String)> = Vec::new();
@@ -277,11 +277,11 @@ mod tests {
         all
     }
 
-    /// The first two cells of each row of the README's table whose header
-    /// is `header`.
+    /// The first two cells of each row of the access log page's table
+    /// whose header is `header`.
     fn readme_table(header: &str) -> Vec<(String, String)> {
-        let readme = include_str!("../../../README.md");
-        let at = readme.find(header).expect("the table is in the README");
+        let readme = include_str!("../../../docs/access-log.md");
+        let at = readme.find(header).expect("the table is in docs/access-log.md");
         readme[at..]
             .lines()
             .skip(2)
@@ -294,13 +294,13 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_lists_every_reason_of_the_access_log_with_its_status() {
+    fn the_manual_lists_every_reason_of_the_access_log_with_its_status() {
         assert_eq!(readme_table("| `reason` | status | when |"), reasons());
     }
 
-    /// The names a README metric row lists for `family`'s label.
+    /// The names the metrics reference's row lists for `family`'s label.
     fn readme_labels(family: &str) -> Vec<String> {
-        let readme = include_str!("../../../README.md");
+        let readme = include_str!("../../../docs/metrics.md");
         let row = readme.lines().find(|l| l.starts_with(&format!("| `{family}` |"))).expect("a row");
         let cell = row.split('|').nth(3).expect("a label cell");
         let listed = &cell[cell.find('(').expect("(")..cell.rfind(')').expect(")")];
@@ -308,7 +308,7 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_lists_every_refusal_and_every_error_kind_as_the_metrics_label_them() {
+    fn the_manual_lists_every_refusal_and_every_error_kind_as_the_metrics_label_them() {
         let refusals: Vec<String> = Reason::ALL.iter().map(|r| r.as_str().to_owned()).collect();
         assert_eq!(readme_labels("limiter_http_refused_total"), refusals);
         let kinds: Vec<String> = Kind::ALL.iter().map(|k| k.as_str().to_owned()).collect();

@@ -51,7 +51,7 @@ pub struct Consumer {
 }
 
 /// Who reads which forwarding header, from their documentation and
-/// defaults. The README's table of forwarding headers is this one.
+/// defaults. The manual's table of forwarding headers (docs/http-admission.md) is this one.
 pub const CONSUMERS: &[Consumer] = &[
     Consumer {
         name: "Jetty",

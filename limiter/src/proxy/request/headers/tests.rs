@@ -402,7 +402,8 @@ fn only_a_trusted_forwarder_names_the_id() {
     assert!(matches!(request(&[("Host", "a")]).id(true), RequestId::Own(_)));
 }
 
-/// The README's table of consumers, as [`CONSUMERS`] writes it.
+/// The manual's table of consumers (docs/http-admission.md), as
+/// [`CONSUMERS`] writes it.
 fn consumers_table() -> String {
     CONSUMERS
         .iter()
@@ -414,17 +415,17 @@ fn consumers_table() -> String {
 }
 
 #[test]
-fn the_readme_lists_the_consumers_of_the_table() {
-    let readme = include_str!("../../../../../README.md");
+fn the_manual_lists_the_consumers_of_the_table() {
+    let readme = include_str!("../../../../../docs/http-admission.md");
     let header = "| consumer | component | reads |\n|---|---|---|\n";
-    let start =
-        readme.find(header).expect("the README's table of forwarding headers' consumers") + header.len();
+    let start = readme.find(header).expect("docs/http-admission.md's table of forwarding headers' consumers")
+        + header.len();
     let rows: String =
         readme[start..].lines().take_while(|l| l.starts_with('|')).map(|l| format!("{l}\n")).collect();
     assert_eq!(
         rows,
         consumers_table(),
-        "the README's table differs from CONSUMERS; it should read:\n{}",
+        "docs/http-admission.md's table differs from CONSUMERS; it should read:\n{}",
         consumers_table()
     );
 }
