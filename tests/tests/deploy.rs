@@ -123,13 +123,13 @@ fn the_kubernetes_manifest_passes_schema_validation_and_ships_a_valid_config() {
         "secretName: limiter-admin-token",
         "defaultMode: 0440",
         "fsGroup: 65532",
-        "mount -t bpf -o mode=700 bpf /sys/fs/bpf",
+        "args: [\"prepare-node\", \"--bpffs\", \"/sys/fs/bpf\"]",
         "socket = off",
         "prometheus.io/port: \"9902\"",
         "\"--user\", \"65532:65532\"",
         "maxSurge: 1",
         "maxUnavailable: 0",
-        "sysctl -w net.ipv4.tcp_migrate_req=1",
+        "runAsUser: 0",
     ] {
         assert!(yaml.contains(needle), "the manifest lacks `{needle}`");
     }

@@ -33,8 +33,11 @@ pub fn default_name() -> String {
 /// What was built.
 pub struct Built {
     pub name: String,
-    /// The image's ID in local storage (`podman images`).
+    /// The image's ID in local storage (`buildah images`).
     pub id: String,
+    /// The digest of its manifest in local storage (a registry's after a
+    /// push may differ: it compresses the layer anew).
+    pub digest: String,
     /// The OCI archive, if one was written, and its manifest's digest.
     pub archive: Option<(PathBuf, String)>,
 }
@@ -74,6 +77,8 @@ pub fn build(bin: &Path, name: &str, archive: Option<&Path>) -> Result<Built> {
             &user,
             "--workingdir",
             "/",
+            "--created-by",
+            "cargo xtask image",
             "--os",
             "linux",
             "--arch",
@@ -93,6 +98,7 @@ pub fn build(bin: &Path, name: &str, archive: Option<&Path>) -> Result<Built> {
         let _ = Command::new("buildah").args(["rm", &container]).output();
     }
     let id = built?;
+    let digest = buildah(&["inspect", "--type", "image", "--format", "{{.FromImageDigest}}", name])?;
     let archive = match archive {
         Some(path) => {
             if let Some(dir) = path.parent() {
@@ -105,7 +111,7 @@ pub fn build(bin: &Path, name: &str, archive: Option<&Path>) -> Result<Built> {
         }
         None => None,
     };
-    Ok(Built { name: name.to_owned(), id, archive })
+    Ok(Built { name: name.to_owned(), id, digest, archive })
 }
 
 /// The files of the image, staged in `stage`: the binary, its libraries
@@ -185,9 +191,9 @@ pub fn main(args: &[String]) -> Result<()> {
     let built = build(&bin, &name, archive.as_deref())?;
     println!("image   {}", built.name);
     println!("id      {}", built.id);
+    println!("digest  {}", built.digest);
     if let Some((path, digest)) = &built.archive {
-        println!("archive {}", path.display());
-        println!("digest  {digest}");
+        println!("archive {} (its manifest: {digest})", path.display());
     }
     Ok(())
 }
