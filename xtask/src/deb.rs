@@ -290,7 +290,7 @@ pub fn man_page(bin: &Path, source: &Source) -> Result<String> {
         .filter(|v| v != "help")
         .collect();
     let mut page = String::new();
-    let date = crate::release::rfc3339(source.epoch);
+    let date = crate::release::rfc3339(source.epoch)?;
     writeln!(
         page,
         ".TH LIMITER 8 \"{}\" \"limiter {}\" \"System Administration\"",

@@ -84,7 +84,7 @@ pub fn build(bin: &Path, name: &str, archive: Option<&Path>) -> Result<Built> {
             "--arch",
             "amd64",
         ];
-        let labels = source.labels();
+        let labels = source.labels()?;
         let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
         for label in &labels {
             config.extend(["--label", label]);
