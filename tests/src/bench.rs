@@ -102,14 +102,26 @@ pub struct Run {
 /// for `seconds`, with
 /// `headers` and optionally a Lua script, and reads its figures.
 pub fn wrk(
-    mut cmd: Command,
+    cmd: Command,
     connections: u32,
     seconds: u32,
     url: &str,
     headers: &[&str],
     script: Option<&Path>,
 ) -> Result<Run> {
-    let threads = connections.min(2);
+    wrk_threads(cmd, connections.min(2), connections, seconds, url, headers, script)
+}
+
+/// [`wrk`] with `threads` threads.
+pub fn wrk_threads(
+    mut cmd: Command,
+    threads: u32,
+    connections: u32,
+    seconds: u32,
+    url: &str,
+    headers: &[&str],
+    script: Option<&Path>,
+) -> Result<Run> {
     cmd.args([&format!("-t{threads}"), &format!("-c{connections}"), &format!("-d{seconds}s"), "--latency"]);
     if let Some(script) = script {
         cmd.arg("-s").arg(script);
@@ -119,7 +131,7 @@ pub fn wrk(
     }
     let out = cmd.arg(url).output().context("run wrk")?;
     let text = String::from_utf8_lossy(&out.stdout);
-    ensure!(out.status.success(), "wrk failed: {text}");
+    ensure!(out.status.success(), "wrk {url} failed: {text}{}", String::from_utf8_lossy(&out.stderr));
     let field = |prefix: &str| -> Option<&str> {
         text.lines().find_map(|l| l.trim().strip_prefix(prefix)).map(str::trim)
     };

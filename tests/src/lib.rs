@@ -32,8 +32,10 @@ pub mod closed_loop;
 pub mod counted;
 pub mod differential;
 pub mod h2raw;
+pub mod haproxy;
 pub mod in_process;
 pub mod jetty;
+pub mod matrix;
 pub mod nginx;
 pub mod packet;
 pub mod peer;
@@ -573,6 +575,14 @@ impl Daemon {
         );
         self.watched.store(false, Ordering::SeqCst);
         self.child.wait().ok().and_then(|s| s.code())
+    }
+
+    /// Lets this daemon outlive [`DAEMON_LIFETIME`]: a benchmark's runs are
+    /// longer than any test's.
+    #[must_use]
+    pub fn unwatched(self) -> Self {
+        self.watched.store(false, Ordering::SeqCst);
+        self
     }
 
     pub fn metrics(&self) -> String {

@@ -85,6 +85,8 @@ pub const PROGRAMS: &[Program] = &[
     debian("promtool", "prometheus"),
     // The peers and load generators the benchmarks and soak run.
     debian("nginx", "nginx"),
+    // The second HTTP peer of `bench http` (Debian's HAProxy 2.6).
+    debian("haproxy", "haproxy"),
     debian("wrk", "wrk"),
     debian("iptables", "iptables"),
     // Counted rows: instructions and system calls per request.

@@ -53,6 +53,17 @@
 //! callgrind and strace outputs stay in the directory it names, for
 //! `callgrind_annotate`.
 //!
+//! (8) The matrix of load shapes (`limiter_tests::matrix`): wrk with 1 and
+//!     2 threads × 10, 50 and 200 connections × with and without an
+//!     `Authorization` header × keep-alive and a new connection per
+//!     request, and HTTP/1.1 over TLS, through limiter, nginx `limit_conn`
+//!     and HAProxy (Debian's 2.6: `http-reuse always`, the server's
+//!     `maxconn` at limiter's pool, a stick table for the per-session
+//!     limit), each with as many workers or threads as CPUs; with the
+//!     scheduler's figures and system calls per request of each. Its own
+//!     section of BENCHMARKS.md (`http-matrix`); `BENCH_MATRIX_ALONE=1`
+//!     runs it alone.
+//!
 //! nginx is configured fairly: one worker per core, upstream keepalive,
 //! `access_log off`. limiter runs without its kernel gate (not in the HTTP
 //! path), and in (4)-(6) at its configured log level (info), not debug.
@@ -70,7 +81,9 @@ use limiter_tests::{
     bench::{Run, cpu_seconds, median, spread},
     client,
     counted::{self, Load, Server},
-    free_port, http_get,
+    free_port,
+    haproxy::{self, Haproxy},
+    http_get, matrix,
     nginx::{self, Nginx},
     sched::{PerRequest, Sched},
     upstream::Upstream,
@@ -133,16 +146,147 @@ fn main() -> Result<()> {
         print!("{}", result?);
         return Ok(());
     }
-    let result = bench(&dir);
+    if std::env::var_os("BENCH_MATRIX_ALONE").is_some() {
+        let result = matrix(&dir);
+        if std::env::var_os("BENCH_KEEP").is_some() {
+            eprintln!("kept {}", dir.display());
+        } else {
+            let _ = fs::remove_dir_all(&dir);
+        }
+        return write_matrix(&result?);
+    }
+    let result = bench(&dir).and_then(|report| Ok((report, matrix(&dir)?)));
     let _ = fs::remove_dir_all(&dir);
-    let report = result?;
+    let (report, shapes) = result?;
     print!("{report}");
     limiter_tests::bench::write_section(
         "http",
         "HTTP admission",
-        "`cargo xtask bench http` (installs nginx, wrk, h2load and openssl itself).",
+        "`cargo xtask bench http` (installs nginx, HAProxy, wrk, h2load and openssl itself).",
         &report,
+    )?;
+    write_matrix(&shapes)
+}
+
+/// Prints the matrix and writes its section of BENCHMARKS.md.
+fn write_matrix(report: &str) -> Result<()> {
+    print!("{report}");
+    limiter_tests::bench::write_section(
+        "http-matrix",
+        "HTTP load shapes: limiter, nginx and HAProxy",
+        "`cargo xtask bench http` (the matrix alone: `BENCH_MATRIX_ALONE=1`; some shapes: \
+         `BENCH_MATRIX_ONLY=-t1`; `BENCH_MATRIX_ROUNDS`, `BENCH_MATRIX_SECONDS`).",
+        report,
     )
+}
+
+/// (8) The matrix of load shapes (`limiter_tests::matrix`): limiter, nginx
+/// `limit_conn` and HAProxy with the same limits, plain and over TLS, in
+/// front of an nginx upstream answering at once.
+fn matrix(dir: &Path) -> Result<String> {
+    let dir = dir.join("matrix");
+    fs::create_dir_all(&dir)?;
+    let (upstream, _origin) = origin(&dir)?;
+    let (cert, key) = self_signed(&dir)?;
+    let cores = cores();
+    // Limits every shape stays under (200 connections of one session at
+    // most): the cost of keeping them, not of refusing.
+    let (pool, per_session) = (1000, 1000);
+    let tls_port = free_port();
+    let (config, limiter_addr) = client::http_config(
+        &dir.join("limiter"),
+        Some(upstream),
+        &format!(
+            // The normal pool is maxThreads - 8 - 3.
+            "http.maxThreads = {}\nhttp.maxSessionConnections = {per_session}\nhttp.workers = {cores}\n\
+             http.tls.listen = 127.0.0.1:{tls_port}\nhttp.tls.certFile = {}\nhttp.tls.keyFile = {}\n",
+            pool + 8 + 3,
+            cert.display(),
+            key.display(),
+        ),
+    );
+    // The matrix runs for about half an hour.
+    let daemon = Daemon::start_with_config_log_level(&config)?.unwatched();
+    let (nginx_port, nginx_tls) = (free_port(), free_port());
+    let location = format!(
+        "location / {{\n      limit_conn perauth {per_session};\n      limit_conn_status 503;\n\
+         proxy_pass http://up;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}"
+    );
+    let proxy = nginx(
+        &dir,
+        "nginx",
+        &format!(
+            "  upstream up {{ server {upstream}; keepalive 64; keepalive_requests 1000000; }}\n\
+               limit_conn_zone $http_authorization zone=perauth:10m;\n\
+               keepalive_requests 1000000;\n\
+               server {{\n    listen 127.0.0.1:{nginx_port};\n    {location}\n  }}\n\
+               server {{\n    listen 127.0.0.1:{nginx_tls} ssl;\n    ssl_certificate {cert};\n    ssl_certificate_key {key};\n\
+                 ssl_protocols TLSv1.2 TLSv1.3;\n    ssl_session_cache shared:SSL:1m;\n    ssl_session_tickets off;\n    {location}\n  }}",
+            cert = cert.display(),
+            key = key.display(),
+        ),
+    )?;
+    // HAProxy reads the certificate and its key from one file.
+    let pem = dir.join("haproxy.pem");
+    fs::write(&pem, [fs::read(&cert)?, fs::read(&key)?].concat())?;
+    let (ha_port, ha_tls) = (free_port(), free_port());
+    let ha = Haproxy::start(
+        &dir.join("haproxy"),
+        cores,
+        &format!(
+            "{}\nfrontend fe_tls\n  bind 127.0.0.1:{ha_tls} ssl crt {}\n  default_backend up\n",
+            haproxy::limit_proxy(&format!("127.0.0.1:{ha_port}"), upstream, pool, per_session),
+            pem.display()
+        ),
+    )?;
+    let servers = [
+        matrix::Server {
+            name: "limiter".into(),
+            http: format!("http://{limiter_addr}/"),
+            https: Some(format!("https://127.0.0.1:{tls_port}/")),
+            pids: vec![daemon.pid().as_raw() as u32],
+        },
+        matrix::Server {
+            name: "nginx".into(),
+            http: format!("http://127.0.0.1:{nginx_port}/"),
+            https: Some(format!("https://127.0.0.1:{nginx_tls}/")),
+            pids: proxy.workers(),
+        },
+        matrix::Server {
+            name: "HAProxy".into(),
+            http: format!("http://127.0.0.1:{ha_port}/"),
+            https: Some(format!("https://127.0.0.1:{ha_tls}/")),
+            pids: vec![ha.pid()],
+        },
+    ];
+    let settings = matrix::Settings::from_env();
+    let cells = matrix::run(&servers, &settings, "Authorization: Bearer bench-session").map_err(|e| {
+        // What limiter said, should it be the one that failed.
+        let log = daemon.log();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        e.context(format!(
+            "limiter's last log lines:\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        ))
+    })?;
+    Ok(matrix::report(&servers, &cells, &settings))
+}
+
+/// A self-signed P-256 certificate for 127.0.0.1 and localhost under
+/// `dir`: (certificate, key).
+fn self_signed(dir: &Path) -> Result<(PathBuf, PathBuf)> {
+    let tls = dir.join("tls");
+    fs::create_dir_all(&tls)?;
+    let (cert, key) = (tls.join("cert.pem"), tls.join("key.pem"));
+    let path = |p: &Path| p.to_str().map(str::to_owned).context("a temporary path that is not UTF-8");
+    let (key_path, cert_path) = (path(&key)?, path(&cert)?);
+    let mut args: Vec<&str> = "req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 \
+                               -subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1"
+        .split_whitespace()
+        .collect();
+    args.extend(["-keyout", &key_path, "-out", &cert_path]);
+    limiter_tests::run("openssl", &args)?;
+    Ok((cert, key))
 }
 
 fn bench(dir: &Path) -> Result<String> {
@@ -730,17 +874,7 @@ fn interleaved(
 /// (4)-(6): limiter's TLS listener beside nginx's, in front of the upstream
 /// of (1).
 fn front_door(dir: &Path, upstream: SocketAddr, auth: &str) -> Result<String> {
-    let tls = dir.join("tls");
-    fs::create_dir_all(&tls)?;
-    let (cert, key) = (tls.join("cert.pem"), tls.join("key.pem"));
-    let path = |p: &Path| p.to_str().map(str::to_owned).context("a temporary path that is not UTF-8");
-    let (key_path, cert_path) = (path(&key)?, path(&cert)?);
-    let mut args: Vec<&str> = "req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 \
-                               -subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1"
-        .split_whitespace()
-        .collect();
-    args.extend(["-keyout", &key_path, "-out", &cert_path]);
-    limiter_tests::run("openssl", &args)?;
+    let (cert, key) = self_signed(dir)?;
     let cores = cores();
     let tls_port = free_port();
     let (config, _) = client::http_config(
