@@ -181,6 +181,13 @@ fn lintian_finds_nothing_in_the_package() {
         DEADLINE,
     );
     let text = String::from_utf8_lossy(&out.stdout);
+    // lintian exits 2 when it could not check the package; an empty report
+    // from a lintian that did not run must not pass.
+    assert_ne!(out.status.code(), Some(2), "lintian failed to run: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains("limiter: initial-upload-closes-no-bugs"),
+        "lintian's report lacks the one tag every build of this package has:\n{text}"
+    );
     let findings: Vec<&str> = text
         .lines()
         .filter(|l| !LINTIAN_ACCEPTED.iter().any(|(tag, _)| l.contains(&format!(": {tag}"))))

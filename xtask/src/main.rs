@@ -63,7 +63,7 @@ usage: cargo xtask VERB [ARGS]
   image [--name NAME] [--archive FILE]
                              the OCI image the DaemonSet runs (buildah, from
                              scratch; default name registry.example.com/limiter:VERSION);
-                             prints its name and ID, and writes it as an OCI archive
+                             prints its name, ID and digest, and writes it as an OCI archive
   deb [--revision N]         the Debian package target/dist/limiter_VERSION-N_amd64.deb
   release                    the tarball, the package and the image archive of one
                              release build, with target/dist/SHA256SUMS
