@@ -333,7 +333,15 @@ pub fn free_ports<const N: usize>() -> [u16; N] {
 /// stdout, or its stderr as the error.
 pub fn run(cmd: &str, args: &[&str]) -> Result<String> {
     let out = process::run_with_deadline(Command::new(cmd).args(args), process::DEADLINE);
-    ensure!(out.status.success(), "{cmd} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    // Some tools (bpftool --json) report their error on stdout.
+    let said = if out.stderr.is_empty() { &out.stdout } else { &out.stderr };
+    ensure!(
+        out.status.success(),
+        "{cmd} {} ({}): {}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(said)
+    );
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 

@@ -28,8 +28,17 @@ fn attachments(sb: &Sandbox) -> (usize, usize) {
         serde_json::from_str(if cgroup.trim().is_empty() { "[]" } else { &cgroup }).unwrap();
     let sock_ops =
         cgroup.as_array().unwrap().iter().filter(|p| p["attach_type"] == "cgroup_sock_ops").count();
-    let links: serde_json::Value =
-        serde_json::from_str(&run("bpftool", &["link", "show", "--json"]).unwrap()).unwrap();
+    // bpftool walks every link on the machine; one that another test
+    // detaches between bpftool's listing and its look at it ends the walk
+    // with an error, so a failed walk is taken again.
+    let walk = || run("bpftool", &["link", "show", "--json"]);
+    let links = (1..10).find_map(|_| {
+        walk().ok().or_else(|| {
+            std::thread::sleep(Duration::from_millis(20));
+            None
+        })
+    });
+    let links: serde_json::Value = serde_json::from_str(&links.unwrap_or_else(|| walk().unwrap())).unwrap();
     let sk_lookup = links
         .as_array()
         .unwrap()
