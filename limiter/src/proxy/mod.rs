@@ -60,6 +60,7 @@
 pub(crate) mod answer;
 pub(crate) mod budget;
 pub(crate) mod counters;
+pub(crate) mod deadline;
 pub(crate) mod error;
 pub(crate) mod h1;
 pub(crate) mod h2;

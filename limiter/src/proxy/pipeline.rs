@@ -318,6 +318,7 @@ pub async fn forward<B: BodySource>(a: Admitted<'_>, rest: &mut B) -> Reply {
         connect_timeout: t.connect_timeout,
         idle_timeout: t.idle_timeout,
         upstream_timeout: t.upstream_timeout,
+        arm_within: t.header_read_timeout,
         min_rate: t.min_data_rate,
         idempotent: idempotent(&a.method),
         to_head: a.method == Method::HEAD,

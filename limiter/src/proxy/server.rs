@@ -86,7 +86,15 @@ pub fn run_workers(
                             Err(e) => return tracing::error!("HTTP worker {i}: http.tls.listen: {e}"),
                         };
                         match TcpListener::from_std(plain) {
-                            Ok(plain) => serve(plain, tls, proxy, shutdown).await,
+                            // On a task of the runtime, not as the future it
+                            // blocks on: tokio wakes that one through the
+                            // runtime's eventfd, a system call each time a
+                            // listener becomes readable.
+                            Ok(plain) => {
+                                if let Err(e) = tokio::spawn(serve(plain, tls, proxy, shutdown)).await {
+                                    tracing::error!("HTTP worker {i} ended: {e}");
+                                }
+                            }
                             Err(e) => tracing::error!("HTTP worker {i}: {e}"),
                         }
                     });
@@ -94,6 +102,13 @@ pub fn run_workers(
                 .expect("spawn an HTTP worker thread")
         })
         .collect()
+}
+
+/// Sets TCP_NODELAY on a listener, which Linux copies to each connection
+/// it accepts: one system call per listener (one systemd passed or another
+/// daemon bound included) instead of one per connection.
+fn nodelay(listener: &TcpListener) -> bool {
+    socket2::SockRef::from(listener).set_nodelay(true).is_ok()
 }
 
 /// Accepts one listener's connection, or waits for ever without one.
@@ -128,6 +143,7 @@ pub async fn serve(
     // connection.
     let port_of = |l: Option<&TcpListener>| l.and_then(|l| l.local_addr().ok()).map_or(0, |a| a.port());
     let (plain_port, tls_port) = (port_of(Some(&plain)), port_of(tls.as_ref()));
+    let inherits_nodelay = nodelay(&plain) && tls.as_ref().is_none_or(nodelay);
     loop {
         let (accepted, secure) = tokio::select! {
             accepted = plain.accept() => (accepted, false),
@@ -146,6 +162,9 @@ pub async fn serve(
                 let counted = Open::track(&open);
                 let (proxy, pool, shutdown) = (proxy.clone(), pool.clone(), shutdown.clone());
                 let port = if secure { tls_port } else { plain_port };
+                if !inherits_nodelay {
+                    let _ = stream.set_nodelay(true);
+                }
                 tokio::spawn(async move {
                     connection(stream, (addr, port), secure, proxy, pool, shutdown).await;
                     drop(counted);
@@ -263,7 +282,6 @@ async fn connection(
     pool: Arc<Pool>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let _ = stream.set_nodelay(true);
     let c = &proxy.counters;
     c.connections_open.fetch_add(1, Ordering::Relaxed);
     c.connections_total.fetch_add(1, Ordering::Relaxed);
@@ -364,5 +382,21 @@ fn handshake_failure(e: &std::io::Error) -> &'static str {
         | std::io::ErrorKind::BrokenPipe => "closed",
         std::io::ErrorKind::InvalidData => "protocol",
         _ => "io",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn connections_accepted_by_a_listener_with_nodelay_have_it() {
+        let listener =
+            TcpListener::from_std(bind("127.0.0.1:0".parse().unwrap(), 1).unwrap().remove(0)).unwrap();
+        assert!(nodelay(&listener));
+        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        assert!(accepted.nodelay().unwrap(), "the accepted connection has TCP_NODELAY");
+        drop(client);
     }
 }

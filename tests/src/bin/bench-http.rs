@@ -62,7 +62,9 @@
 //!     limit), each with as many workers or threads as CPUs; with the
 //!     scheduler's figures and system calls per request of each. Its own
 //!     section of BENCHMARKS.md (`http-matrix`); `BENCH_MATRIX_ALONE=1`
-//!     runs it alone.
+//!     runs it alone, and with `BENCH_MATRIX_HOLD=1` measures nothing: it
+//!     prints the three servers' addresses and pids and keeps them up
+//!     until its stdin closes, for a profiler.
 //!
 //! nginx is configured fairly: one worker per core, upstream keepalive,
 //! `access_log off`. limiter runs without its kernel gate (not in the HTTP
@@ -70,6 +72,7 @@
 
 use std::{
     fs,
+    io::Read as _,
     net::SocketAddr,
     path::{Path, PathBuf},
     process::Command,
@@ -148,6 +151,10 @@ fn main() -> Result<()> {
     }
     if std::env::var_os("BENCH_MATRIX_ALONE").is_some() {
         let result = matrix(&dir);
+        if std::env::var_os("BENCH_MATRIX_HOLD").is_some() {
+            let _ = fs::remove_dir_all(&dir);
+            return result.map(drop);
+        }
         if std::env::var_os("BENCH_KEEP").is_some() {
             eprintln!("kept {}", dir.display());
         } else {
@@ -259,6 +266,14 @@ fn matrix(dir: &Path) -> Result<String> {
             pids: vec![ha.pid()],
         },
     ];
+    if std::env::var_os("BENCH_MATRIX_HOLD").is_some() {
+        // For a profiler: the three servers stay up until stdin closes.
+        for s in &servers {
+            eprintln!("matrix hold: {} {} {:?} pids {:?}", s.name, s.http, s.https, s.pids);
+        }
+        std::io::stdin().read_to_end(&mut Vec::new())?;
+        return Ok(String::new());
+    }
     let settings = matrix::Settings::from_env();
     let cells = matrix::run(&servers, &settings, "Authorization: Bearer bench-session").map_err(|e| {
         // What limiter said, should it be the one that failed.

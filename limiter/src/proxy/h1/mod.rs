@@ -46,6 +46,7 @@ use self::{
 use super::{
     Proxy, Tuning,
     answer::Answer,
+    deadline::Deadline,
     io::ClientIo,
     pipeline::{self, Admitted, Ctx, Logged, Outcome, Reply},
     request::{
@@ -79,10 +80,11 @@ where
 {
     let mut buf = BytesMut::with_capacity(READ_BUF);
     let mut served = 0u64;
+    let mut head_deadline = Deadline::default();
     loop {
         let tuning = c.proxy.tuning();
         io.set_between_requests(buf.is_empty());
-        let req = match read_head(&mut io, &mut buf, &c, &tuning, served == 0).await {
+        let req = match read_head(&mut io, &mut buf, &c, &tuning, served == 0, &mut head_deadline).await {
             Ok(req) => req,
             Err(NoHead::Closed) => return,
             Err(NoHead::Timeout) => {
@@ -155,6 +157,7 @@ async fn read_head<S>(
     c: &Session<'_>,
     tuning: &Tuning,
     first: bool,
+    timer: &mut Deadline,
 ) -> Result<Request, NoHead>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -204,7 +207,7 @@ where
         }
         let until = grace.map_or(deadline, |g| g.min(deadline));
         let read = tokio::select! {
-            read = tokio::time::timeout_at(until, io.read_buf(buf)) => read,
+            read = timer.within(until, io.read_buf(buf)) => read,
             _ = shutdown.changed(), if !draining => {
                 draining = true;
                 continue;

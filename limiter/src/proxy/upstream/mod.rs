@@ -108,6 +108,11 @@ pub struct Send<'a> {
     pub connect_timeout: Duration,
     pub idle_timeout: Duration,
     pub upstream_timeout: Duration,
+    /// How far ahead the answer's timer is armed at most: the shortest
+    /// timeout of a client's (`http.headerReadTimeoutMs`), so that no
+    /// client's timer is the earliest of the worker's timers (see
+    /// [`crate::proxy::deadline`]).
+    pub arm_within: Duration,
     pub min_rate: u64,
     /// The method may be sent twice (see the module's doc).
     pub idempotent: bool,
@@ -160,7 +165,7 @@ pub async fn send<B: BodySource>(
         };
         let sent = Instant::now();
         let deadline = tokio::time::Instant::now() + s.upstream_timeout;
-        match read_head_until(&mut conn, s.to_head, s.upgrade, deadline).await {
+        match read_head_until(&mut conn, (s.to_head, s.upgrade), deadline, Some(s.arm_within)).await {
             Ok(mut head) => {
                 // Its body was not all sent: the connection carries no more.
                 head.closes |= early;
@@ -372,12 +377,13 @@ pub(crate) struct NoResponse {
 }
 
 /// Reads the response head (interim 1xx heads skipped; `101` only to an
-/// upgrade) until `deadline`.
+/// upgrade) until `deadline`, its timer armed no later than `arm_within`
+/// ahead ([`crate::proxy::deadline`]).
 pub(crate) async fn read_head_until(
     conn: &mut UpstreamConn,
-    to_head: bool,
-    upgrade: bool,
+    (to_head, upgrade): (bool, bool),
     deadline: tokio::time::Instant,
+    arm_within: Option<Duration>,
 ) -> Result<ResponseHead, NoResponse> {
     let mut any = false;
     let invalid = |rule| NoResponse { error: Error::rule(Kind::UpstreamInvalid, rule), nothing: false };
@@ -400,11 +406,8 @@ pub(crate) async fn read_head_until(
         if conn.buf.capacity() - conn.buf.len() < 1024 {
             conn.buf.reserve(pool::BUF);
         }
-        let read = tokio::time::timeout_at(
-            deadline,
-            tokio::io::AsyncReadExt::read_buf(&mut conn.stream, &mut conn.buf),
-        )
-        .await;
+        let read = tokio::io::AsyncReadExt::read_buf(&mut conn.stream, &mut conn.buf);
+        let read = conn.deadline.within_armed(deadline, arm_within, read).await;
         let (error, ended) = match read {
             Ok(Ok(n)) if n > 0 => continue,
             // Not an end: the upstream may be working on the request still,
@@ -652,7 +655,7 @@ pub fn follow_pending(
     runtime.spawn(async move {
         let deadline = gave_up + abandon.bound;
         let mut permit = permit;
-        let end = match read_head_until(&mut conn, to_head, false, deadline).await {
+        let end = match read_head_until(&mut conn, (to_head, false), deadline, None).await {
             Ok(head) => {
                 permit.answered(sent.elapsed());
                 conn.buf.advance(head.len);

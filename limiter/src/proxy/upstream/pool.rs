@@ -28,6 +28,8 @@ use std::{
 use bytes::BytesMut;
 use tokio::{io::Interest, net::TcpStream, sync::Notify};
 
+use crate::proxy::deadline::Deadline;
+
 /// Every worker's upstream connections together, and their cap.
 #[derive(Default)]
 pub struct Upstreams {
@@ -136,6 +138,8 @@ pub struct UpstreamConn {
     pub buf: BytesMut,
     /// Carried a request before this one.
     pub reused: bool,
+    /// The timer of each answer's `http.upstreamTimeoutMs`.
+    pub deadline: Deadline,
     _slot: Slot,
 }
 
@@ -240,6 +244,7 @@ impl Pool {
                     stream,
                     buf: BytesMut::with_capacity(BUF),
                     reused: true,
+                    deadline: Deadline::default(),
                     _slot: moved.slot,
                 });
             }
@@ -265,7 +270,8 @@ impl Pool {
         };
         let _ = stream.set_nodelay(true);
         self.shared.connects_ok.fetch_add(1, Ordering::Relaxed);
-        Ok(UpstreamConn { stream, buf: BytesMut::with_capacity(BUF), reused: false, _slot: slot })
+        let deadline = Deadline::default();
+        Ok(UpstreamConn { stream, buf: BytesMut::with_capacity(BUF), reused: false, deadline, _slot: slot })
     }
 
     fn failed(&self, e: io::Error) -> GetError {
