@@ -52,8 +52,9 @@
 //! - [`allocator`] (leaf): the global allocator (mimalloc).
 // Denied, not forbidden: `kernel::sys` holds the bpf(2) calls aya does not
 // expose and the shared mapping, `daemon::activation` takes the descriptors
-// systemd passed, `allocator` is the global allocator, and `alloc_count`
-// (a benchmark build only) wraps it: each allows it where it must.
+// systemd passed, `allocator` is the global allocator, `alloc_count`
+// (a benchmark build only) wraps it, and `proxy::server` hands its
+// listener's descriptor to the event loop: each allows it where it must.
 #![deny(unsafe_code)]
 
 pub mod access_log;

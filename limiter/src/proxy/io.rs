@@ -74,6 +74,12 @@ pub struct ClientIo<S = TcpStream> {
     rate_timer: Option<Pin<Box<Sleep>>>,
     linger: Duration,
     closing: Option<Closing>,
+    /// The last read took less than it had room for: the client's bytes
+    /// were all read then.
+    read_all: bool,
+    /// Whether a close may trust `read_all` (see
+    /// [`ClientIo::closing_on_what_was_read`]).
+    trust_read_all: bool,
 }
 
 struct Blocked {
@@ -110,7 +116,20 @@ impl<S> ClientIo<S> {
             rate_timer: None,
             linger,
             closing: None,
+            read_all: false,
+            trust_read_all: false,
         }
+    }
+
+    /// A close after requests read whole does not read once more to see
+    /// whether anything came since (nginx's `lingering_close on` decides
+    /// from what it read, too): for a transport whose read would otherwise
+    /// be a system call, or the socket's joining the event loop
+    /// ([`super::speculative`]), where tokio's readiness would have said
+    /// "nothing" for free.
+    pub fn closing_on_what_was_read(mut self) -> Self {
+        self.trust_read_all = true;
+        self
     }
 
     /// An HTTP/1 client's connection, with the timeouts and the rate in
@@ -196,10 +215,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for ClientIo<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
+        let (before, room) = (buf.filled().len(), buf.remaining());
         ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
         let this = &mut *self;
         let fresh = &mut buf.filled_mut()[before..];
+        this.read_all = fresh.len() < room;
         if !fresh.is_empty() {
             // The client sends its next request: what it read of the last
             // response is no longer measured (unless the proxy is waiting
@@ -274,7 +294,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for ClientIo<S> {
                 return Poll::Ready(Err(e));
             }
             closing.fin_sent = true;
-            if linger.is_zero() {
+            if linger.is_zero() || (between_requests && this.trust_read_all && this.read_all) {
                 return Poll::Ready(Ok(()));
             }
         }
@@ -347,6 +367,28 @@ mod tests {
         let mut got = Vec::new();
         client.read_to_end(&mut got).await.unwrap();
         assert_eq!(got, b"HTTP/1.1 200 OK\r\n\r\n", "the answer, then the FIN");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_close_on_what_was_read_does_not_read_again_after_a_read_that_took_everything() {
+        for trusted in [false, true] {
+            let (io, mut client) = h1(true, 1024, 0);
+            let mut io = if trusted { io.closing_on_what_was_read() } else { io };
+            client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+            let mut buf = [0u8; 256];
+            let n = io.read(&mut buf).await.unwrap();
+            assert!(n < buf.len(), "a read that took everything there was");
+            io.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
+            // Sent after the last read, before the close.
+            client.write_all(b"late").await.unwrap();
+            let started = Instant::now();
+            io.shutdown().await.unwrap();
+            if trusted {
+                assert_eq!(started.elapsed(), Duration::ZERO, "closed on what it had read");
+            } else {
+                assert_eq!(started.elapsed(), LINGER, "read the late bytes, so it lingered");
+            }
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -74,6 +74,7 @@ pub(crate) mod reason;
 pub mod request;
 pub(crate) mod server;
 pub(crate) mod shared;
+pub(crate) mod speculative;
 #[cfg(test)]
 mod testing;
 pub(crate) mod tuning;
@@ -86,7 +87,7 @@ pub use self::{
     h1::framing,
     proto::Proto,
     reason::Reason,
-    server::{Listeners, bind, run_workers, serve},
+    server::{Listeners, bind, run_workers},
     shared::Proxy,
     tuning::Tuning,
 };

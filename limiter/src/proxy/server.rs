@@ -16,7 +16,7 @@ use std::{
 };
 
 use tokio::{
-    io::{AsyncRead, AsyncWrite},
+    io::{AsyncRead, AsyncWrite, Interest, unix::AsyncFd},
     net::{TcpListener, TcpStream},
     sync::{Notify, watch},
 };
@@ -28,6 +28,7 @@ use super::{
     io::ClientIo,
     proto::Proto,
     request::headers::{Client, Forwarding},
+    speculative::Speculative,
     upstream::Pool,
 };
 
@@ -85,7 +86,7 @@ pub fn run_workers(
                             Ok(tls) => tls,
                             Err(e) => return tracing::error!("HTTP worker {i}: http.tls.listen: {e}"),
                         };
-                        match TcpListener::from_std(plain) {
+                        match polled(plain) {
                             // On a task of the runtime, not as the future it
                             // blocks on: tokio wakes that one through the
                             // runtime's eventfd, a system call each time a
@@ -107,14 +108,47 @@ pub fn run_workers(
 /// Sets TCP_NODELAY on a listener, which Linux copies to each connection
 /// it accepts: one system call per listener (one systemd passed or another
 /// daemon bound included) instead of one per connection.
-fn nodelay(listener: &TcpListener) -> bool {
+fn nodelay(listener: &impl std::os::fd::AsFd) -> bool {
     socket2::SockRef::from(listener).set_nodelay(true).is_ok()
 }
 
-/// Accepts one listener's connection, or waits for ever without one.
-async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
+/// `http.listen` in the event loop, readable only: its connections are
+/// accepted by [`accept_plain`].
+#[allow(unsafe_code)]
+fn polled(listener: std::net::TcpListener) -> std::io::Result<AsyncFd<std::net::TcpListener>> {
+    // SAFETY: the descriptor is the listener's own, open for as long as the
+    // listener lives, and the `AsyncFd` owns the listener.
+    Ok(unsafe { AsyncFd::register_with_interest(listener, Interest::READABLE) }?)
+}
+
+/// A connection just accepted.
+enum Accepted {
+    /// From `http.listen`: non-blocking, not in the event loop yet.
+    Plain(std::net::TcpStream),
+    /// From `http.tls.listen`.
+    Tls(TcpStream),
+}
+
+/// Accepts a connection on `http.listen` without registering it with the
+/// event loop (see [`super::speculative`]).
+async fn accept_plain(listener: &AsyncFd<std::net::TcpListener>) -> std::io::Result<(Accepted, SocketAddr)> {
+    loop {
+        let mut ready = listener.readable().await?;
+        if let Ok(accepted) = ready.try_io(|l| {
+            let (socket, addr) =
+                socket2::SockRef::from(l.get_ref()).accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)?;
+            let addr = addr.as_socket().ok_or_else(|| std::io::Error::other("accepted a non-IP peer"))?;
+            Ok((Accepted::Plain(socket.into()), addr))
+        }) {
+            return accepted;
+        }
+    }
+}
+
+/// Accepts one TLS listener's connection, or waits for ever without one.
+async fn accept_tls(listener: Option<&TcpListener>) -> std::io::Result<(Accepted, SocketAddr)> {
     match listener {
-        Some(l) => l.accept().await,
+        Some(l) => l.accept().await.map(|(stream, addr)| (Accepted::Tls(stream), addr)),
         None => std::future::pending().await,
     }
 }
@@ -124,8 +158,8 @@ async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream, S
 /// serving and closes (idle keep-alive connections close at once), and
 /// whatever is still open after `http.drainTimeoutMs` is cut: this returns,
 /// and the worker's runtime drops the tasks left with it.
-pub async fn serve(
-    plain: TcpListener,
+async fn serve(
+    plain: AsyncFd<std::net::TcpListener>,
     tls: Option<TcpListener>,
     proxy: Arc<Proxy>,
     shutdown: watch::Receiver<bool>,
@@ -141,13 +175,14 @@ pub async fn serve(
     tokio::pin!(stop);
     // Each listener's port, for `X-Forwarded-Port`: read once, not per
     // connection.
-    let port_of = |l: Option<&TcpListener>| l.and_then(|l| l.local_addr().ok()).map_or(0, |a| a.port());
-    let (plain_port, tls_port) = (port_of(Some(&plain)), port_of(tls.as_ref()));
-    let inherits_nodelay = nodelay(&plain) && tls.as_ref().is_none_or(nodelay);
+    let port_of = |a: std::io::Result<SocketAddr>| a.map_or(0, |a| a.port());
+    let plain_port = port_of(plain.get_ref().local_addr());
+    let tls_port = tls.as_ref().map_or(0, |l| port_of(l.local_addr()));
+    let inherits_nodelay = nodelay(plain.get_ref()) && tls.as_ref().is_none_or(nodelay);
     loop {
         let (accepted, secure) = tokio::select! {
-            accepted = plain.accept() => (accepted, false),
-            accepted = accept(tls.as_ref()) => (accepted, true),
+            accepted = accept_plain(&plain) => (accepted, false),
+            accepted = accept_tls(tls.as_ref()) => (accepted, true),
             () = &mut stop => break,
         };
         match accepted {
@@ -155,7 +190,10 @@ pub async fn serve(
                 // Its group's HTTP/2 connections keep ending for resets: a
                 // RST now, before a handshake or a byte is read (and no
                 // TIME-WAIT left here).
-                let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+                let _ = match &stream {
+                    Accepted::Plain(s) => socket2::SockRef::from(s).set_linger(Some(Duration::ZERO)),
+                    Accepted::Tls(s) => socket2::SockRef::from(s).set_linger(Some(Duration::ZERO)),
+                };
                 drop(stream);
             }
             Ok((stream, addr)) => {
@@ -163,10 +201,13 @@ pub async fn serve(
                 let (proxy, pool, shutdown) = (proxy.clone(), pool.clone(), shutdown.clone());
                 let port = if secure { tls_port } else { plain_port };
                 if !inherits_nodelay {
-                    let _ = stream.set_nodelay(true);
+                    let _ = match &stream {
+                        Accepted::Plain(s) => s.set_nodelay(true),
+                        Accepted::Tls(s) => s.set_nodelay(true),
+                    };
                 }
                 tokio::spawn(async move {
-                    connection(stream, (addr, port), secure, proxy, pool, shutdown).await;
+                    connection(stream, (addr, port), proxy, pool, shutdown).await;
                     drop(counted);
                 });
             }
@@ -275,9 +316,8 @@ fn stream_peek(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
 }
 
 async fn connection(
-    stream: TcpStream,
+    stream: Accepted,
     (addr, port): (SocketAddr, u16),
-    secure: bool,
     proxy: Arc<Proxy>,
     pool: Arc<Pool>,
     shutdown: watch::Receiver<bool>,
@@ -291,24 +331,47 @@ async fn connection(
     // Cleartext HTTP/1 inline; TLS and HTTP/2, whose futures are several
     // times larger, boxed: this future is moved into its task on every
     // accept, and sized by its largest branch.
-    if secure {
-        Box::pin(async {
-            match handshake(stream, &tuning, &proxy).await {
-                Some((tls, Proto::H2Tls)) => {
-                    let conn =
-                        h2::Session { client: client(Proto::H2Tls), proxy: proxy.clone(), pool, shutdown };
-                    ended_h2(h2::serve(tls, conn).await, addr);
+    match stream {
+        Accepted::Tls(stream) => {
+            Box::pin(async {
+                match handshake(stream, &tuning, &proxy).await {
+                    Some((tls, Proto::H2Tls)) => {
+                        let conn = h2::Session {
+                            client: client(Proto::H2Tls),
+                            proxy: proxy.clone(),
+                            pool,
+                            shutdown,
+                        };
+                        ended_h2(h2::serve(tls, conn).await, addr);
+                    }
+                    Some((tls, proto)) => {
+                        let io = ClientIo::h1(tls, &tuning, proxy.counters.clone());
+                        serve_h1(io, client(proto), &proxy, &pool, shutdown).await;
+                    }
+                    None => {}
                 }
-                Some((tls, proto)) => serve_h1(tls, client(proto), &proxy, &pool, shutdown, &tuning).await,
-                None => {}
+            })
+            .await;
+        }
+        Accepted::Plain(stream) if tuning.h2c => {
+            // The preface is looked for in the event loop.
+            match TcpStream::from_std(stream) {
+                Ok(stream) if Box::pin(sends_preface(&stream, tuning.header_read_timeout)).await => {
+                    let conn =
+                        h2::Session { client: client(Proto::H2c), proxy: proxy.clone(), pool, shutdown };
+                    ended_h2(Box::pin(h2::serve(stream, conn)).await, addr);
+                }
+                Ok(stream) => {
+                    let io = ClientIo::h1(Speculative::polled(stream), &tuning, proxy.counters.clone());
+                    serve_h1(io, client(Proto::H1), &proxy, &pool, shutdown).await;
+                }
+                Err(e) => tracing::warn!(peer = %addr, "a connection could not join the event loop: {e}"),
             }
-        })
-        .await;
-    } else if tuning.h2c && Box::pin(sends_preface(&stream, tuning.header_read_timeout)).await {
-        let conn = h2::Session { client: client(Proto::H2c), proxy: proxy.clone(), pool, shutdown };
-        ended_h2(Box::pin(h2::serve(stream, conn)).await, addr);
-    } else {
-        serve_h1(stream, client(Proto::H1), &proxy, &pool, shutdown, &tuning).await;
+        }
+        Accepted::Plain(stream) => {
+            let io = ClientIo::h1(Speculative::direct(stream), &tuning, proxy.counters.clone());
+            serve_h1(io.closing_on_what_was_read(), client(Proto::H1), &proxy, &pool, shutdown).await;
+        }
     }
     c.connections_open.fetch_sub(1, Ordering::Relaxed);
 }
@@ -321,18 +384,16 @@ fn ended_h2(result: Result<(), hyper::Error>, addr: SocketAddr) {
 
 /// One HTTP/1.x connection, cleartext or TLS.
 async fn serve_h1<S>(
-    stream: S,
+    io: ClientIo<S>,
     client: Client,
     proxy: &Arc<Proxy>,
     pool: &Arc<Pool>,
     shutdown: watch::Receiver<bool>,
-    tuning: &Tuning,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     proxy.counters.connections_by_proto[client.proto.index()].fetch_add(1, Ordering::Relaxed);
     let fwd = Forwarding::new(client);
-    let io = ClientIo::h1(stream, tuning, proxy.counters.clone());
     let conn = h1::Session { proxy, pool, client, fwd: &fwd, shutdown };
     // Boxed: the connection's future, copied into its task on every
     // accept, stays small; the engine's state is made once, on the heap.
