@@ -114,7 +114,7 @@ fn nodelay(listener: &impl std::os::fd::AsFd) -> bool {
 
 /// `http.listen` in the event loop, readable only: its connections are
 /// accepted by [`accept_plain`].
-#[allow(unsafe_code)]
+#[allow(unsafe_code, reason = "tokio's registration of a raw descriptor is unsafe")]
 fn polled(listener: std::net::TcpListener) -> std::io::Result<AsyncFd<std::net::TcpListener>> {
     // SAFETY: the descriptor is the listener's own, open for as long as the
     // listener lives, and the `AsyncFd` owns the listener.
