@@ -53,8 +53,9 @@
 // Denied, not forbidden: `kernel::sys` holds the bpf(2) calls aya does not
 // expose and the shared mapping, `daemon::activation` takes the descriptors
 // systemd passed, `allocator` is the global allocator, `alloc_count`
-// (a benchmark build only) wraps it, and `proxy::server` hands its
-// listener's descriptor to the event loop: each allows it where it must.
+// (a benchmark build only) wraps it, `proxy::server` hands its listener's
+// descriptor to the event loop and `proxy::speculative` reads into a
+// buffer's uninitialised room: each allows it where it must.
 #![deny(unsafe_code)]
 
 pub mod access_log;
