@@ -47,10 +47,12 @@ struct Shared {
     /// `/slowhead` requests in progress now, and the most at once.
     slow_now: AtomicU64,
     slow_peak: AtomicU64,
-    /// Connections accepted in all, open now, and the most open at once.
+    /// Connections accepted in all, and the most open at once.
     accepted: AtomicU64,
-    open: AtomicU64,
     open_peak: AtomicU64,
+    /// A second descriptor of each connection open here, by number, to
+    /// ask the kernel whether the peer has closed it.
+    sockets: std::sync::Mutex<Vec<(u64, std::net::TcpStream)>>,
     release: Notify,
     /// The workers of `/work`.
     workers: tokio::sync::Semaphore,
@@ -72,8 +74,8 @@ impl Default for Shared {
             slow_now: AtomicU64::default(),
             slow_peak: AtomicU64::default(),
             accepted: AtomicU64::default(),
-            open: AtomicU64::default(),
             open_peak: AtomicU64::default(),
+            sockets: std::sync::Mutex::default(),
             release: Notify::default(),
             workers: tokio::sync::Semaphore::new(WORKERS as usize),
             capacity: std::sync::Mutex::new(WORKERS),
@@ -165,7 +167,10 @@ impl Upstream {
         self.shared.accepted.load(Ordering::SeqCst)
     }
 
-    /// The most connections the upstream had open at once.
+    /// The most connections the upstream had open at once: at each
+    /// accept, the connections whose peer had not closed them (this
+    /// side's kernel's view, not this server's: it reads a close late
+    /// under load).
     pub fn open_peak(&self) -> u64 {
         self.shared.open_peak.load(Ordering::SeqCst)
     }
@@ -242,9 +247,19 @@ fn serve(
     runtime.spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let s = shared.clone();
-            s.accepted.fetch_add(1, Ordering::SeqCst);
-            let open = s.open.fetch_add(1, Ordering::SeqCst) + 1;
-            s.open_peak.fetch_max(open, Ordering::SeqCst);
+            let id = s.accepted.fetch_add(1, Ordering::SeqCst);
+            // The peak as this side's kernel has it: the connections the
+            // peer holds open. One the proxy closed is in CLOSE_WAIT here
+            // from the moment its FIN arrives, though this server may read
+            // the end only later (and count it open until then).
+            {
+                let mut sockets = s.sockets.lock().unwrap();
+                let held = 1 + sockets.iter().filter(|(_, dup)| !peer_closed(dup)).count() as u64;
+                s.open_peak.fetch_max(held, Ordering::SeqCst);
+                if let Ok(dup) = socket2::SockRef::from(&stream).try_clone() {
+                    sockets.push((id, dup.into()));
+                }
+            }
             tokio::spawn(async move {
                 let service = service_fn({
                     let s = s.clone();
@@ -254,11 +269,24 @@ fn serve(
                     .serve_connection(TokioIo::new(stream), service)
                     .with_upgrades()
                     .await;
-                s.open.fetch_sub(1, Ordering::SeqCst);
+                s.sockets.lock().unwrap().retain(|(n, _)| *n != id);
             });
         }
     });
     addr
+}
+
+/// Whether the peer has closed a connection: its FIN (or a reset) has
+/// arrived and nothing it sent before is unread (bytes still unread: not
+/// closed, as far as this side can tell).
+fn peer_closed(socket: &std::net::TcpStream) -> bool {
+    let mut one = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    // The descriptor shares the connection's O_NONBLOCK: this never waits.
+    match socket2::SockRef::from(socket).peek(&mut one) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    }
 }
 
 fn full(text: impl Into<Bytes>) -> Body {
