@@ -61,11 +61,17 @@ impl Deadline {
                 return Poll::Ready(Ok(out));
             }
             loop {
-                let now = Instant::now();
-                if now >= until {
-                    return Poll::Ready(Err(Elapsed));
-                }
-                let at = arm_within.map_or(until, |ahead| until.min(now + ahead));
+                // The clock is read only to arm early.
+                let at = match arm_within {
+                    None => until,
+                    Some(ahead) => {
+                        let now = Instant::now();
+                        if now >= until {
+                            return Poll::Ready(Err(Elapsed));
+                        }
+                        until.min(now + ahead)
+                    }
+                };
                 let sleep = match &mut self.sleep {
                     Some(sleep) => {
                         if sleep.deadline() != at {
@@ -80,7 +86,10 @@ impl Deadline {
                 if sleep.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
-                // Fired: at `until`, or early (armed again above).
+                if at == until {
+                    return Poll::Ready(Err(Elapsed));
+                }
+                // Fired early: armed again above for what is left.
             }
         })
         .await

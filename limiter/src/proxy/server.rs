@@ -129,6 +129,15 @@ enum Accepted {
     Tls(TcpStream),
 }
 
+impl Accepted {
+    fn sock(&self) -> socket2::SockRef<'_> {
+        match self {
+            Self::Plain(s) => s.into(),
+            Self::Tls(s) => s.into(),
+        }
+    }
+}
+
 /// Accepts a connection on `http.listen` without registering it with the
 /// event loop (see [`super::speculative`]).
 async fn accept_plain(listener: &AsyncFd<std::net::TcpListener>) -> std::io::Result<(Accepted, SocketAddr)> {
@@ -190,10 +199,7 @@ async fn serve(
                 // Its group's HTTP/2 connections keep ending for resets: a
                 // RST now, before a handshake or a byte is read (and no
                 // TIME-WAIT left here).
-                let _ = match &stream {
-                    Accepted::Plain(s) => socket2::SockRef::from(s).set_linger(Some(Duration::ZERO)),
-                    Accepted::Tls(s) => socket2::SockRef::from(s).set_linger(Some(Duration::ZERO)),
-                };
+                let _ = stream.sock().set_linger(Some(Duration::ZERO));
                 drop(stream);
             }
             Ok((stream, addr)) => {
@@ -201,10 +207,7 @@ async fn serve(
                 let (proxy, pool, shutdown) = (proxy.clone(), pool.clone(), shutdown.clone());
                 let port = if secure { tls_port } else { plain_port };
                 if !inherits_nodelay {
-                    let _ = match &stream {
-                        Accepted::Plain(s) => s.set_nodelay(true),
-                        Accepted::Tls(s) => s.set_nodelay(true),
-                    };
+                    let _ = stream.sock().set_nodelay(true);
                 }
                 tokio::spawn(async move {
                     connection(stream, (addr, port), proxy, pool, shutdown).await;

@@ -54,6 +54,29 @@ impl Speculative {
         matches!(self.state, State::Polled(_))
     }
 
+    /// One read or write: `direct` on the socket while it is not
+    /// registered; when that would block (or once registered), `polled`
+    /// through the event loop. `arg` is what both take (the buffer).
+    fn poll_io<A, T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        arg: &mut A,
+        direct: impl FnOnce(&std::net::TcpStream, &mut A) -> io::Result<T>,
+        polled: impl FnOnce(Pin<&mut TcpStream>, &mut Context<'_>, &mut A) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if let State::Direct(stream) = &self.state {
+            match tried(direct(stream, arg)) {
+                Ok(Some(t)) => return Poll::Ready(Ok(t)),
+                Ok(None) => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        match self.register() {
+            Ok(stream) => polled(Pin::new(stream), cx, arg),
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
     /// The socket would block: it joins the event loop.
     fn register(&mut self) -> io::Result<&mut TcpStream> {
         if matches!(self.state, State::Direct(_))
@@ -102,33 +125,13 @@ impl AsyncRead for Speculative {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if let State::Direct(stream) = &mut self.state {
-            match tried(read_into(stream, buf)) {
-                Ok(Some(())) => return Poll::Ready(Ok(())),
-                Ok(None) => {}
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
-        match self.register() {
-            Ok(stream) => Pin::new(stream).poll_read(cx, buf),
-            Err(e) => Poll::Ready(Err(e)),
-        }
+        self.poll_io(cx, buf, |s, buf| read_into(s, buf), |s, cx, buf| s.poll_read(cx, buf))
     }
 }
 
 impl AsyncWrite for Speculative {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-        if let State::Direct(stream) = &mut self.state {
-            match tried(stream.write(data)) {
-                Ok(Some(n)) => return Poll::Ready(Ok(n)),
-                Ok(None) => {}
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
-        match self.register() {
-            Ok(stream) => Pin::new(stream).poll_write(cx, data),
-            Err(e) => Poll::Ready(Err(e)),
-        }
+        self.poll_io(cx, &mut &*data, |mut s, data| s.write(data), |s, cx, data| s.poll_write(cx, data))
     }
 
     fn poll_write_vectored(
@@ -136,17 +139,8 @@ impl AsyncWrite for Speculative {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if let State::Direct(stream) = &mut self.state {
-            match tried(stream.write_vectored(bufs)) {
-                Ok(Some(n)) => return Poll::Ready(Ok(n)),
-                Ok(None) => {}
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
-        match self.register() {
-            Ok(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
-            Err(e) => Poll::Ready(Err(e)),
-        }
+        let direct = |mut s: &std::net::TcpStream, bufs: &mut &[io::IoSlice<'_>]| s.write_vectored(bufs);
+        self.poll_io(cx, &mut &*bufs, direct, |s, cx, bufs| s.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
