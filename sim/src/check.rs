@@ -114,6 +114,9 @@ struct Flight {
     past_at: u64,
 }
 
+/// When a node's claims of a budget were last answered, and last failed.
+type Outcomes = (Option<u64>, Option<u64>);
+
 pub struct Checker {
     lease_us: u64,
     /// The manual's bound: a request older than this whose node cannot
@@ -126,9 +129,9 @@ pub struct Checker {
     /// When the answer last applied by each node incarnation for each
     /// budget was sent.
     applied: HashMap<(usize, u32, Budget), u64>,
-    /// Whether each node incarnation's last claim for each budget was
-    /// answered.
-    answered: HashMap<(usize, u32, Budget), bool>,
+    /// When each node incarnation's claims of each budget were last
+    /// answered, and last failed.
+    answered: HashMap<(usize, u32, Budget), Outcomes>,
     waiting: BTreeMap<u64, u64>,
     /// How long after the store learns of an excess every node has heard.
     drain_us: u64,
@@ -136,12 +139,12 @@ pub struct Checker {
 }
 
 impl Checker {
-    /// `cover`: the manual's bound on the requests a share covers while
-    /// its node cannot renew it, as a fraction of the lease.
-    pub fn new(sc: &Scenario, cover: (u64, u64)) -> Self {
+    /// `cover_us`: the manual's bound on the requests a share covers
+    /// while its node cannot renew it.
+    pub fn new(sc: &Scenario, cover_us: u64) -> Self {
         Self {
             lease_us: sc.lease_us(),
-            cover_us: sc.lease_us() * cover.0 / cover.1,
+            cover_us,
             session_limit: sc.session_limit,
             web_limit: sc.web_limit,
             policy: sc.policy,
@@ -169,15 +172,18 @@ impl Checker {
         self.waiting.remove(&req);
     }
 
-    /// A request the upstream now runs.
-    pub fn admit(&mut self, req: u64, node: usize, inc: u32, budgets: &[crate::check::Budget], now: u64) {
+    /// A request the upstream now runs; `lifted`: admitted while its node
+    /// counted the store down (past the limit under `onStoreDown =
+    /// local`, by the manual).
+    pub fn admit(&mut self, req: u64, node: usize, inc: u32, budgets: &[Budget], now: u64, lifted: bool) {
+        let lifted = lifted && self.policy == Policy::Local;
         self.flights.insert(
             req,
             Flight {
                 node,
                 inc,
                 admitted_us: now,
-                budgets: budgets.iter().map(|b| (*b, false)).collect(),
+                budgets: budgets.iter().map(|b| (*b, lifted)).collect(),
                 known: vec![None; budgets.len()],
                 past_at: 0,
             },
@@ -193,12 +199,18 @@ impl Checker {
     /// drain, not be refilled.
     fn admitted_into_known_excess(&self, req: u64, now: u64) -> Option<Violation> {
         let f = self.flights.get(&req)?;
-        for (b, _) in &f.budgets {
+        // An admission the policy lifts the limit for is not held to it.
+        for (b, _) in f.budgets.iter().filter(|(_, lifted)| !lifted) {
+            // Past the limit but known to the store again long enough
+            // for every node to have heard, while its node still renews.
             let known = |g: &Flight| {
-                g.budgets
-                    .iter()
-                    .zip(&g.known)
-                    .any(|((x, past), k)| *x == *b && (!*past || k.is_some_and(|k| k + self.drain_us <= now)))
+                let renews = |b: &Budget| {
+                    let last = self.applied.get(&(g.node, g.inc, *b)).copied().unwrap_or(0);
+                    now.saturating_sub(last) <= self.lease_us
+                };
+                g.budgets.iter().zip(&g.known).any(|((x, past), k)| {
+                    *x == *b && (!*past || (k.is_some_and(|k| k + self.drain_us <= now) && renews(x)))
+                })
             };
             let counted: Vec<u64> = self.flights.iter().filter(|(_, g)| known(g)).map(|(r, _)| *r).collect();
             if counted.len() > self.limit(*b) as usize {
@@ -218,16 +230,6 @@ impl Checker {
         self.excess.take()
     }
 
-    /// A request admitted under `onStoreDown = local` with the store
-    /// down: past the limit, by the manual.
-    pub fn lifted(&mut self, req: u64) {
-        if self.policy == Policy::Local
-            && let Some(f) = self.flights.get_mut(&req)
-        {
-            f.budgets.iter_mut().for_each(|b| b.1 = true);
-        }
-    }
-
     pub fn end(&mut self, req: u64) {
         self.flights.remove(&req);
     }
@@ -244,8 +246,9 @@ impl Checker {
         }
     }
 
-    pub fn claim_outcome(&mut self, node: usize, inc: u32, budget: Budget, answered: bool) {
-        self.answered.insert((node, inc, budget), answered);
+    pub fn claim_outcome(&mut self, node: usize, inc: u32, budget: Budget, answered: bool, now: u64) {
+        let e = self.answered.entry((node, inc, budget)).or_default();
+        if answered { e.0 = Some(now) } else { e.1 = Some(now) }
     }
 
     /// Lets past the limit the requests the manual lets past it by now
@@ -312,24 +315,32 @@ impl Checker {
         budgets.iter().all(|b| self.in_flight(*b, false).len() < self.limit(*b) as usize)
     }
 
-    /// A refusal: its reason checked against the node's last claim.
+    /// A refusal of a request that arrived at `arrived`: a reason that
+    /// names a limit needs a store that answered. Wrong when, as the
+    /// request arrived, the node's last claim of that budget had failed
+    /// and none was answered since.
     pub fn refusal(
         &self,
         node: usize,
         inc: u32,
         budgets: &[Budget],
         reason: &'static str,
+        arrived: u64,
     ) -> Option<Violation> {
         let budget = match reason {
             "fleet_session" => budgets.iter().find(|b| matches!(b, Budget::Session(_)))?,
             "fleet_web" => budgets.iter().find(|b| **b == Budget::Web)?,
             _ => return None,
         };
-        (self.answered.get(&(node, inc, *budget)) == Some(&false)).then_some(Violation::WrongReason {
-            node,
-            budget: *budget,
-            reason,
-        })
+        let (answered, failed) = self.answered.get(&(node, inc, *budget)).copied().unwrap_or_default();
+        let failed_before = failed.is_some_and(|f| f <= arrived && answered.is_none_or(|a| a < f));
+        let answered_since = answered.is_some_and(|a| a >= arrived);
+        (failed_before && !answered_since).then_some(Violation::WrongReason { node, budget: *budget, reason })
+    }
+
+    /// When a waiting request arrived.
+    pub fn arrived(&self, req: u64) -> Option<u64> {
+        self.waiting.get(&req).copied()
     }
 
     /// A request still waiting at the end.

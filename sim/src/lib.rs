@@ -13,22 +13,46 @@
 pub mod before;
 pub mod check;
 pub mod lua;
+pub mod node;
 pub mod rng;
 pub mod scenario;
 pub mod store;
 
 pub mod world;
 
+use std::time::Duration;
+
 use crate::{
-    scenario::Scenario,
+    check::Violation,
+    scenario::{FAMILIES, Scenario},
     world::{MakeNode, Outcome, World},
 };
 
-/// Which fleet runs: the one before the simulation, or today's.
+/// Which fleet runs: today's, today's with a hole planted by hand in its
+/// script ([`PLANTS`]), or the one before the simulation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Version {
+    Now,
+    Planted(usize),
     Before,
 }
+
+/// Holes planted by hand in today's claim script: what each breaks, and
+/// the text it replaces with what. The simulation must find every one.
+pub const PLANTS: [(&str, &str, &str); 4] = [
+    (
+        "the store does not count what a node has in flight",
+        "local share = math.max(in_use, keep, cap)",
+        "local share = math.max(keep, cap)",
+    ),
+    ("a store that lost the fleet's data never goes quiet", "if e[1] ~= id then", "if false then"),
+    ("shares grow while the store is quiet", "cap = math.min(keep, want)", "cap = want"),
+    (
+        "a field ends whatever sequence number the node saw",
+        "(f ~= me and gone[f] == s)",
+        "(f ~= me and gone[f] ~= nil)",
+    ),
+];
 
 /// How to run seeds.
 #[derive(Clone, Debug, Default)]
@@ -46,12 +70,91 @@ pub fn run(version: Version, seed: u64, families: &[&str], options: &Options) ->
 }
 
 pub fn run_scenario(version: Version, sc: &Scenario, options: &Options) -> Outcome {
+    // The manual's bound: a share covers the requests shorter than this
+    // whatever fails (limiter's own rule, not restated).
+    let cover = limiter::fleet::shares::covers(Duration::from_millis(sc.lease_ms)).as_micros() as u64;
     match version {
+        Version::Now | Version::Planted(_) => {
+            let source = match version {
+                Version::Planted(i) => {
+                    let (_, from, to) = PLANTS[i];
+                    assert!(limiter::fleet::claim::SCRIPT.contains(from), "plant {i}: the script changed");
+                    limiter::fleet::claim::SCRIPT.replace(from, to)
+                }
+                _ => limiter::fleet::claim::SCRIPT.to_owned(),
+            };
+            let script = lua::Script::new("claim.lua", &source).expect("the script compiles");
+            let make: &MakeNode = &|sc, i, inc, id| Box::new(node::Node::new(sc, i, inc, id));
+            World::new(sc, cover, script, make, options.tracing).ignoring(&options.ignore).run()
+        }
         Version::Before => {
             let script = lua::Script::new("claim.lua", before::SCRIPT).expect("the script compiles");
             let make: &MakeNode = &|sc, i, inc, id| Box::new(before::node::Before::new(sc, i, inc, id));
             // Its manual: a share covers requests shorter than the lease.
-            World::new(sc, (1, 1), script, make, options.tracing).ignoring(&options.ignore).run()
+            World::new(sc, sc.lease_us(), script, make, options.tracing).ignoring(&options.ignore).run()
         }
     }
+}
+
+/// The fault families a suite rotates through: none, each alone, all.
+pub fn rotation() -> Vec<Vec<&'static str>> {
+    let mut r = vec![Vec::new()];
+    r.extend(FAMILIES.iter().map(|f| vec![*f]));
+    r.push(FAMILIES.to_vec());
+    r
+}
+
+/// A seed that failed: its faults, what it broke.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub seed: u64,
+    pub faults: String,
+    pub violation: Violation,
+}
+
+/// What a run of many seeds saw.
+#[derive(Clone, Debug, Default)]
+pub struct Tally {
+    pub seeds: u64,
+    pub requests: u64,
+    pub admitted: u64,
+    pub false_refusals: u64,
+    pub failures: Vec<Failure>,
+}
+
+/// The faults' name as `--faults` takes it.
+pub fn faults_name(families: &[&str]) -> String {
+    match families.len() {
+        0 => "none".into(),
+        n if n == FAMILIES.len() => "all".into(),
+        _ => families.join(","),
+    }
+}
+
+/// Runs `seeds` seeds from `from`, the i-th with the i-th faults of the
+/// [`rotation`].
+pub fn suite(version: Version, from: u64, seeds: u64) -> Tally {
+    let rotation = rotation();
+    let mut t = Tally::default();
+    for seed in from..from + seeds {
+        let families = &rotation[(seed % rotation.len() as u64) as usize];
+        let (_, out) = run(version, seed, families, &Options::default());
+        t.seeds += 1;
+        t.requests += out.requests;
+        t.admitted += out.admitted;
+        t.false_refusals += out.false_refusals;
+        if let Some(v) = out.violations.into_iter().next() {
+            t.failures.push(Failure { seed, faults: faults_name(families), violation: v });
+        }
+    }
+    t
+}
+
+/// The first of `seeds` seeds with faults from `families` whose run
+/// breaks a guarantee, and how many seeds that took.
+pub fn first_failure(version: Version, families: &[&str], seeds: u64) -> Option<(u64, Violation)> {
+    (0..seeds).find_map(|seed| {
+        let (_, out) = run(version, seed, families, &Options::default());
+        out.violations.into_iter().next().map(|v| (seed, v))
+    })
 }

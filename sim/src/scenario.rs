@@ -57,8 +57,9 @@ pub enum Fault {
     Pause { node: usize, for_us: u64 },
     /// `kill -9`; the same daemon starts again after a while.
     Kill { node: usize, restart_after_us: u64 },
-    /// Redis restarted empty.
-    StoreRestart,
+    /// Redis killed (connections refused meanwhile), then started again
+    /// empty.
+    StoreRestart { down_us: u64 },
     /// `FLUSHALL`.
     StoreFlush,
     /// The link to the replica cut for a while, then the primary lost and
@@ -71,8 +72,20 @@ pub enum Fault {
 }
 
 /// The fault families a run may draw from.
-pub const FAMILIES: [&str; 10] =
-    ["cancel", "partition", "pause", "kill", "restart", "flush", "failover", "clock", "identity", "freeze"];
+pub const FAMILIES: [&str; 12] = [
+    "cancel",
+    "partition",
+    "pause",
+    "kill",
+    "restart",
+    "flush",
+    "failover",
+    "clock",
+    "identity",
+    "freeze",
+    "delay",
+    "loss",
+];
 
 /// One run.
 #[derive(Clone, Debug)]
@@ -87,6 +100,10 @@ pub struct Scenario {
     /// The store's one-way distance, and up to how much more (µs).
     pub one_way_us: u64,
     pub jitter_us: u64,
+    /// The chance a message is held long (answered late: up to half a
+    /// lease), and the chance it is lost (never answered).
+    pub spike: f64,
+    pub loss: f64,
     pub clients: Vec<Client>,
     pub faults: Vec<(u64, Fault)>,
     /// Nodes that share one identity (cloned machines, one host name).
@@ -166,7 +183,7 @@ impl Scenario {
                     },
                     "pause" => Fault::Pause { node, for_us: rng.range(lease_us / 4, lease_us * 3) },
                     "kill" => Fault::Kill { node, restart_after_us: rng.range(10_000, lease_us * 2) },
-                    "restart" => Fault::StoreRestart,
+                    "restart" => Fault::StoreRestart { down_us: rng.range(0, lease_us * 2) },
                     "flush" => Fault::StoreFlush,
                     "failover" => Fault::FailOver { lag_us: rng.range(0, lease_us) },
                     "clock" => {
@@ -190,6 +207,8 @@ impl Scenario {
             policy,
             one_way_us,
             jitter_us: one_way_us / 2,
+            spike: if families.contains(&"delay") { *fault_rng.pick(&[0.005, 0.02, 0.1]) } else { 0.0 },
+            loss: if families.contains(&"loss") { *fault_rng.pick(&[0.002, 0.01, 0.05]) } else { 0.0 },
             clients,
             faults,
             shared_identity: families.contains(&"identity"),
@@ -206,7 +225,7 @@ impl fmt::Display for Scenario {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "seed {}: {} nodes{}, session limit {}, web limit {}, lease {} ms, timeout {} ms, onStoreDown {:?}, store {} µs away (+{}), run {} s",
+            "seed {}: {} nodes{}, session limit {}, web limit {}, lease {} ms, timeout {} ms, onStoreDown {:?}, store {} µs away (+{}, {} late, {} lost), run {} s",
             self.seed,
             self.nodes,
             if self.shared_identity { " sharing one identity" } else { "" },
@@ -217,6 +236,8 @@ impl fmt::Display for Scenario {
             self.policy,
             self.one_way_us,
             self.jitter_us,
+            self.spike,
+            self.loss,
             self.run_us / 1_000_000
         )?;
         for c in &self.clients {

@@ -114,6 +114,8 @@ pub struct Store {
     pub writes: u64,
     /// `INFO memory`'s policy.
     pub maxmemory_policy: &'static str,
+    /// What `PUBLISH` sent since the world last took it: channel, message.
+    pub published: Vec<(String, String)>,
 }
 
 impl Store {
@@ -131,6 +133,7 @@ impl Store {
             generation: 0,
             writes: 0,
             maxmemory_policy: "noeviction",
+            published: Vec::new(),
         };
         s.new_identity();
         s
@@ -255,6 +258,10 @@ impl Store {
         let arity = |n: usize| args.len() >= n;
         match name.as_str() {
             "PING" => Reply::Status("PONG".into()),
+            "PUBLISH" if arity(3) => {
+                self.published.push((args[1].clone(), args[2].clone()));
+                Reply::Int(0)
+            }
             "TIME" => {
                 let us = WALL_BASE_US + now_us as i64 + self.skew_us;
                 Reply::Array(vec![
@@ -300,6 +307,17 @@ impl Store {
                 Ok(h) => {
                     Reply::Array(h.into_iter().flat_map(|(f, v)| [Reply::Bulk(f), Reply::Bulk(v)]).collect())
                 }
+                Err(e) => e,
+            },
+            "HMGET" if arity(3) => match self.hash(&args[1], now_us) {
+                Ok(h) => Reply::Array(
+                    args[2..]
+                        .iter()
+                        .map(|f| {
+                            h.iter().find(|(g, _)| g == f).map_or(Reply::Nil, |(_, v)| Reply::Bulk(v.clone()))
+                        })
+                        .collect(),
+                ),
                 Err(e) => e,
             },
             "HGET" if arity(3) => match self.hash(&args[1], now_us) {

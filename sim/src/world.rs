@@ -106,12 +106,16 @@ pub trait Node {
     fn arrive(&mut self, io: &mut Io, req: u64, web: bool, session: Option<u32>);
     /// Its client reset it (an HTTP/2 stream) while it waited.
     fn cancel(&mut self, io: &mut Io, req: u64);
+    /// The store published that another node wants budget `key`.
+    fn wanted(&mut self, io: &mut Io, key: &str);
     /// The upstream is done with an admitted request.
     fn end(&mut self, io: &mut Io, req: u64);
     fn answer(&mut self, io: &mut Io, id: u64, reply: Result<Reply, String>);
     fn timer(&mut self, io: &mut Io, tag: u64);
     /// Whether it counts the store as up.
     fn store_up(&self) -> bool;
+    /// Its field in the store's hashes.
+    fn field(&self) -> String;
     /// What it still holds with nothing in flight (should be nothing).
     fn leaks(&self) -> Vec<String>;
 }
@@ -173,6 +177,12 @@ enum Ev {
         inc: u32,
         req: u64,
     },
+    /// A published wanted budget reaches the node.
+    Wanted {
+        node: usize,
+        inc: u32,
+        key: String,
+    },
     Replicate,
 }
 
@@ -183,7 +193,8 @@ impl Ev {
             Self::ToNode { node, .. }
             | Self::Timer { node, .. }
             | Self::Release { node, .. }
-            | Self::Reset { node, .. } => Some(*node),
+            | Self::Reset { node, .. }
+            | Self::Wanted { node, .. } => Some(*node),
             _ => None,
         }
     }
@@ -217,6 +228,10 @@ struct Request {
     duration_us: u64,
     /// Admitted, refused, cancelled or dropped: the client moved on.
     done: bool,
+    /// Its client reset it while it waited.
+    cancelled: bool,
+    /// The node answered it (admitted or refused).
+    decided: bool,
 }
 
 /// What one run saw.
@@ -246,6 +261,8 @@ pub struct World<'a> {
     /// failover).
     store_gen: u64,
     frozen: Option<Vec<Ev>>,
+    /// The Redis process is gone: connections are refused.
+    dead: bool,
     script: Script,
     slots: Vec<Slot>,
     make: &'a MakeNode<'a>,
@@ -266,7 +283,7 @@ pub struct World<'a> {
 impl<'a> World<'a> {
     pub fn new(
         sc: &'a Scenario,
-        cover: (u64, u64),
+        cover_us: u64,
         script: Script,
         make: &'a MakeNode<'a>,
         tracing: bool,
@@ -287,6 +304,7 @@ impl<'a> World<'a> {
             store: Store::new(0),
             store_gen: 1,
             frozen: None,
+            dead: false,
             script,
             slots: Vec::new(),
             make,
@@ -295,7 +313,7 @@ impl<'a> World<'a> {
             next_req: 0,
             rr: vec![0; sc.clients.len()],
             base: Instant::now(),
-            check: Checker::new(sc, cover),
+            check: Checker::new(sc, cover_us),
             tracing,
             trace: Vec::new(),
             outcome: Outcome::default(),
@@ -405,13 +423,32 @@ impl<'a> World<'a> {
         }
         let ignore = self.ignore.clone();
         self.outcome.violations.retain(|v| !ignore.iter().any(|k| k == v.kind()));
-        let left: Vec<String> =
-            self.store.keys_with("limiter:", self.now).into_iter().filter(|k| is_budget(k)).collect();
+        // What a live node left in a budget (a dead one's field waits for
+        // a node that needs the budget to end it, or for the key's time to
+        // live).
+        // A failover that lost writes may bring back a share given back:
+        // it counts until a node that needs the budget ends it.
+        let failed_over = self.sc.faults.iter().any(|(_, f)| matches!(f, Fault::FailOver { .. }));
+        let live: Vec<String> = if failed_over {
+            Vec::new()
+        } else {
+            self.slots.iter().filter_map(|s| s.node.as_ref().map(|n| n.field())).collect()
+        };
+        let mut left = Vec::new();
+        for key in self.store.keys_with("limiter:", self.now).into_iter().filter(|k| is_budget(k)) {
+            for (field, value) in self.store.fields(&key, self.now) {
+                if live.contains(&field) {
+                    left.push(format!("{key} {field} = {value}"));
+                }
+            }
+        }
         if !left.is_empty() {
-            let dump = self.store.dump(self.now).join("; ");
             self.outcome.violations.push(Violation::Leak {
                 node: usize::MAX,
-                what: format!("budgets left in the store with nothing in flight: {dump}"),
+                what: format!(
+                    "fields of live nodes left in budgets with nothing in flight: {}",
+                    left.join("; ")
+                ),
             });
         }
         if let Some(v) = self.check.stuck(self.now) {
@@ -451,15 +488,26 @@ impl<'a> World<'a> {
                 Effect::Refuse { req, reason } => self.refused(req, reason),
                 Effect::Applied { budget, sent_us } => self.check.applied(i, inc, budget, sent_us, self.now),
                 Effect::ClaimOutcome { budget, answered } => {
-                    self.check.claim_outcome(i, inc, budget, answered)
+                    self.check.claim_outcome(i, inc, budget, answered, self.now)
                 }
                 Effect::Trace(line) => self.note(|| format!("node {i}#{inc} {line}")),
             }
         }
     }
 
-    fn one_way(&mut self) -> u64 {
-        self.sc.one_way_us + self.net.range(0, self.sc.jitter_us)
+    /// A message's way to or from the store: `None` when it is lost.
+    /// (Losses and late messages end with the clients, so that the run
+    /// drains as every fault does.)
+    fn one_way(&mut self) -> Option<u64> {
+        if self.sending && self.sc.loss > 0.0 && self.net.chance(self.sc.loss) {
+            return None;
+        }
+        let spike = if self.sending && self.sc.spike > 0.0 && self.net.chance(self.sc.spike) {
+            self.net.range(1_000, self.sc.lease_us() / 2)
+        } else {
+            0
+        };
+        Some(self.sc.one_way_us + self.net.range(0, self.sc.jitter_us) + spike)
     }
 
     fn send(&mut self, i: usize, inc: u32, id: u64, cmd: Command) {
@@ -469,7 +517,11 @@ impl<'a> World<'a> {
             self.at(t, Ev::ToNode { node: i, inc, id, reply: Err("no connection to the store".into()) });
             return;
         }
-        let t = self.now + self.one_way();
+        let Some(way) = self.one_way() else {
+            self.note(|| format!("message {id} of node {i} lost"));
+            return;
+        };
+        let t = self.now + way;
         let slot = &mut self.slots[i];
         let t = t.max(slot.last_to_store);
         slot.last_to_store = t;
@@ -482,7 +534,11 @@ impl<'a> World<'a> {
     }
 
     fn reply(&mut self, i: usize, inc: u32, id: u64, reply: Result<Reply, String>) {
-        let t = self.now + self.one_way();
+        let Some(way) = self.one_way() else {
+            self.note(|| format!("answer {id} to node {i} lost"));
+            return;
+        };
+        let t = self.now + way;
         let slot = &mut self.slots[i];
         let t = t.max(slot.last_to_node);
         slot.last_to_node = t;
@@ -511,6 +567,7 @@ impl<'a> World<'a> {
                     return;
                 }
                 r.done = true;
+                r.cancelled = true;
                 let (node, inc, client) = (r.node, r.inc, r.client);
                 self.note(|| format!("request {req} reset by its client"));
                 self.check.ended_waiting(req);
@@ -520,6 +577,11 @@ impl<'a> World<'a> {
             Ev::Reset { node, inc, req } => {
                 if self.slots[node].incarnation == inc {
                     self.dispatch(node, |n, io| n.cancel(io, req));
+                }
+            }
+            Ev::Wanted { node, inc, key } => {
+                if self.slots[node].incarnation == inc {
+                    self.dispatch(node, |n, io| n.wanted(io, &key));
                 }
             }
             Ev::Release { node, inc, req } => {
@@ -564,12 +626,24 @@ impl<'a> World<'a> {
 
     fn at_store(&mut self, node: usize, inc: u32, id: u64, cmd: Command, conn: Option<u64>) {
         let reply = match cmd {
+            Command::Connect if self.dead => Err("connection refused".to_owned()),
             Command::Connect => Ok(Reply::Int(self.store_gen as i64)),
+            _ if self.dead => Err("connection reset by the store".to_owned()),
             _ if conn != Some(self.store_gen) => Err("connection reset by the store".to_owned()),
             Command::Eval { keys, argv } => {
                 self.outcome.claims += 1;
                 let r = self.script.eval(&mut self.store, self.now, &keys, &argv);
                 self.note(|| format!("store runs claim {keys:?} {argv:?} -> {r:?}"));
+                // Every node subscribed hears what the script published.
+                for (_, key) in std::mem::take(&mut self.store.published) {
+                    for i in 0..self.slots.len() {
+                        let (Some(way), None) = (self.one_way(), self.slots[i].partition) else { continue };
+                        if self.slots[i].node.is_some() {
+                            let inc = self.slots[i].incarnation;
+                            self.at(self.now + way, Ev::Wanted { node: i, inc, key: key.clone() });
+                        }
+                    }
+                }
                 match r {
                     Reply::Error(e) => Err(e),
                     r => Ok(r),
@@ -612,7 +686,16 @@ impl<'a> World<'a> {
         self.outcome.requests += 1;
         self.requests.insert(
             req,
-            Request { client, node, inc: self.slots[node].incarnation, budgets, duration_us, done: false },
+            Request {
+                client,
+                node,
+                inc: self.slots[node].incarnation,
+                budgets,
+                duration_us,
+                done: false,
+                cancelled: false,
+                decided: false,
+            },
         );
         self.at(self.now, Ev::Arrive { req });
         if cancel {
@@ -657,29 +740,35 @@ impl<'a> World<'a> {
 
     fn admitted(&mut self, req: u64) {
         let Some(r) = self.requests.get_mut(&req) else { return };
-        if r.done {
+        // Admitted before its reset reached the node (a node paused in
+        // between): it goes upstream all the same, its client gone.
+        if r.decided || (r.done && !r.cancelled) {
             return;
         }
+        r.decided = true;
         r.done = true;
         let (node, inc, budgets, duration) = (r.node, r.inc, r.budgets.clone(), r.duration_us);
         self.outcome.admitted += 1;
         self.note(|| format!("request {req} admitted at node {node}#{inc} for {} ms", duration / 1000));
         self.check.ended_waiting(req);
-        self.check.admit(req, node, inc, &budgets, self.now);
-        if self.slots[node].node.as_ref().is_some_and(|n| !n.store_up()) {
-            self.check.lifted(req);
-        }
+        let lifted = self.slots[node].node.as_ref().is_some_and(|n| !n.store_up());
+        self.check.admit(req, node, inc, &budgets, self.now, lifted);
         self.at(self.now + duration, Ev::UpstreamEnd { req });
     }
 
     fn refused(&mut self, req: u64, reason: &'static str) {
         let Some(r) = self.requests.get_mut(&req) else { return };
-        if r.done {
+        if r.decided || (r.done && !r.cancelled) {
+            return;
+        }
+        r.decided = true;
+        if r.cancelled {
             return;
         }
         r.done = true;
         let (node, inc, client, budgets) = (r.node, r.inc, r.client, r.budgets.clone());
         *self.outcome.refused.entry(reason).or_insert(0) += 1;
+        let arrived = self.check.arrived(req).unwrap_or(self.now);
         self.check.ended_waiting(req);
         let room = self.check.room(&budgets);
         if room && (reason == "fleet_session" || reason == "fleet_web") {
@@ -688,7 +777,7 @@ impl<'a> World<'a> {
         self.note(|| {
             format!("request {req} refused at node {node}#{inc}: {reason} (room in the fleet: {room})")
         });
-        if let Some(v) = self.check.refusal(node, inc, &budgets, reason) {
+        if let Some(v) = self.check.refusal(node, inc, &budgets, reason, arrived) {
             self.fail(v);
         }
         self.client_after(client);
@@ -696,10 +785,12 @@ impl<'a> World<'a> {
 
     fn upstream_end(&mut self, req: u64) {
         let Some(r) = self.requests.get(&req) else { return };
-        let (node, inc, client) = (r.node, r.inc, r.client);
+        let (node, inc, client, cancelled) = (r.node, r.inc, r.client, r.cancelled);
         self.check.end(req);
         self.note(|| format!("request {req} done at the upstream"));
-        self.client_after(client);
+        if !cancelled {
+            self.client_after(client);
+        }
         self.requests.remove(&req);
         self.step(Ev::Release { node, inc, req });
     }
@@ -733,9 +824,10 @@ impl<'a> World<'a> {
                 self.slots[node].waiting.clear();
                 self.at(self.now + restart_after_us, Ev::Restart { node });
             }
-            Fault::StoreRestart => {
+            Fault::StoreRestart { .. } => {
                 self.store.restart(self.now);
                 self.store_gen += 1;
+                self.dead = true;
             }
             Fault::StoreFlush => self.store.flush(self.now),
             Fault::FailOver { .. } => self.store.replication_delay_us = None,
@@ -777,6 +869,11 @@ impl<'a> World<'a> {
                     self.at(self.now, Ev::Arrive { req });
                 }
             }
+            Fault::StoreRestart { .. } => {
+                self.store.restart(self.now);
+                self.dead = false;
+                self.note(|| "the store is started again, empty".into());
+            }
             Fault::FailOver { .. } => {
                 let lost = self.store.replica_behind();
                 self.store.fail_over(self.now);
@@ -808,6 +905,7 @@ fn fault_length(f: &Fault, lease: u64) -> u64 {
     match f {
         Fault::Partition { for_us, .. } | Fault::Pause { for_us, .. } | Fault::Freeze { for_us } => *for_us,
         Fault::Kill { restart_after_us, .. } => *restart_after_us,
+        Fault::StoreRestart { down_us } => *down_us,
         Fault::FailOver { lag_us } => *lag_us,
         _ => lease / 10,
     }

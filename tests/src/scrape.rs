@@ -29,8 +29,6 @@ pub fn full() -> Full {
     let peer = sb.peer().unwrap();
     let (cert, key) = crate::tls::self_signed(&sb.dir, "metrics");
     let redis = crate::store::Redis::start_in(&sb, "127.0.0.1", 6379, &sb.dir.join("redis"), &[]).unwrap();
-    // A budget a Redis younger than a lease does not hold grows for no one.
-    redis.wait_settled().unwrap();
     let hash_key = sb.dir.join("fleet.key");
     crate::write_secret(&hash_key, crate::store::HASH_KEY);
     let config = sb.config(
@@ -49,6 +47,13 @@ pub fn full() -> Full {
         ),
     );
     let daemon = Daemon::start_inside(&sb, &config, &[]).expect("the daemon starts");
+    // A store that never held the fleet's data lets no share grow for a
+    // lease after the first node reads it (it may have lost it).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while crate::try_metric(&daemon.metrics(), "limiter_fleet_quiet_groups") != Some(0.0) {
+        assert!(std::time::Instant::now() < deadline, "the fleet's quiet never ended:\n{}", daemon.log());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     let text = std::fs::read_to_string(&config).unwrap();
     let proxy: std::net::SocketAddr =
         text.lines().find_map(|l| l.strip_prefix("http.listen = ")).expect("http.listen").parse().unwrap();

@@ -6,7 +6,8 @@
 //! daemon.
 //!
 //! ```text
-//!   store netns: br0 10.77.0.1/24, redis-server(s) on 10.77.0.1, clients
+//!   store netns: br0 10.77.0.1/24 and 10.77.0.2 (a replica's), redis-server(s)
+//!                and redis-sentinel on 10.77.0.1, clients
 //!      |-- veth -- node 1 netns: 10.77.0.11 (limiter, its upstream on 127.0.0.1)
 //!      |-- veth -- node 2 netns: 10.77.0.12
 //!      `-- veth -- node 3 netns: 10.77.0.13
@@ -31,10 +32,9 @@ use crate::{Daemon, Sandbox, process, run, upstream::Upstream, write_secret};
 
 /// The store's address on the bridge.
 pub const STORE_IP: &str = "10.77.0.1";
-
-/// How long a Redis a test starts runs before the test uses it: the
-/// longest lease the tests give the fleet.
-pub const SETTLED: Duration = Duration::from_secs(3);
+/// A second address in the store's namespace, for a replica: replication
+/// from the primary to it can be cut alone (iptables by address).
+pub const REPLICA_IP: &str = "10.77.0.2";
 
 /// The store's namespace and bridge.
 pub struct StoreNet {
@@ -50,6 +50,7 @@ impl StoreNet {
         let n = sb.name.as_str();
         run("ip", &["-n", n, "link", "add", "br0", "type", "bridge"])?;
         run("ip", &["-n", n, "addr", "add", &format!("{STORE_IP}/24"), "dev", "br0"])?;
+        run("ip", &["-n", n, "addr", "add", &format!("{REPLICA_IP}/24"), "dev", "br0"])?;
         run("ip", &["-n", n, "link", "set", "br0", "up"])?;
         Ok(Self { sb, joined: AtomicU32::new(0), password: std::sync::Mutex::new(None) })
     }
@@ -94,19 +95,143 @@ impl StoreNet {
     }
 
     /// One Redis on `port` (with `extra` arguments, `--requirepass x`
-    /// say), answering, and older than a lease ([`Redis::wait_settled`]).
+    /// say), answering.
     pub fn redis(&self, port: u16, extra: &[&str]) -> Result<Redis> {
-        let redis = self.young_redis(port, extra)?;
-        redis.wait_settled()?;
-        Ok(redis)
-    }
-
-    /// [`Self::redis`] without waiting for it to settle.
-    fn young_redis(&self, port: u16, extra: &[&str]) -> Result<Redis> {
         let dir = self.sb.dir.join(format!("redis-{port}"));
         fs::create_dir_all(&dir)?;
         let args: Vec<String> = extra.iter().map(ToString::to_string).collect();
         Redis::start_in(&self.sb, STORE_IP, port, &dir, &args)
+    }
+
+    /// A replica of the primary on `master_port`, on [`REPLICA_IP`]:`port`,
+    /// in sync when this returns.
+    pub fn replica(&self, port: u16, master_port: u16) -> Result<Redis> {
+        let dir = self.sb.dir.join(format!("redis-{port}"));
+        let args: Vec<String> = [
+            "--replicaof",
+            STORE_IP,
+            &master_port.to_string(),
+            "--repl-diskless-sync",
+            "yes",
+            "--repl-diskless-sync-delay",
+            "0",
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        let r = Redis::start_in(&self.sb, REPLICA_IP, port, &dir, &args)?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !r.cli(&["info", "replication"])?.contains("master_link_status:up") {
+            if Instant::now() > deadline {
+                bail!("the replica on {port} never synced:\n{}", r.log());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(r)
+    }
+
+    /// A Sentinel on `port` watching the primary on `master_port` as
+    /// `master` (quorum one: the test's one Sentinel decides; a primary
+    /// silent for a second is down).
+    pub fn sentinel(&self, port: u16, master: &str, master_port: u16) -> Result<Redis> {
+        let dir = self.sb.dir.join(format!("sentinel-{port}"));
+        fs::create_dir_all(&dir)?;
+        let conf = dir.join("sentinel.conf");
+        fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind {STORE_IP}\nprotected-mode no\ndir {}\n\
+                 sentinel monitor {master} {STORE_IP} {master_port} 1\n\
+                 sentinel down-after-milliseconds {master} 1000\n\
+                 sentinel failover-timeout {master} 10000\n\
+                 sentinel parallel-syncs {master} 1\n",
+                dir.display()
+            ),
+        )?;
+        let mut s = Redis {
+            netns: self.sb.netns_path.clone(),
+            host: STORE_IP.to_owned(),
+            port,
+            program: "redis-sentinel",
+            env: Vec::new(),
+            args: vec![conf.display().to_string()],
+            cli_args: Vec::new(),
+            dir,
+            child: None,
+        };
+        s.start()?;
+        Ok(s)
+    }
+
+    /// Runs `iptables ARGS` in the store's namespace.
+    pub fn iptables(&self, args: &[&str]) -> Result<()> {
+        run("ip", &[&["netns", "exec", &self.sb.name, "iptables"], args].concat())?;
+        Ok(())
+    }
+
+    /// Cuts replication from the primary on `master_port` to its one
+    /// replica (the connection the primary lists as a replica's): the
+    /// replica keeps its connection and misses every write meanwhile. The
+    /// rule, for [`Self::mend`].
+    pub fn cut_replication(&self, master_port: u16) -> Result<Vec<String>> {
+        let clients = self.cli(master_port, &["client", "list", "type", "replica"])?;
+        let addr = clients
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("addr="))
+            .with_context(|| format!("no replica of {master_port}: {clients}"))?;
+        let (ip, port) = addr.rsplit_once(':').context("a replica's address")?;
+        let rule: Vec<String> = [
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "-s",
+            STORE_IP,
+            "--sport",
+            &master_port.to_string(),
+            "-d",
+            ip,
+            "--dport",
+            port,
+            "-j",
+            "DROP",
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        let args: Vec<&str> = std::iter::once("-A").chain(rule.iter().map(String::as_str)).collect();
+        self.iptables(&args)?;
+        Ok(rule)
+    }
+
+    /// Removes a rule [`Self::cut_replication`] added.
+    pub fn mend(&self, rule: &[String]) -> Result<()> {
+        let args: Vec<&str> = std::iter::once("-D").chain(rule.iter().map(String::as_str)).collect();
+        self.iptables(&args)
+    }
+
+    /// One Redis on `port` whose wall clock [`Clock::step`] moves (a
+    /// preloaded shim, built here with gcc, adds an offset read from a
+    /// file to `gettimeofday`, `clock_gettime(CLOCK_REALTIME)` and
+    /// `time`; its monotonic clock is the machine's).
+    pub fn redis_with_clock(&self, port: u16) -> Result<(Redis, Clock)> {
+        let dir = self.sb.dir.join(format!("redis-{port}"));
+        fs::create_dir_all(&dir)?;
+        let shim = dir.join("clock-step.so");
+        let source = dir.join("clock-step.c");
+        fs::write(&source, CLOCK_SHIM)?;
+        run(
+            "gcc",
+            &["-shared", "-fPIC", "-O2", "-o", &shim.display().to_string(), &source.display().to_string()],
+        )?;
+        let offset = dir.join("clock-offset");
+        fs::write(&offset, "0\n")?;
+        let mut redis = Redis::new_in(&self.sb, STORE_IP, port, &dir, &[]);
+        redis.env = vec![
+            ("LD_PRELOAD".into(), shim.display().to_string()),
+            ("LIMITER_CLOCK_OFFSET_FILE".into(), offset.display().to_string()),
+        ];
+        redis.start()?;
+        Ok((redis, Clock { file: offset }))
     }
 
     /// One Redis serving TLS only on `port`, with the certificate `cert`
@@ -119,6 +244,8 @@ impl StoreNet {
             netns: self.sb.netns_path.clone(),
             host: STORE_IP.to_owned(),
             port,
+            program: "redis-server",
+            env: Vec::new(),
             args: [
                 "--bind",
                 STORE_IP,
@@ -139,7 +266,6 @@ impl StoreNet {
             child: None,
         };
         redis.start()?;
-        redis.wait_settled()?;
         Ok(redis)
     }
 
@@ -157,7 +283,7 @@ impl StoreNet {
             .iter()
             .map(|&p| {
                 let conf = format!("nodes-{p}.conf");
-                self.young_redis(
+                self.redis(
                     p,
                     &[
                         "--cluster-enabled",
@@ -190,8 +316,7 @@ impl StoreNet {
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
-        for (node, &p) in nodes.iter().zip(ports) {
-            node.wait_settled()?;
+        for &p in ports {
             if self.cli(p, &["role"])?.starts_with("slave") {
                 while !self.cli(p, &["info", "replication"])?.contains("master_link_status:up") {
                     if Instant::now() > deadline {
@@ -260,13 +385,83 @@ impl StoreNet {
     pub fn keys(&self, port: u16) -> Result<usize> {
         Ok(self.cli(port, &["dbsize"])?.trim().parse()?)
     }
+
+    /// The sessions' budgets in the store on `port` (not the epochs, the
+    /// live nodes or the fingerprint the fleet keeps besides).
+    pub fn session_budgets(&self, port: u16) -> Result<usize> {
+        let keys = self.cli(port, &["--scan", "--pattern", "limiter:{*:s:*}:*"])?;
+        Ok(keys.lines().filter(|k| !k.is_empty() && !k.ends_with(":epoch")).count())
+    }
 }
 
-/// A `redis-server` the test started (stopped with it, by its pid).
+/// The wall clock of a Redis started by [`StoreNet::redis_with_clock`].
+pub struct Clock {
+    file: PathBuf,
+}
+
+impl Clock {
+    /// Steps the clock to `secs` from the machine's (either way).
+    pub fn step(&self, secs: i64) {
+        fs::write(&self.file, format!("{secs}\n")).expect("the clock's offset file");
+    }
+}
+
+/// The shim [`StoreNet::redis_with_clock`] preloads: the real clocks
+/// through the system call (no libc lookup, so nothing recurses), the
+/// offset read afresh on every call.
+const CLOCK_SHIM: &str = r#"
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+static long long offset_seconds(void) {
+    const char *path = getenv("LIMITER_CLOCK_OFFSET_FILE");
+    char buf[32] = {0};
+    if (!path) return 0;
+    int fd = (int)syscall(SYS_open, path, O_RDONLY);
+    if (fd < 0) return 0;
+    long n = syscall(SYS_read, fd, buf, sizeof buf - 1);
+    syscall(SYS_close, fd);
+    return n > 0 ? atoll(buf) : 0;
+}
+
+int clock_gettime(clockid_t id, struct timespec *ts) {
+    long r = syscall(SYS_clock_gettime, id, ts);
+    if (r == 0 && (id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE)) ts->tv_sec += offset_seconds();
+    return (int)r;
+}
+
+int gettimeofday(struct timeval *tv, void *tz) {
+    struct timespec ts;
+    (void)tz;
+    if (clock_gettime(CLOCK_REALTIME, &ts) != 0) return -1;
+    tv->tv_sec = ts.tv_sec;
+    tv->tv_usec = ts.tv_nsec / 1000;
+    return 0;
+}
+
+time_t time(time_t *t) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (t) *t = ts.tv_sec;
+    return ts.tv_sec;
+}
+"#;
+
+/// A `redis-server` (or `redis-sentinel`) the test started (stopped with
+/// it, by its pid).
 pub struct Redis {
     netns: PathBuf,
     host: String,
     pub port: u16,
+    /// `redis-server`, or `redis-sentinel`.
+    program: &'static str,
+    /// Its environment besides the test's.
+    env: Vec<(String, String)>,
     args: Vec<String>,
     /// What `redis-cli` needs besides the address (`--tls --cacert …`).
     cli_args: Vec<String>,
@@ -285,6 +480,13 @@ impl Redis {
         extra: &[String],
     ) -> Result<Self> {
         fs::create_dir_all(dir)?;
+        let mut redis = Self::new_in(sb, host, port, dir, extra);
+        redis.start()?;
+        Ok(redis)
+    }
+
+    /// [`Self::start_in`], not started yet.
+    fn new_in(sb: &Sandbox, host: &str, port: u16, dir: &std::path::Path, extra: &[String]) -> Self {
         let mut args: Vec<String> =
             ["--bind", host, "--port", &port.to_string(), "--save", "", "--appendonly", "no"]
                 .iter()
@@ -292,32 +494,50 @@ impl Redis {
                 .collect();
         args.extend(["--protected-mode".into(), "no".into(), "--dir".into(), dir.display().to_string()]);
         args.extend(extra.iter().cloned());
-        let mut redis = Self {
+        Self {
             netns: sb.netns_path.clone(),
             host: host.to_owned(),
             port,
+            program: "redis-server",
+            env: Vec::new(),
             args,
             cli_args: Vec::new(),
             dir: dir.to_path_buf(),
             child: None,
-        };
-        redis.start()?;
-        Ok(redis)
+        }
+    }
+
+    /// `redis-cli` against it.
+    pub fn cli(&self, args: &[&str]) -> Result<String> {
+        let out = process::run_with_deadline(
+            Command::new("nsenter")
+                .arg(format!("--net={}", self.netns.display()))
+                .args(["redis-cli", "-h", &self.host, "-p", &self.port.to_string()])
+                .args(&self.cli_args)
+                .args(args),
+            Duration::from_secs(30),
+        );
+        if !out.status.success() {
+            bail!("redis-cli {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// Starts it (again: a restart starts empty, nothing is saved).
     pub fn start(&mut self) -> Result<()> {
         let log = fs::File::create(self.dir.join("redis.log"))?;
-        // nsenter execs redis-server: the child's pid is the server's.
-        let child = Command::new("nsenter")
-            .arg(format!("--net={}", self.netns.display()))
-            .arg("redis-server")
-            .args(&self.args)
+        // nsenter execs the server: the child's pid is the server's.
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net={}", self.netns.display())).arg(self.program).args(&self.args);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        let child = cmd
             .stdout(log.try_clone()?)
             .stderr(log)
             .stdin(Stdio::null())
             .spawn()
-            .context("start redis-server (installed by `cargo xtask setup`)")?;
+            .with_context(|| format!("start {} (installed by `cargo xtask setup`)", self.program))?;
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -337,14 +557,6 @@ impl Redis {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-    }
-
-    /// Waits until it has run for [`SETTLED`]: the fleet lets no share grow
-    /// on a budget a Redis younger than a lease does not hold (it may have
-    /// lost it), so a test that starts one waits that long first, as a
-    /// store that has been up for a while would be.
-    pub fn wait_settled(&self) -> Result<()> {
-        self.wait_older_than(SETTLED)
     }
 
     /// Waits until it has run for `age`.
@@ -433,14 +645,42 @@ pub const HASH_KEY: &str = "fleet-test-hash-key-0123456789abcdef";
 
 /// `n` daemons in front of `upstream` (each with a listener of its own in
 /// its namespace), joined to `net`, with `fleet` keys appended to the
-/// configuration (`fleet.store` among them).
+/// configuration (`fleet.store` among them), once the quiet of the
+/// fleet's first start is over ([`wait_quiet_over`]).
 pub fn fleet(net: &StoreNet, upstream: &Upstream, n: usize, fleet: &str) -> Result<Vec<Node>> {
-    (0..n).map(|_| node(net, upstream, fleet)).collect()
+    let nodes: Vec<Node> =
+        (0..n).map(|_| start_node(net, upstream, fleet, false, &[], HASH_KEY)).collect::<Result<_>>()?;
+    wait_quiet_over(&nodes)?;
+    Ok(nodes)
 }
 
-/// One node of [`fleet`] (logging at debug, as tests do).
+/// Waits until no node sees a quiet group: a store that never held the
+/// fleet's data (its first start) is one that may have lost it, so no
+/// share grows for a lease after the first node reads it
+/// (`limiter_fleet_quiet_groups`).
+pub fn wait_quiet_over(nodes: &[Node]) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for n in nodes {
+        loop {
+            let page = n.daemon.admin_get("/metrics").unwrap_or_default();
+            if crate::try_metric(&page, "limiter_fleet_quiet_groups").is_some_and(|q| q == 0.0) {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the fleet's quiet did not end on {}:\n{}", n.addr, n.daemon.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(())
+}
+
+/// One node of [`fleet`] (logging at debug, as tests do), once it sees no
+/// quiet.
 pub fn node(net: &StoreNet, upstream: &Upstream, fleet: &str) -> Result<Node> {
-    start_node(net, upstream, fleet, false, &[], HASH_KEY)
+    let node = start_node(net, upstream, fleet, false, &[], HASH_KEY)?;
+    wait_quiet_over(std::slice::from_ref(&node))?;
+    Ok(node)
 }
 
 /// [`node`] with a hash key of its own in its `fleet.hashKeyFile`.
@@ -450,13 +690,27 @@ pub fn node_with_key(net: &StoreNet, upstream: &Upstream, fleet: &str, hash_key:
 
 /// [`node`] with these environment variables (`SSL_CERT_FILE`, say).
 pub fn node_with_env(net: &StoreNet, upstream: &Upstream, fleet: &str, env: &[(&str, &str)]) -> Result<Node> {
-    start_node(net, upstream, fleet, false, env, HASH_KEY)
+    let node = start_node(net, upstream, fleet, false, env, HASH_KEY)?;
+    wait_quiet_over(std::slice::from_ref(&node))?;
+    Ok(node)
 }
 
 /// A node logging at its configuration's level, as in production (for
 /// the benchmark).
 pub fn quiet_node(net: &StoreNet, upstream: &Upstream, fleet: &str) -> Result<Node> {
-    start_node(net, upstream, fleet, true, &[], HASH_KEY)
+    let node = start_node(net, upstream, fleet, true, &[], HASH_KEY)?;
+    wait_quiet_over(std::slice::from_ref(&node))?;
+    Ok(node)
+}
+
+/// [`node`] configured as every other twin is: the same `kernel.pinPath`
+/// and `http.listen` (`0.0.0.0:8080`), on the same host: what a daemon's
+/// name in the fleet was made of before it carried random bits of its own
+/// (cloned machines, containers that share a host name).
+pub fn twin_node(net: &StoreNet, upstream: &Upstream, fleet: &str) -> Result<Node> {
+    let node = start_node_as(net, upstream, fleet, false, &[], HASH_KEY, true)?;
+    wait_quiet_over(std::slice::from_ref(&node))?;
+    Ok(node)
 }
 
 fn start_node(
@@ -467,6 +721,18 @@ fn start_node(
     env: &[(&str, &str)],
     hash_key: &str,
 ) -> Result<Node> {
+    start_node_as(net, upstream, fleet, quiet, env, hash_key, false)
+}
+
+fn start_node_as(
+    net: &StoreNet,
+    upstream: &Upstream,
+    fleet: &str,
+    quiet: bool,
+    env: &[(&str, &str)],
+    hash_key: &str,
+    twin: bool,
+) -> Result<Node> {
     let sb = Sandbox::new()?;
     let ip = net.join(&sb)?;
     let listener = sb.in_netns(|| std::net::TcpListener::bind("127.0.0.1:0").expect("an upstream port"));
@@ -475,12 +741,16 @@ fn start_node(
     write_secret(&key, hash_key);
     let addr: SocketAddr = format!("{ip}:8080").parse()?;
     let config = sb.dir.join("limiter.ini");
+    let (pins, listen) = if twin {
+        ("/sys/fs/bpf/limiter-twin".to_owned(), "0.0.0.0:8080".to_owned())
+    } else {
+        (sb.pin_path.display().to_string(), addr.to_string())
+    };
     fs::write(
         &config,
         format!(
-            "kernel.enabled = false\nkernel.pinPath = {}\nadmin.listen = 127.0.0.1:9901\nadmin.socket = {}\n\
-             http.listen = {addr}\nhttp.upstream = {up}\nfleet.hashKeyFile = {}\n{fleet}\n",
-            sb.pin_path.display(),
+            "kernel.enabled = false\nkernel.pinPath = {pins}\nadmin.listen = 127.0.0.1:9901\nadmin.socket = {}\n\
+             http.listen = {listen}\nhttp.upstream = {up}\nfleet.hashKeyFile = {}\n{fleet}\n",
             sb.dir.join("admin.sock").display(),
             key.display(),
         ),

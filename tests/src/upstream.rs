@@ -95,6 +95,17 @@ pub struct Upstream {
     _runtime: tokio::runtime::Runtime,
 }
 
+/// The upstream's count of each session's `/hold` and `/sess` requests in
+/// progress ([`Upstream::session_count`]).
+#[derive(Clone)]
+pub struct SessionCount(Arc<Shared>);
+
+impl SessionCount {
+    pub fn now(&self, authorization: &str) -> u64 {
+        self.0.sessions.lock().unwrap().get(authorization).map_or(0, |&(now, _)| now)
+    }
+}
+
 impl Upstream {
     pub fn start() -> Self {
         Self::on(std::net::TcpListener::bind("127.0.0.1:0").unwrap())
@@ -206,6 +217,12 @@ impl Upstream {
             );
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// A handle on the count of each session's requests in progress, for
+    /// client threads.
+    pub fn session_count(&self) -> SessionCount {
+        SessionCount(self.shared.clone())
     }
 
     /// The most `/hold` and `/sess` requests of session `authorization` the

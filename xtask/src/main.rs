@@ -50,6 +50,11 @@ usage: cargo xtask VERB [ARGS]
                              p50/p99, store commands per request, the bare round
                              trip; writes BENCHMARKS.md
   bench breaker              the breaker's per-request cost (criterion)
+  simulate [ARGS]            the fleet's deterministic simulation (sim/): by default
+                             --suite 2000 (as the test suite runs it: seeds over every
+                             fault family, the planted holes, the fleet before it);
+                             --seeds N [--from S] [--faults F] [--before], or
+                             --seed S [--faults F] to replay one with its trace
   soak [--short]             overload, flood, upstream-fault, hostile-client,
                              control-plane, coupled-shedding, adaptive-limit and fleet
                              scenarios against the real daemon and
@@ -90,6 +95,10 @@ fn real_main() -> Result<()> {
         "soak" => {
             setup::ensure(setup::Purpose::Test)?;
             soak(rest.iter().any(|a| a == "--short"))
+        }
+        "simulate" => {
+            setup::ensure(setup::Purpose::Build)?;
+            simulate(&rest)
         }
         "fuzz" => {
             setup::ensure(setup::Purpose::Build)?;
@@ -166,15 +175,36 @@ pub fn build_daemon(release: bool) -> Result<PathBuf> {
     Ok(root().join("target").join(if release { "release" } else { "debug" }).join("limiter"))
 }
 
-/// Builds the release daemon in `target/suite` (beside another build in
-/// `target`), its output to `log`; returns the binary's path.
+/// Builds the release daemon and the fleet's simulation in `target/suite`
+/// (beside another build in `target`), their output to `log`; returns the
+/// daemon's path (the simulation's is [`suite_simulation`]).
 fn build_release_aside(log: &Path) -> Result<PathBuf> {
     let target = root().join("target/suite");
     let mut cmd = cargo();
     cmd.args(["build", "--release", "--package", "limiter", "--bin", "limiter"])
+        .args(["--package", "limiter-sim", "--bin", "limiter-sim"])
         .env("CARGO_TARGET_DIR", &target);
-    status("building the release daemon", logged(&mut cmd, log)?)?;
+    status("building the release daemon and the fleet's simulation", logged(&mut cmd, log)?)?;
     Ok(target.join("release/limiter"))
+}
+
+/// The simulation [`build_release_aside`] built.
+fn suite_simulation() -> PathBuf {
+    root().join("target/suite/release/limiter-sim")
+}
+
+/// Seeds of the fleet's simulation the test suite runs.
+const SUITE_SEEDS: &str = "2000";
+
+/// `cargo xtask simulate`: builds the simulation (optimised: a seed is a
+/// few hundred thousand events) and runs it with `args`.
+fn simulate(args: &[String]) -> Result<()> {
+    let mut build = cargo();
+    build.args(["build", "--release", "--package", "limiter-sim", "--bin", "limiter-sim"]);
+    status("building the fleet's simulation", &mut build)?;
+    let args: Vec<String> =
+        if args.is_empty() { vec!["--suite".into(), SUITE_SEEDS.into()] } else { args.to_vec() };
+    status("the fleet's simulation", Command::new(root().join("target/release/limiter-sim")).args(&args))
 }
 
 /// `cmd` with its output appended to `log`.
@@ -363,6 +393,7 @@ fn test(filter: &[String]) -> Result<()> {
     // `--include-ignored`: the one ignored unit test compares this machine
     // with what set-up installs, which holds only after set-up ran.
     unit.args(["test", "--package", "limiter-common", "--package", "limiter", "--package", "xtask"]);
+    unit.args(["--package", "limiter-sim"]);
     unit.args(["--", "--include-ignored"]).args(filter);
     let unit = status("unit tests", &mut unit);
     // Integration tests: the real kernel, real sockets. A network namespace
@@ -399,7 +430,28 @@ fn test(filter: &[String]) -> Result<()> {
         ("LIMITER_DEB_UPGRADE", upgrade),
         ("LIMITER_IMAGE", image),
     ];
-    lanes::run(binaries, lanes::lanes(), filter, &envs)?;
+    // The fleet's simulation, beside the black-box lanes (they mostly wait;
+    // it computes): its output to a log, shown whole when it ends.
+    let simulation = filter.is_empty().then(|| {
+        let log = logs.join("simulation.log");
+        std::thread::spawn(move || -> Result<()> {
+            let out = fs::File::create(&log)?;
+            let mut cmd = Command::new(suite_simulation());
+            cmd.args(["--suite", SUITE_SEEDS]).stdout(out.try_clone()?).stderr(out);
+            let ran = cmd.status().context("running the fleet's simulation");
+            println!("\n==== simulation ====\n{}", fs::read_to_string(&log).unwrap_or_default());
+            match ran {
+                Ok(s) if s.success() => Ok(()),
+                Ok(s) => bail!("the fleet's simulation failed ({s}): {}", log.display()),
+                Err(e) => Err(e),
+            }
+        })
+    });
+    let lanes = lanes::run(binaries, lanes::lanes(), filter, &envs);
+    let simulated = simulation
+        .map_or(Ok(()), |t| t.join().map_err(|_| anyhow::anyhow!("the simulation's thread panicked"))?);
+    lanes?;
+    simulated?;
     // The short version of every soak scenario.
     if filter.is_empty() { soak_with(true, &release) } else { Ok(()) }
 }

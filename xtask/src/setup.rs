@@ -105,6 +105,11 @@ pub const PROGRAMS: &[Program] = &[
     // and its client, which creates the cluster.
     debian("redis-server", "redis-server"),
     debian("redis-cli", "redis-tools"),
+    // Sentinel, for the fleet's store found through it (redis+sentinel://).
+    debian("redis-sentinel", "redis-sentinel"),
+    // Builds the shim that steps a test Redis' wall clock (an LD_PRELOAD
+    // library: libfaketime recurses under Redis' allocator).
+    debian("gcc", "gcc"),
     // `cargo xtask test` and `bench http --before` build older revisions
     // in a git worktree.
     debian("git", "git"),

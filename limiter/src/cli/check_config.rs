@@ -10,9 +10,26 @@ use crate::config::{Config, DEBUG_SLOTS, Upstream};
 /// Validates `file`; exit status 78 with the error, or the description.
 pub fn main(file: &Path) -> ExitCode {
     match Config::load(file) {
-        Ok(c) => out(&describe(&c)),
+        Ok(c) => {
+            let mut text = describe(&c);
+            text.push_str(&store(&c));
+            out(&text)
+        }
         Err(e) => fail_config(e),
     }
+}
+
+/// What the fleet's store says of itself, when `fleet.store` is set and
+/// reachable (a primary? could it evict the fleet's keys?).
+fn store(c: &Config) -> String {
+    if c.fleet.store.is_none() {
+        return String::new();
+    }
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+        return String::new();
+    };
+    let lines = rt.block_on(crate::fleet::inspect(&c.fleet));
+    lines.iter().map(|l| format!("  STORE              {l}\n")).collect()
 }
 
 /// The description `check-config` prints.

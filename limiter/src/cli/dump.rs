@@ -301,12 +301,13 @@ pub fn breaker_summary(b: &crate::breaker::Snapshot) -> String {
 pub fn fleet_lines(f: &crate::fleet::Snapshot) -> [String; 2] {
     let limit = |n: u32| if n == 0 { "none".to_owned() } else { n.to_string() };
     let first = format!(
-        "fleet {} ({}): store {}, onStoreDown {}; limits session {} web {}; in flight here session {} web {}; \
-         shares here session {} web {}; web shares across the fleet {}; {} claims, {} store failures, \
-         {} admitted unpublished, {} lapsed",
+        "fleet {} ({}): store {}{}, onStoreDown {}; limits session {} web {}; in flight here session {} web {}; \
+         shares here session {} web {}; web shares across the fleet {}; nodes {}; {} claims, {} releases, \
+         {} store failures, {} admitted unpublished, {} within the safe share, {} lapsed",
         f.name,
         f.store,
         if f.up { "UP" } else { "DOWN" },
+        if f.quiet_groups > 0 { format!(" (quiet: {} groups)", f.quiet_groups) } else { String::new() },
         f.on_store_down,
         limit(f.session_limit),
         limit(f.web_limit),
@@ -315,9 +316,12 @@ pub fn fleet_lines(f: &crate::fleet::Snapshot) -> [String; 2] {
         f.share_session,
         f.share_web,
         f.web_fleet.map_or_else(|| "unknown".to_owned(), |n| n.to_string()),
+        f.nodes.map_or_else(|| "unknown".to_owned(), |n| n.to_string()),
         f.claims,
+        f.releases,
         f.store_failures,
         f.admitted_unpublished,
+        f.admitted_safe,
         f.lease_lapsed,
     );
     let busiest: Vec<String> =

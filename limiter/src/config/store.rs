@@ -7,7 +7,10 @@
 //! - `redis://[user@]host[:port][/db]`: one Redis (port 6379 by default);
 //! - `rediss://…`: the same over TLS (rustls, the system's roots);
 //! - `redis+cluster://host:port,host:port,…` (or `rediss+cluster://`):
-//!   seed nodes of a Redis Cluster, which gives the rest of its nodes.
+//!   seed nodes of a Redis Cluster, which gives the rest of its nodes;
+//! - `redis+sentinel://host:port,host:port,…/<master>` (or
+//!   `rediss+sentinel://`): Sentinels, which name the primary of
+//!   `<master>` (port 26379 by default).
 //!
 //! A password is never part of the address (it would be shown wherever
 //! the key is: logs, `check-config`, reload diffs): it comes from
@@ -28,6 +31,8 @@ pub struct StoreUrl {
     pub nodes: Vec<(String, u16)>,
     /// A cluster: the seeds tell the client where the rest are.
     pub cluster: bool,
+    /// Sentinels (`nodes`) name the primary of this master.
+    pub sentinel: Option<String>,
     /// The database of one Redis (a cluster has only 0).
     pub db: i64,
 }
@@ -35,18 +40,21 @@ pub struct StoreUrl {
 impl fmt::Display for StoreUrl {
     /// As an operator wrote it, without a password (there never is one).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let scheme = match (self.tls, self.cluster) {
-            (false, false) => "redis",
-            (true, false) => "rediss",
-            (false, true) => "redis+cluster",
-            (true, true) => "rediss+cluster",
+        let tls = if self.tls { "rediss" } else { "redis" };
+        let kind = match (self.cluster, &self.sentinel) {
+            (true, _) => "+cluster",
+            (false, Some(_)) => "+sentinel",
+            (false, None) => "",
         };
-        write!(f, "{scheme}://")?;
+        write!(f, "{tls}{kind}://")?;
         if let Some(user) = &self.user {
             write!(f, "{user}@")?;
         }
         let nodes: Vec<String> = self.nodes.iter().map(|(h, p)| host_port(h, *p)).collect();
         f.write_str(&nodes.join(","))?;
+        if let Some(master) = &self.sentinel {
+            write!(f, "/{master}")?;
+        }
         if self.db != 0 {
             write!(f, "/{}", self.db)?;
         }
@@ -60,30 +68,54 @@ pub fn host_port(host: &str, port: u16) -> String {
 }
 
 const DEFAULT_PORT: u16 = 6379;
+const SENTINEL_PORT: u16 = 26379;
 
 impl StoreUrl {
     /// Parses `fleet.store`; the error says what is wrong with it.
     pub fn parse(value: &str) -> Result<Self, String> {
-        let expected = "expected redis://[user@]host[:port][/db], rediss://… (TLS) or \
-                        redis+cluster://host:port,host:port,… (a Redis Cluster's seed nodes)";
+        let expected = "expected redis://[user@]host[:port][/db], rediss://… (TLS), \
+                        redis+cluster://host:port,host:port,… (a Redis Cluster's seed nodes) or \
+                        redis+sentinel://host:port,host:port,…/<master> (Sentinels)";
         let Some((scheme, rest)) = value.split_once("://") else { return Err(expected.into()) };
-        let (tls, cluster) = match scheme {
-            "redis" => (false, false),
-            "rediss" => (true, false),
-            "redis+cluster" => (false, true),
-            "rediss+cluster" => (true, true),
+        let (tls, cluster, sentinel) = match scheme {
+            "redis" => (false, false, false),
+            "rediss" => (true, false, false),
+            "redis+cluster" => (false, true, false),
+            "rediss+cluster" => (true, true, false),
+            "redis+sentinel" => (false, false, true),
+            "rediss+sentinel" => (true, false, true),
             other => return Err(format!("unknown scheme `{other}`: {expected}")),
         };
-        let (authority, db) = match rest.split_once('/') {
-            None => (rest, 0),
-            Some((_, "")) => (rest.trim_end_matches('/'), 0),
-            Some(_) if cluster => {
-                return Err("a Redis Cluster has only database 0: remove the `/db`".into());
+        let (authority, master, db) = if sentinel {
+            let mut parts = rest.splitn(3, '/');
+            let (a, master, db) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""), parts.next());
+            let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+            if master.is_empty() || !master.chars().all(valid) {
+                return Err(format!(
+                    "redis+sentinel:// needs the master's name after the Sentinels: redis+sentinel://host:port,…/<master>, not `{value}`"
+                ));
             }
-            Some((a, db)) => match db.parse::<i64>() {
-                Ok(n) if (0..=1_000_000).contains(&n) => (a, n),
-                _ => return Err(format!("`{db}` is not a database number")),
-            },
+            let db = match db {
+                None | Some("") => 0,
+                Some(db) => match db.parse::<i64>() {
+                    Ok(n) if (0..=1_000_000).contains(&n) => n,
+                    _ => return Err(format!("`{db}` is not a database number")),
+                },
+            };
+            (a, Some(master.to_owned()), db)
+        } else {
+            let (a, db) = match rest.split_once('/') {
+                None => (rest, 0),
+                Some((_, "")) => (rest.trim_end_matches('/'), 0),
+                Some(_) if cluster => {
+                    return Err("a Redis Cluster has only database 0: remove the `/db`".into());
+                }
+                Some((a, db)) => match db.parse::<i64>() {
+                    Ok(n) if (0..=1_000_000).contains(&n) => (a, n),
+                    _ => return Err(format!("`{db}` is not a database number")),
+                },
+            };
+            (a, None, db)
         };
         if authority.contains(['?', '#']) {
             return Err(format!("options after the address are not read: {expected}"));
@@ -98,16 +130,19 @@ impl StoreUrl {
             Some(("", _)) => return Err("an empty user before `@`".into()),
             Some((user, hosts)) => (Some(user.to_owned()), hosts),
         };
-        let nodes = hosts.split(',').map(node).collect::<Result<Vec<_>, _>>()?;
-        if nodes.len() > 1 && !cluster {
-            return Err("several nodes: use redis+cluster:// for a Redis Cluster's seed nodes".into());
+        let port = if sentinel { SENTINEL_PORT } else { DEFAULT_PORT };
+        let nodes = hosts.split(',').map(|n| node(n, port)).collect::<Result<Vec<_>, _>>()?;
+        if nodes.len() > 1 && !cluster && !sentinel {
+            return Err("several nodes: use redis+cluster:// for a Redis Cluster's seed nodes, or \
+                        redis+sentinel://…/<master> for Sentinels"
+                .into());
         }
-        Ok(Self { tls, user, nodes, cluster, db })
+        Ok(Self { tls, user, nodes, cluster, sentinel: master, db })
     }
 }
 
-/// One `host[:port]`.
-fn node(text: &str) -> Result<(String, u16), String> {
+/// One `host[:port]` (`port` when it names none).
+fn node(text: &str, default_port: u16) -> Result<(String, u16), String> {
     let text = text.trim();
     let (host, port) = if let Some(v6) = text.strip_prefix('[') {
         let (host, after) =
@@ -127,7 +162,7 @@ fn node(text: &str) -> Result<(String, u16), String> {
         return Err(format!("`{text}` is not a host name or address"));
     }
     let port = match port {
-        None => DEFAULT_PORT,
+        None => default_port,
         Some(p) => match p.parse::<u16>() {
             Ok(n) if n > 0 => n,
             _ => return Err(format!("`{p}` is not a port (1-65535)")),
@@ -224,6 +259,11 @@ mod tests {
         assert_eq!(c.to_string(), "redis+cluster://a:7000,b:7001,[::1]:7002");
         assert_eq!(url("redis://[::1]").nodes, [("::1".to_owned(), 6379)]);
         assert_eq!(url("redis://h:1/").db, 0);
+        let s = url("redis+sentinel://10.0.0.1,10.0.0.2:26380/mymaster");
+        assert_eq!(s.sentinel.as_deref(), Some("mymaster"));
+        assert_eq!(s.nodes, [("10.0.0.1".to_owned(), 26379), ("10.0.0.2".to_owned(), 26380)]);
+        assert_eq!(s.to_string(), "redis+sentinel://10.0.0.1:26379,10.0.0.2:26380/mymaster");
+        assert_eq!(url("rediss+sentinel://app@s:1/m/2").to_string(), "rediss+sentinel://app@s:1/m/2");
     }
 
     #[test]
@@ -243,6 +283,10 @@ mod tests {
             ("redis://h:1/?protocol=resp3", "not a database"),
             ("redis://h:1?x", "options"),
             ("redis://[::1:1", "no `]`"),
+            ("redis+sentinel://s:1", "master's name"),
+            ("redis+sentinel://s:1/", "master's name"),
+            ("redis+sentinel://s:1/a b", "master's name"),
+            ("redis+sentinel://s:1/m/x", "not a database"),
         ] {
             let err = StoreUrl::parse(bad).expect_err(bad);
             assert!(err.contains(says), "{bad}: {err}");

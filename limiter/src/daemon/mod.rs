@@ -247,7 +247,7 @@ pub async fn run(
                     addr.to_string()
                 }
             };
-            let fleet = start_fleet(&config, ledger.clone()).await?;
+            let fleet = start_fleet(&config).await?;
             Some(Proxy::new(&config, upstream, ledger.clone(), fleet))
         }
     };
@@ -449,18 +449,24 @@ pub async fn run(
     Ok(())
 }
 
-/// The fleet-wide limits, when `fleet.store` is set. This node's identity
-/// in the fleet is its host name, pin path and listening address: the
-/// same daemon restarted (or handed over to) is the same node.
-async fn start_fleet(
-    config: &Config,
-    ledger: Option<Arc<Ledger>>,
-) -> Result<Option<Arc<crate::fleet::Fleet>>, crate::fleet::FleetError> {
+/// The fleet-wide limits, when `fleet.store` is set. This node's name in
+/// the fleet is its machine's id (`/etc/machine-id`), pin path and
+/// listening address; each process adds an incarnation of its own, so no
+/// two processes share a field, on one host or on two.
+async fn start_fleet(config: &Config) -> Result<Option<Arc<crate::fleet::Fleet>>, crate::fleet::FleetError> {
     if config.fleet.store.is_none() {
         return Ok(None);
     }
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let identity = format!("{}\n{}\n{}", host.trim(), config.kernel.pin_path.display(), config.http.listen);
-    let handover = Box::new(move || ledger.as_ref().is_some_and(|l| l.lock().has_peer()));
-    crate::fleet::start(&config.fleet, &identity, handover).await
+    let node = format!("{}\n{}\n{}", machine_id(), config.kernel.pin_path.display(), config.http.listen);
+    crate::fleet::start(&config.fleet, &node).await
+}
+
+/// The machine's id (systemd's `/etc/machine-id`, or D-Bus'), or, where
+/// there is none (some containers), the host name: only a label, since a
+/// process's field carries random bits of its own.
+fn machine_id() -> String {
+    ["/etc/machine-id", "/var/lib/dbus/machine-id", "/proc/sys/kernel/hostname"]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()))
+        .unwrap_or_default()
 }

@@ -1,89 +1,146 @@
--- limiter's fleet shares: a node claims its share of one budget.
+-- limiter's fleet: a node claims its share of one budget.
 --
--- KEYS[1]: the budget, a hash: one field per node holding a share,
---          "<share> <lease end> <demand>" (the lease on the store's clock,
---          ms; demand: what the node asked for beyond its share), and
---          "quiet" (ms): no share grows before it.
--- ARGV[1]: this node's field ("<identity>.<incarnation>.")
--- ARGV[2]: the limit
--- ARGV[3]: the lease (ms)
--- ARGV[4]: the node's requests of this budget in flight
--- ARGV[5]: the share it wants (more than it holds: a growth; less: it
---          gives back what it no longer uses)
--- ARGV[6]: "" or the node's prefix ("<identity>."): fields of its other
---          incarnations are a previous process's and go
--- ARGV[7]: what of ARGV[5] it needs now (the rest is headroom for rising
---          demand, granted only while the budget is less than half used)
+-- KEYS[1]: the budget, a hash: one field per node process holding a
+--          share, "<node>.<incarnation>" = "<share> <in use> <demand>
+--          <seq> <cap>": what the store counts for it (at least what it may
+--          have in flight), its requests in flight, what it asked for
+--          beyond what it was granted, its claim's sequence number, what
+--          it may admit up to.
+-- KEYS[2]: the epoch of the budget's group (one hash slot with it), a
+--          hash: "id" (the run id of the server whose data this is),
+--          "gen" (bumped whenever the store is found to have lost data),
+--          "nonce" (drawn by the node that made the epoch: no two epochs
+--          share one), "quiet" ("<nonce>.<gen>" while no share grows).
+-- With one key, KEYS[1] is an epoch, and only the epoch is kept.
 --
--- The shares of the live fields never sum above the limit, except by what
--- nodes had in flight when their fields were lost (a store restarted
--- empty, a lease that lapsed): what is in flight is always held.
--- Returns {share, quiet (1/0), lapsed (1/0), others' shares, others' demand}.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local me, limit, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local in_use, wanted, prefix = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
-local needed = math.min(tonumber(ARGV[7]), wanted)
+-- ARGV: [1] this process's field, [2] its claim's sequence number (its
+-- claims only ever grow it), [3] the limit, [4] its requests in flight,
+-- [5] keep: what it may admit up to until this answer (what it held, or
+-- less), [6] need: what it needs now, [7] want: need and headroom,
+-- [8] "<field> <seq> ..." fields this node has seen unchanged for a lease
+-- (their nodes stopped renewing: gone unless renewed since), [9] the
+-- quiet this node has seen for a lease (it ends) or "-", [10] the key's
+-- time to live (ms; for the keys of nodes that all stopped at once), [11]
+-- a nonce for an epoch this claim makes, [12] the channel that tells the
+-- other nodes this budget is wanted (a claim left wanting publishes the
+-- budget's key there: the nodes that hold what they do not use give it
+-- back at once).
+--
+-- No clock is read here: a field ends when a node has seen it unchanged
+-- for a lease by its own clock, a quiet gen when a node has seen it for
+-- a lease. A store that lost writes (restarted, flushed, failed over to a
+-- replica that missed them, evicted a key) is told by its epoch: absent,
+-- or written by another server; or by a node holding a share the store
+-- does not. Its group then goes quiet for a lease: shares are
+-- republished, none grows.
+--
+-- Returns "ok|stale|epoch <seq> <cap> <share> <quiet or -> <gen> <others>
+-- <others' demand> <had> <spare> [<field> <seq>]...", <had> 1 when the
+-- budget held this node's field before, <spare> what the others hold beyond
+-- what they had in flight at their last claim (theirs to give back).
+
+local unquiet, fresh = ARGV[9], ARGV[11]
+local nonce
+
+local function epoch(key)
+  local id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+  local e = redis.call('HMGET', key, 'id', 'gen', 'nonce', 'quiet')
+  local gen, quiet = tonumber(e[2]) or 0, e[4] or '-'
+  nonce = e[3] or fresh
+  if e[1] ~= id then
+    if not e[1] then nonce = fresh end
+    gen = gen + 1
+    quiet = nonce .. '.' .. gen
+    redis.call('HSET', key, 'id', id, 'gen', gen, 'nonce', nonce, 'quiet', quiet)
+  elseif quiet ~= '-' and unquiet == quiet then
+    quiet = '-'
+    redis.call('HDEL', key, 'quiet')
+  end
+  return gen, quiet
+end
+
+if #KEYS == 1 then
+  local gen, quiet = epoch(KEYS[1])
+  return 'epoch 0 0 0 ' .. quiet .. ' ' .. gen .. ' 0 0 0 0'
+end
+
+local me, seq, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local in_use, keep = tonumber(ARGV[4]), tonumber(ARGV[5])
+local need, want = tonumber(ARGV[6]), tonumber(ARGV[7])
+local gone = {}
+for f, s in string.gmatch(ARGV[8], '(%S+) (%d+)') do gone[f] = s end
+
+local gen, quiet = epoch(KEYS[2])
 local fields = redis.call('HGETALL', KEYS[1])
-local mine, found, quiet = 0, false, 0
-local others, demand = 0, 0
+local mine
+local others, others_need, others_demand, spare = 0, 0, 0, 0
+local seen = {}
 for i = 1, #fields, 2 do
   local f, v = fields[i], fields[i + 1]
-  if f == 'quiet' then
-    quiet = tonumber(v)
+  local share, used, wants, s, cap = string.match(v, '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
+  if share == nil or (f ~= me and gone[f] == s) then
+    redis.call('HDEL', KEYS[1], f)
+  elseif f == me then
+    mine = { tonumber(share), tonumber(s), tonumber(cap) }
   else
-    local share, lease_end, wants = string.match(v, '^(%d+) (%d+) (%d+)$')
-    share, lease_end, wants = tonumber(share), tonumber(lease_end), tonumber(wants)
-    local stale = prefix ~= '' and f ~= me and string.sub(f, 1, #prefix) == prefix
-    if share == nil or lease_end <= now or stale then
-      redis.call('HDEL', KEYS[1], f)
-    elseif f == me then
-      mine, found = share, true
-    else
-      others = others + share
-      demand = demand + wants
-    end
+    others = others + tonumber(share)
+    others_need = others_need + tonumber(used) + tonumber(wants)
+    others_demand = others_demand + tonumber(wants)
+    spare = spare + math.max(0, tonumber(share) - tonumber(used))
+    seen[#seen + 1] = f
+    seen[#seen + 1] = s
   end
 end
-if quiet ~= 0 and quiet <= now then
-  redis.call('HDEL', KEYS[1], 'quiet')
-  quiet = 0
+local had = 0
+if mine ~= nil then had = 1 end
+local function tail()
+  return ' ' .. quiet .. ' ' .. gen .. ' ' .. others .. ' ' .. others_demand .. ' ' .. had .. ' ' .. spare .. ' '
+    .. table.concat(seen, ' ')
 end
--- A budget this store does not hold, on a Redis that started less than a
--- lease ago, may be one it lost: for the rest of that lease no share of
--- it grows, so the nodes that held it republish first.
-if #fields == 0 then
-  local up = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)'))
-  if up ~= nil and up * 1000 < lease then
-    quiet = now + lease - up * 1000
-    redis.call('HSET', KEYS[1], 'quiet', quiet)
-    redis.call('PEXPIRE', KEYS[1], lease)
+
+-- A claim this store already has (sent again) is answered as it was; an
+-- older one changes nothing.
+if mine ~= nil and seq <= mine[2] then
+  local status = 'stale'
+  if seq == mine[2] then status = 'ok' end
+  return status .. ' ' .. mine[2] .. ' ' .. mine[3] .. ' ' .. mine[1] .. tail()
+end
+
+-- This node holds a share the store does not, and the store had not
+-- noticed: it lost it (a lease cannot have ended: the node's own ends
+-- first). No share grows for a lease.
+if mine == nil and keep > 0 and quiet == '-' then
+  gen = gen + 1
+  quiet = nonce .. '.' .. gen
+  redis.call('HSET', KEYS[2], 'gen', gen, 'quiet', quiet)
+end
+
+-- What it may admit up to: while quiet, what it kept; else what it needs
+-- within what the others leave, no more than its part of the limit in
+-- proportion to what every node needs while the others want more than
+-- they hold and it all does not fit, and headroom up to what it wants
+-- only while the budget is less than half used.
+local cap
+if quiet ~= '-' then
+  cap = math.min(keep, want)
+else
+  local room = math.max(0, limit - others)
+  cap = math.min(need, room)
+  if others_demand > 0 and need + others_need > limit then
+    cap = math.min(cap, math.ceil(limit * need / (need + others_need)))
   end
+  cap = cap + math.max(0, math.min(want - cap, room - cap, math.floor(limit / 2) - others - cap))
 end
-local lapsed = 0
-if not found and in_use > 0 then lapsed = 1 end
--- What this node may hold: what the others leave; while others want more
--- than they hold and all of it does not fit, its part of the limit in
--- proportion to what it wants; while quiet, no more than it holds.
-local cap = limit - others
-local total = needed + others + demand
-if demand > 0 and total > limit then
-  cap = math.min(cap, math.ceil(limit * needed / total))
+-- What the store counts for it: never less than it may have in flight.
+local share = math.max(in_use, keep, cap)
+local demand = math.max(0, need - cap)
+if demand > 0 and others > 0 and ARGV[12] ~= nil and ARGV[12] ~= '' then
+  redis.call('PUBLISH', ARGV[12], KEYS[1])
 end
-if quiet > now then cap = math.min(cap, mine) end
-local share = math.max(in_use, math.min(needed, cap))
--- Headroom only while the budget is less than half used: near its limit
--- every unit goes to a request that needs it.
-share = share + math.max(0, math.min(wanted - needed, cap - share, math.floor(limit / 2) - others - share))
-local short = math.max(0, needed - share)
-if share == 0 and short == 0 then
+if share == 0 and demand == 0 then
   redis.call('HDEL', KEYS[1], me)
 else
-  redis.call('HSET', KEYS[1], me, share .. ' ' .. (now + lease) .. ' ' .. short)
-  -- The key goes when its last lease would (never sooner: another
-  -- node's lease may be longer).
-  if redis.call('PTTL', KEYS[1]) < lease then redis.call('PEXPIRE', KEYS[1], lease) end
+  redis.call('HSET', KEYS[1], me, share .. ' ' .. in_use .. ' ' .. demand .. ' ' .. seq .. ' ' .. cap)
+  redis.call('PEXPIRE', KEYS[1], ARGV[10])
 end
-local q = 0
-if quiet > now then q = 1 end
-return {share, q, lapsed, others, demand}
+return 'ok ' .. seq .. ' ' .. cap .. ' ' .. share .. tail()

@@ -15,7 +15,7 @@ pub const WINDOW_FAILURES: u32 = 5;
 const WINDOW: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
-pub(super) struct Health(Mutex<State>);
+pub struct Health(Mutex<State>);
 
 #[derive(Debug)]
 struct State {
@@ -34,7 +34,7 @@ impl Default for Health {
 impl Health {
     /// Records a claim's outcome at `now`: `true` when the store is to
     /// count as down from now on.
-    pub(super) fn record(&self, ok: bool, now: Instant) -> bool {
+    pub fn record(&self, ok: bool, now: Instant) -> bool {
         let mut s = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if now.saturating_duration_since(s.window_start) >= WINDOW {
             (s.window_start, s.ok, s.failed) = (now, 0, 0);
@@ -50,7 +50,7 @@ impl Health {
     }
 
     /// The store answers again: a fresh start.
-    pub(super) fn reset(&self, now: Instant) {
+    pub fn reset(&self, now: Instant) {
         let mut s = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         *s = State { in_a_row: 0, window_start: now, ok: 0, failed: 0 };
     }

@@ -1,8 +1,10 @@
 //! The fleet's state on this node and the request's path: the live
 //! limits, this node's shares ([`super::shares`]), taking a request's
 //! units of its budgets (from the share, or after one claim) and giving
-//! them back (here only: the share stays until a renewal gives back what
-//! is not used).
+//! them back. Every unit taken and every wait for a claim is a guard: a
+//! request dropped anywhere (an HTTP/2 stream reset while it waits, a
+//! refusal by its other budget) gives back what it held and stops waiting
+//! in the count.
 
 use std::{
     fmt::Write as _,
@@ -18,8 +20,11 @@ use ring::hmac;
 use tokio::sync::Notify;
 
 use super::{
+    claim::{Answer, Claim, SCRIPT},
+    error::FleetError,
     health::Health,
-    shares::{Answer, Budgets, Kind, Take},
+    members::Members,
+    shares::{Budgets, Down, Kind, Take, Why, Within},
     store::{Store, StoreConn},
 };
 use crate::{
@@ -43,39 +48,61 @@ pub(super) struct Live {
 pub(super) struct Stats {
     /// Claims on requests' paths (one round trip each).
     pub(super) claims: AtomicU64,
+    /// Claims that gave back what no request used while other nodes
+    /// wanted it.
+    pub(super) releases: AtomicU64,
     pub(super) failures: AtomicU64,
     pub(super) unpublished: AtomicU64,
+    /// Requests admitted within the safe share with the store down.
+    pub(super) safe: AtomicU64,
     pub(super) renewals: AtomicU64,
-    /// Requests whose lease the store had let lapse while they ran (a
-    /// pause, a partition, a store that lost it), re-taken.
+    /// Requests whose share's trust ended here while they ran (a pause, a
+    /// partition, a store away), re-published.
     pub(super) lapsed: AtomicU64,
-    /// The smallest lease left when a renewal was sent, in the last round
+    /// Times the store was found to have lost data (a group went quiet).
+    pub(super) quiet: AtomicU64,
+    /// The smallest trust left when a renewal was sent, in the last round
     /// (µs; `u64::MAX`: none yet).
     pub(super) margin_us: AtomicU64,
     /// The web budget's fleet-wide shares as last seen (`u32::MAX`: never).
     pub(super) web_fleet: AtomicU32,
 }
 
+/// The number of session groups: a session's budget and its group's
+/// epoch share a hash slot, and the groups spread over a cluster's
+/// masters.
+pub const SESSION_GROUPS: usize = 16;
+
+/// How long a budget's key lives in the store without a claim: only the
+/// keys of nodes that all stopped at once wait for it (docs/fleet.md: a
+/// step of the store's clock up to this long ends nothing).
+pub const KEY_TTL: Duration = Duration::from_secs(3600);
+
 /// The fleet's limits on this node.
 pub struct Fleet {
-    name: String,
+    pub(super) name: String,
     pub(super) lease: Duration,
     hash_key: Option<hmac::Key>,
     pub(super) web_key: Arc<str>,
-    /// `<identity>.`: this node's fields start with it.
-    node: String,
-    /// `<identity>.<incarnation>.`: this process's field.
-    me: String,
-    started: Instant,
+    /// Every group's epoch key (the web budget's first).
+    pub(super) groups: Vec<Arc<str>>,
+    /// `<node>.<incarnation>`: this process's field.
+    pub(super) me: String,
     pub(super) live: Live,
-    pub(super) store: Store,
+    pub(super) store: Arc<Store>,
     pub(super) up: AtomicBool,
+    /// Since when tries to connect have been refused, each soon after the
+    /// last (µs after `born`; 0: the last was not), and the last: no Redis
+    /// listens where the store is (dead for every node, not only out of
+    /// this one's reach).
+    refused_since_us: AtomicU64,
+    refused_last_us: AtomicU64,
+    born: Instant,
     pub(super) health: Health,
     budgets: Mutex<Budgets>,
+    pub(super) members: Mutex<Members>,
     /// Wakes the probe at once (the store was just found down).
     pub(super) probe_now: Arc<Notify>,
-    /// Whether another daemon serves the gate now (a handover).
-    handover: Box<dyn Fn() -> bool + Send + Sync>,
     claim: Script,
     round_trip: Histogram,
     pub(super) stats: Stats,
@@ -87,52 +114,41 @@ impl std::fmt::Debug for Fleet {
     }
 }
 
-/// Why the fleet's limits cannot start.
-#[derive(Debug, thiserror::Error)]
-pub enum FleetError {
-    #[error(
-        "fleet.hashKeyFile: this node's hash key is not the fleet's (fleet `{name}` on {store} holds the fingerprint {theirs}, this key's is {ours}): every node of a fleet must read the same key file, or sessions would be counted under two keys"
-    )]
-    HashKey { name: String, store: String, theirs: String, ours: String },
-}
-
 /// How long the first connection may take at start before the daemon
 /// serves anyway (the store counts as down until the probe reaches it).
 const FIRST_CONNECT: Duration = Duration::from_secs(2);
 
-/// What a claim's script says.
-type Claimed = (u32, u32, u32, u32, u32);
-
 impl Fleet {
-    /// The fleet of `config` on this node, not connected yet. `identity`
-    /// names this node (the same after a restart); `handover` says whether
-    /// another daemon serves the gate now. `None`: no `fleet.store`.
-    pub(super) fn new(
-        config: &FleetConfig,
-        identity: &str,
-        handover: Box<dyn Fn() -> bool + Send + Sync>,
-    ) -> Option<Arc<Self>> {
+    /// The fleet of `config` on this node, not connected yet. `node`
+    /// names this machine and daemon (see `daemon::fleet_identity`);
+    /// `None`: no `fleet.store`.
+    pub(super) fn new(config: &FleetConfig, node: &str) -> Option<Arc<Self>> {
         let url = config.store.clone()?;
-        let node = format!("{}.", hex(&digest(identity.as_bytes()).as_ref()[..8]));
-        let incarnation: [u8; 4] = rand_bytes();
+        let node = hex(&digest(node.as_bytes()).as_ref()[..8]);
+        let incarnation: [u8; 8] = rand_bytes();
+        let lease = Duration::from_millis(config.lease_ms);
+        let name = config.name.clone();
+        let groups = epochs_for(&name).into_iter().map(Arc::from).collect();
         let fleet = Arc::new(Self {
-            name: config.name.clone(),
-            lease: Duration::from_millis(config.lease_ms),
+            web_key: format!("limiter:{{{}}}", web_tag(&name)).into(),
+            groups,
+            name,
+            lease,
             hash_key: config.hash_key.as_ref().map(|k| hmac::Key::new(hmac::HMAC_SHA256, k.0.as_bytes())),
-            web_key: format!("limiter:{{{}:web}}", config.name).into(),
-            me: format!("{node}{}.", hex(&incarnation)),
-            node,
-            started: Instant::now(),
+            me: format!("{node}.{}", hex(&incarnation)),
             live: Live::default(),
-            store: Store::new(url, config.password.as_ref().map(|p| p.0.clone())),
+            store: Arc::new(Store::new(url, config.password.as_ref().map(|p| p.0.clone()))),
             // Up until the first connection says otherwise (so that its
             // failure is said, once, as any other).
             up: AtomicBool::new(true),
+            refused_since_us: AtomicU64::new(0),
+            refused_last_us: AtomicU64::new(0),
+            born: Instant::now(),
             health: Health::default(),
-            budgets: Mutex::new(Budgets::default()),
+            budgets: Mutex::new(Budgets::new(lease, u64::from_le_bytes(rand_bytes()))),
+            members: Mutex::new(Members::new(lease)),
             probe_now: Arc::new(Notify::new()),
-            handover,
-            claim: Script::new(include_str!("claim.lua")),
+            claim: Script::new(SCRIPT),
             round_trip: Histogram::default(),
             stats: Stats {
                 web_fleet: AtomicU32::new(u32::MAX),
@@ -145,22 +161,40 @@ impl Fleet {
     }
 
     /// Connects to the store (within a couple of seconds: a store that is
-    /// not there yet is down, and the probe keeps trying) and checks that
-    /// this node's hash key is the fleet's.
-    pub(super) async fn connect(&self) -> Result<(), FleetError> {
-        let ping = async {
-            let mut conn =
-                self.store.reconnect(FIRST_CONNECT).await.map_err(|e| format!("cannot connect: {e}"))?;
-            conn.query::<String>(&redis::cmd("PING")).await.map_err(|e| format!("PING failed: {e}"))?;
-            Ok::<_, String>(conn)
+    /// not there yet is down, and the probe keeps trying), checks that it
+    /// is a primary and that this node's hash key is the fleet's, warns
+    /// of a policy that could evict the fleet's keys, and reads every
+    /// group's epoch (a store that lost the fleet's data, or never had it,
+    /// starts quiet for a lease).
+    pub(super) async fn connect(self: &Arc<Self>) -> Result<(), FleetError> {
+        // Each step within the one deadline: a store that stops answering
+        // half-way does not hold the daemon's start.
+        let steps = async {
+            let mut conn = match self.store.reconnect(FIRST_CONNECT).await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    self.tried_to_connect(e.is_connection_refusal());
+                    return Ok(Err(format!("cannot connect: {e}")));
+                }
+            };
+            if let Err(e) = conn.query::<String>(&redis::cmd("PING")).await {
+                return Ok(Err(format!("PING failed: {e}")));
+            }
+            self.store.check_primary(&mut conn).await?;
+            self.check_fingerprint(&mut conn).await?;
+            self.store.warn_of_eviction(&mut conn).await;
+            Ok::<_, FleetError>(Ok(()))
         };
-        match tokio::time::timeout(FIRST_CONNECT, ping).await {
-            Ok(Ok(mut conn)) => {
-                self.check_fingerprint(&mut conn).await?;
+        match tokio::time::timeout(FIRST_CONNECT, steps).await {
+            Ok(Ok(Ok(()))) => {
+                if !self.read_epochs(true).await {
+                    self.went_down("reading the fleet's epochs failed");
+                }
                 tracing::info!(store = %self.store.describe(), name = %self.name, "fleet store connected");
             }
-            Ok(Err(why)) => self.went_down(&why),
-            Err(_) => self.went_down("no answer to PING"),
+            Ok(Ok(Err(why))) => self.went_down(&why),
+            Ok(Err(fatal)) => return Err(fatal),
+            Err(_) => self.went_down("the store did not answer within 2 s"),
         }
         Ok(())
     }
@@ -199,7 +233,7 @@ impl Fleet {
         let session = l.session.swap(config.max_session_connections, Ordering::Relaxed);
         let web = l.web.swap(config.max_web_connections, Ordering::Relaxed);
         if (session, web) != (config.max_session_connections, config.max_web_connections) {
-            self.lock().map.values_mut().for_each(|b| b.quiet_until = None);
+            self.lock().map.values_mut().for_each(|b| b.backoff = None);
         }
         l.timeout_us.store(config.timeout_ms.saturating_mul(1000), Ordering::Relaxed);
         let policy = OnStoreDown::ALL.iter().position(|p| *p == config.on_store_down).unwrap_or(0);
@@ -214,17 +248,55 @@ impl Fleet {
         Duration::from_micros(self.live.timeout_us.load(Ordering::Relaxed))
     }
 
-    /// The store key of a session.
-    fn session_key(&self, authorization: &[u8]) -> Option<Arc<str>> {
-        Some(session_key(&self.name, self.hash_key.as_ref()?, authorization).into())
+    /// The store key of a session, and its group's epoch key.
+    fn session_key(&self, authorization: &[u8]) -> Option<(Arc<str>, Arc<str>)> {
+        let (key, group) = session_key(&self.name, self.hash_key.as_ref()?, authorization);
+        Some((key.into(), self.groups[1 + group].clone()))
     }
 
     /// The limit in force of a budget of `kind`.
-    fn limit(&self, kind: Kind) -> u32 {
+    pub(super) fn limit(&self, kind: Kind) -> u32 {
         match kind {
             Kind::Session => self.live.session.load(Ordering::Relaxed),
             Kind::Web => self.live.web.load(Ordering::Relaxed),
         }
+    }
+
+    /// What a request beyond its node's share meets now: `None` while the
+    /// store answers.
+    fn down(&self, kind: Kind) -> Option<Down> {
+        if self.up.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some(match self.on_store_down() {
+            OnStoreDown::Local => Down::Local,
+            OnStoreDown::Refuse => Down::Refuse,
+            OnStoreDown::Share => Down::Share(self.safe_share(kind)),
+        })
+    }
+
+    /// The safe share of a budget of `kind` with the store down: once the
+    /// store has been down for a lease (every share granted before is past
+    /// its trust) and refuses connections (it is down for every node, not
+    /// only out of this one's reach), `floor(limit / N)` for the N live
+    /// nodes seen in the last lease it answered ([`Members::safe_n`]).
+    fn safe_share(&self, kind: Kind) -> Option<u32> {
+        let (since, last) =
+            (self.refused_since_us.load(Ordering::Relaxed), self.refused_last_us.load(Ordering::Relaxed));
+        if self.up.load(Ordering::Relaxed) || since == 0 {
+            return None;
+        }
+        let (since, last) =
+            (self.born + Duration::from_micros(since), self.born + Duration::from_micros(last));
+        // Refused for a lease (every share granted before is past its
+        // trust), and lately: the probe tries every third of a lease at
+        // most, so a store that came back is found (and this node's
+        // requests republished) before its quiet ends.
+        if since.elapsed() < self.lease || last.elapsed() > refusal_holds(self.lease) {
+            return None;
+        }
+        let nodes = self.members.lock().unwrap_or_else(std::sync::PoisonError::into_inner).safe_n(since)?;
+        Some(self.limit(kind) / nodes.max(1))
     }
 
     /// Takes a unit of each budget the request counts against: from this
@@ -233,6 +305,7 @@ impl Fleet {
     /// none for a request no fleet limit applies to. Returns what it holds
     /// (to be dropped with the request) and, if a limit refused, which:
     /// the caller refuses or, in dry-run, goes on with what was taken.
+    /// Dropped before it returns, it holds nothing.
     pub async fn acquire(
         self: &Arc<Self>,
         web: bool,
@@ -240,15 +313,17 @@ impl Fleet {
     ) -> (Option<FleetUnits>, Option<Refusal>) {
         let web = web && self.limit(Kind::Web) > 0;
         let session = session.filter(|_| self.limit(Kind::Session) > 0).and_then(|a| self.session_key(a));
+        let web_budget = || (self.web_key.clone(), self.groups[0].clone());
         // Nothing allocated, nothing asked, for a request no fleet limit
         // applies to.
         let (web, session) = match (web, session) {
             (false, None) => return (None, None),
-            (true, None) => (Some(self.take(Kind::Web, self.web_key.clone()).await), None),
-            (false, Some(key)) => (None, Some(self.take(Kind::Session, key).await)),
-            (true, Some(key)) => {
-                let (w, s) =
-                    tokio::join!(self.take(Kind::Web, self.web_key.clone()), self.take(Kind::Session, key));
+            (true, None) => (Some(self.take(Kind::Web, web_budget()).await), None),
+            (false, Some(s)) => (None, Some(self.take(Kind::Session, s).await)),
+            (true, Some(s)) => {
+                // Joined: a unit one of them took is a guard inside the
+                // join, given back if the join is dropped.
+                let (w, s) = tokio::join!(self.take(Kind::Web, web_budget()), self.take(Kind::Session, s));
                 (Some(w), Some(s))
             }
         };
@@ -256,47 +331,57 @@ impl Fleet {
         let mut refusal = None;
         for outcome in [web, session].into_iter().flatten() {
             match outcome {
-                Ok(key) => held.push(key),
-                Err(r) => refusal = refusal.or(Some(r)),
+                Ok(unit) => held.push(unit),
+                // A store that did not answer is said first: it is what
+                // an operator has to act on.
+                Err(r) if refusal.is_none() || r == Refusal::FleetDown => refusal = Some(r),
+                Err(_) => {}
             }
         }
-        (FleetUnits::new(self, held), refusal)
+        ((!held.is_empty()).then_some(FleetUnits { units: held }), refusal)
     }
 
-    /// One budget's unit for a request: `Ok` with the key it holds.
-    async fn take(self: &Arc<Self>, kind: Kind, key: Arc<str>) -> Result<Arc<str>, Refusal> {
+    /// One budget's unit for a request.
+    async fn take(self: &Arc<Self>, kind: Kind, (key, group): (Arc<str>, Arc<str>)) -> Result<Unit, Refusal> {
         let mut round = 0;
         loop {
-            let down = (!self.up.load(Ordering::Relaxed)).then(|| self.on_store_down());
-            let step = self.lock().take(&key, kind, self.limit(kind), Instant::now(), down, round);
+            let step = self.lock().take(
+                &key,
+                kind,
+                &group,
+                self.limit(kind),
+                Instant::now(),
+                self.down(kind),
+                round,
+            );
             let mut answered = match step {
-                Take::Taken { unpublished } => {
-                    if unpublished {
-                        self.stats.unpublished.fetch_add(1, Ordering::Relaxed);
+                Take::Taken(within) => {
+                    match within {
+                        Within::Share => {}
+                        Within::Local => _ = self.stats.unpublished.fetch_add(1, Ordering::Relaxed),
+                        Within::Safe => _ = self.stats.safe.fetch_add(1, Ordering::Relaxed),
                     }
-                    return Ok(key);
+                    return Ok(Unit { fleet: self.clone(), key });
                 }
-                Take::Refused { store_down } => {
-                    return Err(if store_down { Refusal::FleetDown } else { kind.refusal() });
-                }
+                Take::Refused(Why::Limit) => return Err(kind.refusal()),
+                Take::Refused(Why::Down) => return Err(Refusal::FleetDown),
                 Take::Wait(answered) => answered,
-                Take::Claim { needed, wanted, in_use, done, wait } => {
+                Take::Claim(claim, answered) => {
                     self.stats.claims.fetch_add(1, Ordering::Relaxed);
-                    // A task of its own: a request dropped while it waits (an
-                    // HTTP/2 reset) does not drop the claim, whose answer
-                    // then stands as any other.
-                    let (fleet, key) = (self.clone(), key.clone());
-                    let asked = (needed, wanted);
-                    tokio::spawn(
-                        async move { fleet.claim_for_request(key, kind, asked, in_use, done).await },
-                    );
-                    wait
+                    // A task of its own: a request dropped while it waits
+                    // (an HTTP/2 reset) does not drop the claim, whose
+                    // answer then stands as any other.
+                    let fleet = self.clone();
+                    tokio::spawn(async move { fleet.claim_and_apply(claim, Sent::ForRequests).await });
+                    answered
                 }
             };
             // The receiver was taken with the claim marked out: its answer
-            // (or its end) cannot be missed.
+            // (or its end) cannot be missed. The guard stops counting this
+            // request as waiting however the wait ends.
+            let waiting = Waiting { fleet: self, key: &key };
             let late = tokio::time::timeout(self.timeout(), answered.changed()).await.is_err();
-            self.lock().waited(&key);
+            drop(waiting);
             if late {
                 // This request is refused; the store stays up unless more
                 // claims fail (the answer, when it comes, stands).
@@ -306,95 +391,163 @@ impl Fleet {
         }
     }
 
-    /// A claim sent for requests beyond the share; its answer wakes them.
-    async fn claim_for_request(
-        self: Arc<Self>,
-        key: Arc<str>,
-        kind: Kind,
-        (needed, wanted): (u32, u32),
-        in_use: u32,
-        done: tokio::sync::watch::Sender<()>,
-    ) {
-        let sent = Instant::now();
+    /// Sends `claim`, applies what the store answers (or that it did not),
+    /// and counts the store's health by it.
+    pub(super) async fn claim_and_apply(self: &Arc<Self>, claim: Claim, sent: Sent) -> bool {
         let answer = match self.store.conn() {
-            Some(conn) => self.send_claim(conn, &key, kind, (needed, wanted), in_use).await,
+            Some(conn) => self.send(conn, &claim).await,
             None => Err("no connection".to_owned()),
         };
-        let took = sent.elapsed();
-        self.round_trip.record(took);
+        let took = claim.sent.elapsed();
         let now = Instant::now();
-        match answer {
+        if sent == Sent::ForRequests {
+            self.round_trip.record(took);
+        }
+        let ok = match &answer {
             Ok(a) => {
-                self.apply(&key, kind, sent, a, in_use, true);
-                if self.health.record(took <= self.timeout(), now) {
-                    self.went_down(&format!(
-                        "claims answered later than fleet.timeoutMs (the last after {} ms)",
-                        took.as_millis()
-                    ));
-                }
+                self.apply(&claim, a, now);
+                took <= self.timeout() || sent == Sent::Renewal
             }
             Err(why) => {
-                self.lock().claim_failed(&key, now);
-                if self.health.record(false, now) {
-                    self.went_down(&why);
+                if let Some(key) = &claim.key {
+                    self.lock().failed(key, &claim, now);
                 }
+                tracing::debug!(why, "fleet: a claim failed");
+                false
             }
+        };
+        if sent != Sent::Renewal && self.health.record(ok, now) {
+            let why = match &answer {
+                Ok(_) => format!(
+                    "claims answered later than fleet.timeoutMs (the last after {} ms)",
+                    took.as_millis()
+                ),
+                Err(e) => e.clone(),
+            };
+            self.went_down(&why);
         }
-        let _ = done.send(());
+        // `claim.done` drops here: the requests waiting for it look again.
+        answer.is_ok()
     }
 
     /// Sends one claim (within a third of the lease: past it the store
     /// counts as failing).
-    pub(super) async fn send_claim(
-        &self,
-        mut conn: StoreConn,
-        key: &str,
-        kind: Kind,
-        (needed, wanted): (u32, u32),
-        in_use: u32,
-    ) -> Result<Answer, String> {
-        let lease_ms = self.lease.as_millis() as u64;
+    async fn send(&self, mut conn: StoreConn, claim: &Claim) -> Result<Answer, String> {
+        let limit = claim.key.as_ref().map_or(0, |_| self.limit(claim.kind));
         let mut script = self.claim.prepare_invoke();
-        script.key(key).arg(&self.me).arg(self.limit(kind)).arg(lease_ms).arg(in_use).arg(wanted);
-        script.arg(if self.purging() { self.node.as_str() } else { "" }).arg(needed);
-        match tokio::time::timeout(self.lease / 3, conn.eval::<Claimed>(&script)).await {
-            Ok(Ok((share, quiet, lapsed, others, others_demand))) => {
-                Ok(Answer { share, quiet: quiet == 1, lapsed: lapsed == 1, others, others_demand })
-            }
+        for key in claim.keys() {
+            script.key(key);
+        }
+        for arg in claim.argv(&self.me, limit, KEY_TTL.as_millis() as u64, &self.wanted_channel()) {
+            script.arg(arg);
+        }
+        match tokio::time::timeout(self.lease / 3, conn.eval::<String>(&script)).await {
+            Ok(Ok(text)) => Answer::parse(&text),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err("no answer within a third of fleet.leaseMs".to_owned()),
         }
     }
 
-    /// What the store answered for `key` (a claim sent at `sent` with
-    /// `in_use` in flight; `growth`: for requests beyond the share).
-    pub(super) fn apply(
-        &self,
-        key: &Arc<str>,
-        kind: Kind,
-        sent: Instant,
-        a: Answer,
-        in_use: u32,
-        growth: bool,
-    ) {
-        if kind == Kind::Web {
+    /// What the store answered to `claim`.
+    fn apply(&self, claim: &Claim, a: &Answer, now: Instant) {
+        let mut budgets = self.lock();
+        let (quiet_before, none_before) =
+            (budgets.quiet.contains_key(&claim.group), budgets.quiet.is_empty());
+        match &claim.key {
+            Some(key) => budgets.answered(key, claim, a, now),
+            None => budgets.saw_epoch(&claim.group, a.quiet.as_deref(), now),
+        }
+        let quiet_now = budgets.quiet.contains_key(&claim.group);
+        drop(budgets);
+        if quiet_now && !quiet_before {
+            self.stats.quiet.fetch_add(1, Ordering::Relaxed);
+            // Said once for the groups a loss quiets together.
+            if none_before {
+                tracing::warn!(
+                    group = %claim.group,
+                    generation = a.generation,
+                    "fleet: the store does not hold what this fleet wrote (a restart, a flush, a failover to a replica that missed writes, an eviction, or the fleet's first start): no share of the groups it lost grows for fleet.leaseMs while the nodes republish theirs (limiter_fleet_quiet_groups)"
+                );
+            } else {
+                tracing::debug!(group = %claim.group, generation = a.generation, "fleet: another group quiet");
+            }
+        }
+        if claim.kind == Kind::Web && claim.key.is_some() {
             self.stats.web_fleet.store(a.others + a.share, Ordering::Relaxed);
         }
-        if a.lapsed && in_use > 0 {
-            self.stats.lapsed.fetch_add(u64::from(in_use), Ordering::Relaxed);
+        if claim.lapsed {
+            self.stats.lapsed.fetch_add(u64::from(claim.in_use), Ordering::Relaxed);
             tracing::warn!(
-                budget = kind.as_str(),
-                in_flight = in_use,
-                "fleet: this node's share had lapsed in the store while its requests ran (a pause, a partition or a store that lost it): re-taken"
+                budget = claim.kind.as_str(),
+                in_flight = claim.in_use,
+                "fleet: this node's share was past its trust while its requests ran (a pause, a partition or a store away): republished"
             );
         }
-        self.lock().claimed(key, sent, self.lease, a, growth, Instant::now());
     }
 
-    /// The first lease and a third after start, with no handover under
-    /// way: claims drop the previous incarnation's fields.
-    fn purging(&self) -> bool {
-        self.started.elapsed() < self.lease + self.lease / 3 && !(self.handover)()
+    /// Reads (and, where absent, creates) the epochs of every group, or
+    /// of the groups seen quiet for a lease (which ends their quiet):
+    /// `true` when the store answered every one.
+    pub(super) async fn read_epochs(self: &Arc<Self>, all: bool) -> bool {
+        let now = Instant::now();
+        let claims = {
+            let mut budgets = self.lock();
+            let due = if all { self.groups.clone() } else { budgets.quiet_due(now) };
+            budgets.epochs(&due, now)
+        };
+        let mut set = tokio::task::JoinSet::new();
+        for claim in claims {
+            let fleet = self.clone();
+            set.spawn(async move { fleet.claim_and_apply(claim, Sent::Renewal).await });
+        }
+        set.join_all().await.into_iter().all(|ok| ok)
+    }
+
+    /// The channel the store tells of wanted budgets on.
+    pub(super) fn wanted_channel(&self) -> String {
+        super::claim::wanted_channel(&self.name)
+    }
+
+    /// The store, for the listener of wanted budgets.
+    pub(super) fn store_for_listening(&self) -> Arc<Store> {
+        self.store.clone()
+    }
+
+    /// Another node wants more of budget `key`: what this node holds of
+    /// it beyond its requests goes back now.
+    pub(super) fn wanted(self: &Arc<Self>, key: &str) {
+        let key: Arc<str> = key.into();
+        let claim = self.lock().wanted(&key, Instant::now());
+        if let Some(claim) = claim {
+            self.stats.releases.fetch_add(1, Ordering::Relaxed);
+            let fleet = self.clone();
+            tokio::spawn(async move { fleet.claim_and_apply(claim, Sent::Release).await });
+        }
+    }
+
+    /// The live nodes' hash and its epoch (the fleet's own hash tag).
+    pub(super) fn members_key(&self) -> (Arc<str>, Arc<str>) {
+        let (key, epoch) = members_for(&self.name);
+        (key.into(), epoch.into())
+    }
+
+    /// Renews this node's field among the fleet's live nodes.
+    pub(super) async fn renew_membership(self: &Arc<Self>, claim: Claim) -> bool {
+        let answer = match self.store.conn() {
+            Some(conn) => self.send(conn, &claim).await,
+            None => Err("no connection".to_owned()),
+        };
+        match answer {
+            Ok(a) => {
+                let mut members = self.members.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                members.answered(&a, claim.sent, Instant::now());
+                true
+            }
+            Err(why) => {
+                tracing::debug!(why, "fleet: renewing this node's field among the live nodes failed");
+                false
+            }
+        }
     }
 
     /// Marks the store down (once: the first failure says so).
@@ -411,16 +564,45 @@ impl Fleet {
         }
     }
 
+    /// Whether a try to connect was refused (`true`) or not.
+    pub(super) fn tried_to_connect(&self, refused: bool) {
+        if !refused {
+            self.refused_since_us.store(0, Ordering::Relaxed);
+            self.refused_last_us.store(0, Ordering::Relaxed);
+            return;
+        }
+        let now = self.born.elapsed().as_micros().max(1) as u64;
+        let last = self.refused_last_us.swap(now, Ordering::Relaxed);
+        let streak = last != 0 && now - last <= refusal_holds(self.lease).as_micros() as u64;
+        if !streak {
+            self.refused_since_us.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// The store answers again.
+    pub(super) fn came_up(&self) {
+        self.up.store(true, Ordering::Relaxed);
+    }
+
     pub(super) fn lock(&self) -> MutexGuard<'_, Budgets> {
         self.budgets.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Gives back what a request held (here: its share stays until a
-    /// renewal gives back what is not used).
-    fn release(&self, keys: &[Arc<str>]) {
-        let mut budgets = self.lock();
-        for key in keys {
-            budgets.give_back(key);
+    /// Gives back a unit (its request is done): while other nodes want
+    /// more, what this node then holds beyond its requests goes back now.
+    fn release(self: &Arc<Self>, key: &Arc<str>) {
+        let claim = self.lock().give_back(key, Instant::now());
+        if let Some(claim) = claim {
+            self.stats.releases.fetch_add(1, Ordering::Relaxed);
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    let fleet = self.clone();
+                    rt.spawn(async move { fleet.claim_and_apply(claim, Sent::Release).await });
+                }
+                // No runtime (the daemon is gone): it keeps what it had,
+                // which its lease ends.
+                Err(_) => self.lock().failed(key, &claim, Instant::now()),
+            }
         }
     }
 
@@ -433,8 +615,9 @@ impl Fleet {
         }
         for b in self.lock().map.values_mut() {
             b.wanted = b.in_use;
+            b.contended = None;
         }
-        tokio::time::timeout(within, self.renew_all()).await.unwrap_or(false)
+        tokio::time::timeout(within, self.renew(true)).await.unwrap_or(false)
     }
 
     /// The round trips of the claims on requests' paths.
@@ -455,6 +638,7 @@ impl Fleet {
                 });
             }
         }
+        let quiet_groups = budgets.quiet.len();
         drop(budgets);
         let tracked_sessions = sessions.len();
         sessions.sort_by(|a, b| b.fleet.cmp(&a.fleet).then(b.here.cmp(&a.here)).then(a.key.cmp(&b.key)));
@@ -462,9 +646,11 @@ impl Fleet {
         let s = &self.stats;
         let web_fleet = s.web_fleet.load(Ordering::Relaxed);
         let margin = s.margin_us.load(Ordering::Relaxed);
+        let members = self.members.lock().unwrap_or_else(std::sync::PoisonError::into_inner).seen();
         Snapshot {
             store: self.store.describe(),
             name: self.name.clone(),
+            node: self.me.clone(),
             up: self.up.load(Ordering::Relaxed),
             session_limit: self.limit(Kind::Session),
             web_limit: self.limit(Kind::Web),
@@ -475,51 +661,131 @@ impl Fleet {
             share_session: shares[0],
             share_web: shares[1],
             web_fleet: (web_fleet != u32::MAX).then_some(web_fleet),
+            nodes: members,
+            quiet_groups,
             tracked_sessions,
             busiest_sessions: sessions,
             claims: s.claims.load(Ordering::Relaxed),
+            releases: s.releases.load(Ordering::Relaxed),
             store_failures: s.failures.load(Ordering::Relaxed),
             admitted_unpublished: s.unpublished.load(Ordering::Relaxed),
+            admitted_safe: s.safe.load(Ordering::Relaxed),
             renewals: s.renewals.load(Ordering::Relaxed),
             lease_lapsed: s.lapsed.load(Ordering::Relaxed),
+            store_lost_data: s.quiet.load(Ordering::Relaxed),
             lease_margin_ms: (margin != u64::MAX).then_some(margin as f64 / 1000.0),
         }
     }
 }
 
-/// The store key of a session's budget in fleet `name`: 128 bits of
-/// HMAC-SHA256 under the hash key of its normalised `Authorization` value.
-fn session_key(name: &str, hash_key: &hmac::Key, authorization: &[u8]) -> String {
+/// How long a refused connection says the store is down for every node:
+/// the probe's longest wait and a tenth of the lease.
+pub fn refusal_holds(lease: Duration) -> Duration {
+    Duration::from_secs(1).min(lease / 3) + lease / 10
+}
+
+/// Why a claim was sent: its answer counts for the store's health unless
+/// it is a renewal (a renewal round that fails marks the store down by
+/// itself).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Sent {
+    ForRequests,
+    Release,
+    Renewal,
+}
+
+/// The hash tag of the web budget: its key and its epoch's.
+fn web_tag(name: &str) -> String {
+    format!("{name}:web")
+}
+
+/// The hash tag of session group `g`.
+fn session_tag(name: &str, g: usize) -> String {
+    format!("{name}:s:{g:x}")
+}
+
+fn epoch_key(tag: &str) -> Arc<str> {
+    format!("limiter:{{{tag}}}:epoch").into()
+}
+
+/// The store key of a session's budget in fleet `name` (128 bits of
+/// HMAC-SHA256 under the hash key of its normalised `Authorization`
+/// value, in the group of its first hex digit), and that group.
+fn session_key(name: &str, hash_key: &hmac::Key, authorization: &[u8]) -> (String, usize) {
     let mut ctx = hmac::Context::with_key(hash_key);
     normalised(authorization, |b| ctx.update(b));
-    format!("limiter:{{{name}:s:{}}}", hex(&ctx.sign().as_ref()[..16]))
+    let h = hex(&ctx.sign().as_ref()[..16]);
+    let group = usize::from_str_radix(&h[..1], 16).unwrap_or(0) % SESSION_GROUPS;
+    (format!("limiter:{{{}}}:{h}", session_tag(name, group)), group)
 }
 
 /// [`session_key`] under the hash key as `fleet.hashKeyFile` holds it: an
 /// operator's (or a test's) way from a token to the key of its budget.
 pub fn session_key_for(name: &str, hash_key: &str, authorization: &[u8]) -> String {
-    session_key(name, &hmac::Key::new(hmac::HMAC_SHA256, hash_key.as_bytes()), authorization)
+    session_key(name, &hmac::Key::new(hmac::HMAC_SHA256, hash_key.as_bytes()), authorization).0
+}
+
+/// The web clients' budget's key in fleet `name`.
+pub fn web_key_for(name: &str) -> String {
+    format!("limiter:{{{}}}", web_tag(name))
+}
+
+/// The epoch key of the group of budget `key` (its hash tag's).
+pub fn epoch_of(key: &str) -> String {
+    let tag = key.find('{').zip(key.find('}')).map_or(key, |(a, b)| &key[a + 1..b]);
+    epoch_key(tag).to_string()
+}
+
+/// Every group's epoch key in fleet `name`, the web budget's first.
+pub fn epochs_for(name: &str) -> Vec<String> {
+    std::iter::once(epoch_key(&web_tag(name)))
+        .chain((0..SESSION_GROUPS).map(|g| epoch_key(&session_tag(name, g))))
+        .map(|k| k.to_string())
+        .collect()
+}
+
+/// The live nodes' hash of fleet `name`, and its epoch.
+pub fn members_for(name: &str) -> (String, String) {
+    (format!("limiter:{{{name}}}:nodes"), epoch_key(name).to_string())
 }
 
 /// Sessions `/status` lists, busiest first.
 const BUSIEST: usize = 10;
 
-/// The fleet units a request holds; given back when dropped (with its
-/// local permit, to which it is attached).
-pub struct FleetUnits {
-    fleet: Arc<Fleet>,
-    keys: Vec<Arc<str>>,
+/// A request waiting for a claim: counted until dropped, however the
+/// wait ends.
+struct Waiting<'a> {
+    fleet: &'a Fleet,
+    key: &'a Arc<str>,
 }
 
-impl FleetUnits {
-    fn new(fleet: &Arc<Fleet>, keys: Vec<Arc<str>>) -> Option<Self> {
-        (!keys.is_empty()).then(|| Self { fleet: fleet.clone(), keys })
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.fleet.lock().waited(self.key);
     }
 }
 
-impl Drop for FleetUnits {
+/// One unit of one budget, given back when dropped.
+struct Unit {
+    fleet: Arc<Fleet>,
+    key: Arc<str>,
+}
+
+impl Drop for Unit {
     fn drop(&mut self) {
-        self.fleet.release(&self.keys);
+        self.fleet.release(&self.key);
+    }
+}
+
+/// The fleet units a request holds; given back when dropped (with its
+/// local permit, to which it is attached).
+pub struct FleetUnits {
+    units: Vec<Unit>,
+}
+
+impl std::fmt::Debug for FleetUnits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.units.iter().map(|u| &u.key)).finish()
     }
 }
 
@@ -529,6 +795,9 @@ pub struct Snapshot {
     /// `fleet.store` (never a password) and `fleet.name`.
     pub store: String,
     pub name: String,
+    /// This process's field in the store (`<node>.<incarnation>`).
+    #[serde(default)]
+    pub node: String,
     /// The store answers.
     pub up: bool,
     pub session_limit: u32,
@@ -545,6 +814,13 @@ pub struct Snapshot {
     pub share_web: u32,
     /// The web clients' fleet-wide shares as the store last said them.
     pub web_fleet: Option<u32>,
+    /// The fleet's live nodes, as this node last saw them (the safe
+    /// share's N).
+    #[serde(default)]
+    pub nodes: Option<u32>,
+    /// Groups this node sees quiet (the store lost data: no share grows).
+    #[serde(default)]
+    pub quiet_groups: usize,
     /// Sessions this node holds a share of, or a request of.
     pub tracked_sessions: usize,
     /// The busiest of them by their fleet-wide shares as last seen.
@@ -552,16 +828,26 @@ pub struct Snapshot {
     /// Claims sent for requests beyond the share (one round trip each).
     #[serde(default)]
     pub claims: u64,
+    /// Claims that gave back unused units while other nodes wanted them.
+    #[serde(default)]
+    pub releases: u64,
     /// Times the store was found failing: marked down, or failing again
     /// while down.
     pub store_failures: u64,
-    /// Requests admitted while the store was down (`fleet.onStoreDown = local`).
+    /// Requests admitted with the store down in no share it counts
+    /// (`onStoreDown = local`).
     pub admitted_unpublished: u64,
+    /// Requests admitted within the safe share with the store down.
+    #[serde(default)]
+    pub admitted_safe: u64,
     pub renewals: u64,
-    /// Requests whose lease had lapsed in the store while they ran.
+    /// Requests whose share's trust ended while they ran.
     #[serde(default)]
     pub lease_lapsed: u64,
-    /// The least lease left when the last renewal round was sent (ms).
+    /// Times this node found the store without the fleet's data.
+    #[serde(default)]
+    pub store_lost_data: u64,
+    /// The least trust left when the last renewal round was sent (ms).
     #[serde(default)]
     pub lease_margin_ms: Option<f64>,
 }
@@ -580,12 +866,12 @@ pub struct SessionView {
     pub fleet: u32,
 }
 
-/// `limiter:{name:s:0123456789ab…}` → `0123456789ab`.
-fn short_key(key: &str) -> String {
+/// `limiter:{name:s:a}:0123456789ab…` → `0123456789ab`.
+pub fn short_key(key: &str) -> String {
     key.rsplit(':').next().unwrap_or(key).chars().filter(char::is_ascii_hexdigit).take(12).collect()
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(super) fn hex(bytes: &[u8]) -> String {
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
         let _ = write!(s, "{b:02x}");
@@ -609,18 +895,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_session_key_is_the_keyed_hash_of_its_normalised_value() {
+    fn a_session_key_is_the_keyed_hash_of_its_normalised_value_in_its_group() {
         let k = |v: &str| session_key_for("f", "0123456789abcdef", v.as_bytes());
         assert_eq!(k("Bearer T"), k(" bearer   T"));
         assert_ne!(k("Bearer T"), k("Bearer t"));
         assert_ne!(k("Bearer T"), session_key_for("g", "0123456789abcdef", b"Bearer T"));
         assert_ne!(k("Bearer T"), session_key_for("f", "0123456789abcdeF", b"Bearer T"));
         let key = k("Bearer T");
-        assert!(
-            key.starts_with("limiter:{f:s:")
-                && key.ends_with('}')
-                && key.len() == "limiter:{f:s:}".len() + 32
-        );
+        let h = key.rsplit(':').next().unwrap();
+        assert_eq!(h.len(), 32);
+        assert_eq!(key, format!("limiter:{{f:s:{}}}:{h}", &h[..1]), "its group is its first digit");
         assert!(!key.contains('T'), "{key}");
         // One credential however it is spelled (Basic decoded).
         assert_eq!(k("Basic dXNlcjpwYXM="), k("basic dXNlcjpwYXP"));
@@ -628,6 +912,23 @@ mod tests {
 
     #[test]
     fn short_keys_are_the_start_of_the_hash() {
-        assert_eq!(short_key("limiter:{default:s:0123456789abcdef0123}"), "0123456789ab");
+        assert_eq!(short_key("limiter:{default:s:0}:0123456789abcdef0123"), "0123456789ab");
+    }
+
+    #[test]
+    fn a_budget_and_its_epoch_share_a_hash_tag() {
+        let tag = |k: &str| k[k.find('{').unwrap()..=k.find('}').unwrap()].to_owned();
+        for g in 0..SESSION_GROUPS {
+            let (key, group) = session_key(
+                "f",
+                &hmac::Key::new(hmac::HMAC_SHA256, format!("key-{g}").as_bytes()),
+                b"Bearer x",
+            );
+            assert_eq!(tag(&key), tag(&epoch_key(&session_tag("f", group))));
+        }
+        assert_eq!(tag(&web_key_for("f")), tag(&epoch_key(&web_tag("f"))));
+        assert_eq!(epoch_of(&web_key_for("f")), epochs_for("f")[0]);
+        let key = session_key_for("f", "0123456789abcdef", b"Bearer x");
+        assert!(epochs_for("f").contains(&epoch_of(&key)));
     }
 }

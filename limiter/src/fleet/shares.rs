@@ -1,335 +1,566 @@
 //! What this node holds of each fleet budget, and every decision made of
-//! it without the store: whether a request fits the node's share (no round
-//! trip), when to claim more and how much, what the store's answer to a
-//! claim changes, what a renewal asks for. No I/O and no clock of its own
-//! (every call is given `now`), so that the rules are tested exactly.
+//! it without the store: whether a request fits the node's share (no
+//! round trip), when to claim and what to ask, what the store's answer
+//! changes, what a renewal asks, which other nodes' fields have gone
+//! silent, when a quiet group may end. No I/O and no clock of its own
+//! (every call is given `now`), so that the rules are tested exactly and
+//! the fleet's simulation (`sim/`) runs these very rules.
 //!
-//! A budget's **share** is what the store granted this node of its limit
-//! (the shares of live nodes never sum above it, `claim.lua`, but for what
-//! a node had in flight when its lease lapsed), valid until
-//! the claim's send time plus the lease less a tenth (this node's clock;
-//! the store's lease starts later, when its script runs, so the node stops
-//! trusting a share before the store frees it). A request takes a unit of
-//! the share; beyond it, it claims more (one round trip, for what is in use
-//! and waiting, plus a quarter while demand rises: the store grants that
-//! headroom only while the budget is less than half used), and requests
-//! that come while
-//! the claim is out wait for its answer instead of claiming again. A claim
-//! that finds no room makes the node refuse, without asking, for
-//! [`CLAIM_BACKOFF`]. A renewal (every third of the lease) asks for what
-//! was used since the last one: a share not used for a renewal period is
-//! given back.
+//! A budget's **cap** is what this node may admit up to; its **share** is
+//! what the store counts for it, never less than the cap nor than what is
+//! in flight (`claim.lua`). The cap changes only two ways, so that the
+//! node never admits past what the store records:
+//!
+//! - it **shrinks before the store hears of it**: a claim names what the
+//!   node keeps until the answer ([`Claim::keep`]) and the node admits no
+//!   more than that meanwhile, nor after a claim that failed (the store may
+//!   have recorded it or not);
+//! - it **grows only by an answer**, which the store recorded first.
+//!
+//! A share is **trusted** until its claim's send time plus nine tenths of
+//! the lease (a node's field lives in the store until another node has
+//! seen it unchanged for a whole lease, by its own clock, from an answer
+//! that came after it was written), and admits requests only until a
+//! third of the lease before that ([`admits_for`]): every request it
+//! admits shorter than a third of the lease ends within its trust, even
+//! if the node is cut off from the store the moment after.
 
 use std::{
     collections::HashMap,
+    hash::BuildHasherDefault,
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use tokio::sync::watch;
 
-use crate::{admission::Refusal, config::OnStoreDown};
+pub use super::claim::Kind;
+use super::claim::{Answer, Claim};
 
-/// Which budget a key is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    Session,
-    Web,
-}
+/// After a claim that found no room, or failed, how long requests beyond
+/// the share are refused without asking the store again.
+pub const CLAIM_BACKOFF: Duration = Duration::from_millis(20);
 
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Session => "session",
-            Self::Web => "web",
-        }
-    }
-
-    /// The refusal of this budget's limit.
-    pub(super) fn refusal(self) -> Refusal {
-        match self {
-            Self::Session => Refusal::FleetSession,
-            Self::Web => Refusal::FleetWeb,
-        }
-    }
-}
-
-/// After a claim that found no room, how long requests beyond the share
-/// are refused without asking the store again.
-pub const CLAIM_BACKOFF: Duration = Duration::from_millis(100);
-
-/// Claims one request may wait for (or send) at most. A request is
-/// refused when a claim found no room (the budget backs off) or its wait
-/// runs out; a burst beyond the share is served by a claim or two, each
-/// asking for what has come, and this only bounds a request that keeps
-/// being overtaken.
+/// Claims one request may wait for at most (it is then refused): a burst
+/// beyond the share is served by a claim or two, each asking for what
+/// has come; this bounds a request that keeps being overtaken.
 pub const ROUNDS: u32 = 8;
 
 /// A claim that follows a growth within this asks for headroom.
 pub const RISING: Duration = Duration::from_secs(1);
 
+/// How long after its claim was sent a share is trusted: nine tenths of
+/// the lease (the store keeps it a lease at least; a tenth is left for
+/// clocks that run apart).
+pub fn trusted_for(lease: Duration) -> Duration {
+    lease * 9 / 10
+}
+
+/// The requests a share covers whatever fails: those shorter than a
+/// third of the lease (docs/fleet.md, "Why the limit holds").
+pub fn covers(lease: Duration) -> Duration {
+    lease / 3
+}
+
+/// How long after its claim was sent a share admits requests: its trust
+/// less what it covers.
+pub fn admits_for(lease: Duration) -> Duration {
+    trusted_for(lease) - covers(lease)
+}
+
+/// Why a request is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Why {
+    /// The budget's limit: the store answered that it is full.
+    Limit,
+    /// The store: down, not answering, or quiet after losing data.
+    Down,
+}
+
+/// What a request meets while the store counts as down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Down {
+    /// Within a share this node holds, else 503 `fleet_down`; with
+    /// `Some(n)`, a budget it holds no trusted share of may use up to `n`
+    /// (the safe share).
+    Share(Option<u32>),
+    Refuse,
+    /// The node's own limits alone.
+    Local,
+}
+
+/// A claim out: what the node keeps until its answer.
+#[derive(Debug)]
+pub struct Out {
+    pub seq: u64,
+    pub keep: u32,
+    wait: watch::Receiver<()>,
+}
+
+/// Another node's field, as this node last saw it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub field: String,
+    pub seq: u64,
+    /// When this node first saw that sequence number (an answer's
+    /// arrival: after it was written).
+    pub since: Instant,
+}
+
 /// One budget as this node holds it.
 #[derive(Debug)]
-pub(super) struct Budget {
-    pub(super) kind: Kind,
+pub struct Budget {
+    pub kind: Kind,
+    /// The key of its group's epoch.
+    pub group: Arc<str>,
     /// Its requests in flight on this node.
-    pub(super) in_use: u32,
-    /// What the store granted this node.
-    pub(super) share: u32,
-    /// Until when the share holds (this node's clock); `None`: no share
-    /// was granted yet (or, under `onStoreDown = local`, requests were
-    /// admitted while the store was down).
-    pub(super) until: Option<Instant>,
+    pub in_use: u32,
+    /// What this node may admit up to (while its share is trusted).
+    pub cap: u32,
+    /// What the store counts for this node.
+    pub share: u32,
+    /// What the store records this node asked for beyond its cap (its
+    /// next renewal clears it).
+    pub demand: u32,
+    /// A claim's outcome is unknown (it failed or was not answered): what
+    /// the store holds for this node is known again only from an answer,
+    /// so the budget is kept until one comes.
+    pub unsure: bool,
+    /// When the claim of the last answer applied was sent.
+    pub sent: Option<Instant>,
     /// The most this node used or wanted since the last renewal.
-    pub(super) wanted: u32,
-    /// No claim before this (the last one found no room).
-    pub(super) quiet_until: Option<Instant>,
-    /// A claim in flight: its answer (or its end) wakes the requests
-    /// waiting on this.
-    pub(super) claiming: Option<watch::Receiver<()>>,
-    /// Requests waiting for a claim (the next claim asks for them too).
-    pub(super) pending: u32,
-    /// When the share last grew: demand is rising while claims follow
-    /// each other within [`RISING`].
-    pub(super) grew: Option<Instant>,
+    pub wanted: u32,
+    /// No claim before this, and why.
+    pub backoff: Option<(Instant, Why)>,
+    /// A claim in flight.
+    pub claiming: Option<Out>,
+    /// Requests waiting for the claim in flight.
+    pub pending: u32,
+    /// When the cap last grew: demand is rising while claims follow each
+    /// other within [`RISING`].
+    pub grew: Option<Instant>,
+    /// When an answer last said other nodes want more than they hold.
+    pub contended: Option<Instant>,
     /// The fleet's shares (this node's and the others') as last seen.
-    pub(super) fleet: u32,
+    pub fleet: u32,
+    /// The other nodes' fields, as last seen.
+    pub seen: Vec<Seen>,
 }
 
 impl Budget {
-    fn new(kind: Kind) -> Self {
+    fn new(kind: Kind, group: Arc<str>) -> Self {
         Self {
             kind,
+            group,
             in_use: 0,
+            cap: 0,
             share: 0,
-            until: None,
+            demand: 0,
+            unsure: false,
+            sent: None,
             wanted: 0,
-            quiet_until: None,
+            backoff: None,
             claiming: None,
             pending: 0,
             grew: None,
+            contended: None,
             fleet: 0,
+            seen: Vec::new(),
         }
     }
 
-    /// The share, while it holds.
-    fn valid_share(&self, now: Instant) -> u32 {
-        if self.until.is_some_and(|u| now < u) { self.share } else { 0 }
+    /// Whether the share is trusted to admit at `now`.
+    fn admits(&self, now: Instant, lease: Duration) -> bool {
+        self.sent.is_some_and(|s| now < s + admits_for(lease))
     }
 
-    /// What a claim asks for: what it needs (what is in use and the
-    /// requests waiting for a claim, this one among them), and what it
-    /// wants: a quarter again while demand rises (the share grew within
-    /// [`RISING`]), which the store grants only while the budget is less
-    /// than half used; never past the limit.
-    fn growth(&self, limit: u32, now: Instant) -> (u32, u32) {
-        let needed = (self.in_use + self.pending.max(1)).min(limit).max(self.in_use + 1);
-        let rising = self.grew.is_some_and(|g| now.saturating_duration_since(g) < RISING);
-        let headroom = if rising { needed.div_ceil(4) } else { 0 };
-        (needed, (needed + headroom).min(limit).max(needed))
+    /// What may be admitted up to now: the cap while the share admits,
+    /// no more than a claim out keeps.
+    pub fn admissible(&self, now: Instant, lease: Duration) -> u32 {
+        let cap = if self.admits(now, lease) { self.cap } else { 0 };
+        self.claiming.as_ref().map_or(cap, |o| cap.min(o.keep))
     }
+
+    /// Whether other nodes wanted more than they held within a lease.
+    fn is_contended(&self, now: Instant, lease: Duration) -> bool {
+        self.contended.is_some_and(|c| now.saturating_duration_since(c) < lease)
+    }
+}
+
+/// What a unit was taken within.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Within {
+    /// The node's share: the store counts it.
+    Share,
+    /// Nothing the store counts: `onStoreDown = local`.
+    Local,
+    /// The safe share, with the store down.
+    Safe,
 }
 
 /// What a request does next for one budget.
 #[derive(Debug)]
-pub(super) enum Take {
+pub enum Take {
     /// It holds a unit of the budget now.
-    Taken { unpublished: bool },
-    /// Refused by the limit (the share is full and cannot grow now), or
-    /// with the store down.
-    Refused { store_down: bool },
+    Taken(Within),
+    Refused(Why),
     /// Wait for the claim in flight, then look again.
     Wait(watch::Receiver<()>),
-    /// Claim `needed` and up to `wanted` (with `in_use` in flight): this
-    /// request sends it (`done` says it was answered), and waits as others
-    /// do.
-    Claim { needed: u32, wanted: u32, in_use: u32, done: watch::Sender<()>, wait: watch::Receiver<()> },
+    /// Send this claim (it is marked out), then wait as others do.
+    Claim(Claim, watch::Receiver<()>),
 }
 
-/// The store's answer to a claim.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct Answer {
-    pub(super) share: u32,
-    /// The budget is quiet: the store may have lost it, so it grows for
-    /// no one yet.
-    pub(super) quiet: bool,
-    /// This node's share was gone from the store while it had requests in
-    /// flight (a lease that lapsed, a store that lost it): re-taken.
-    pub(super) lapsed: bool,
-    pub(super) others: u32,
-    pub(super) others_demand: u32,
-}
+/// A fixed hasher: the map's order (the order renewals go out in) is the
+/// same for the same history, as the simulation needs. Its keys are
+/// keyed hashes no client chooses.
+type Fixed = BuildHasherDefault<std::hash::DefaultHasher>;
 
-/// A renewal's claim for one budget.
+/// Every budget this node uses or holds a share of, and the groups it has
+/// seen quiet.
 #[derive(Debug)]
-pub(super) struct Renewal {
-    pub(super) key: Arc<str>,
-    pub(super) kind: Kind,
-    pub(super) wanted: u32,
-    pub(super) in_use: u32,
-    /// The share's lease left when the renewal was sent (`None`: none).
-    pub(super) margin: Option<Duration>,
-    /// The share lapsed here (this node's clock) with requests in flight:
-    /// a pause, a partition, a store away for longer than the lease.
-    pub(super) lapsed: bool,
-    /// Says it was answered (requests beyond the share wait for it).
-    pub(super) done: watch::Sender<()>,
-}
-
-/// Every budget this node uses or holds a share of.
-#[derive(Debug, Default)]
-pub(super) struct Budgets {
-    pub(super) map: HashMap<Arc<str>, Budget>,
+pub struct Budgets {
+    pub map: HashMap<Arc<str>, Budget, Fixed>,
+    /// Groups seen quiet: which quiet, and since when.
+    pub quiet: HashMap<Arc<str>, (String, Instant), Fixed>,
+    pub lease: Duration,
+    /// The last claim's sequence number (one counter for every budget: a
+    /// budget forgotten and met again never repeats one).
+    seq: u64,
+    /// Draws the nonces of the epochs this node's claims may make
+    /// (SplitMix64 from a seed of the process's own).
+    nonces: u64,
 }
 
 impl Budgets {
-    /// One request's turn at a budget of `limit`. `down`: the store is
-    /// down, and what the policy says; `round`: the claims this request
-    /// already waited for (after [`ROUNDS`], it fits or is refused).
-    pub(super) fn take(
+    /// `seed`: random bits of this process's (no two nodes draw the same
+    /// nonces).
+    pub fn new(lease: Duration, seed: u64) -> Self {
+        Self { map: HashMap::default(), quiet: HashMap::default(), lease, seq: 0, nonces: seed }
+    }
+
+    /// A nonce for an epoch a claim may make: 48 bits, exact in the
+    /// script's numbers.
+    pub fn next_nonce(&mut self) -> u64 {
+        self.nonce()
+    }
+
+    fn nonce(&mut self) -> u64 {
+        self.nonces = self.nonces.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.nonces;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) >> 16
+    }
+
+    pub fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    /// One request's turn at budget `key` (of group `group`) of `limit`.
+    /// `down`: the store counts as down, and what the policy says;
+    /// `round`: the claims this request already waited for.
+    #[expect(clippy::too_many_arguments, reason = "a budget's name, limit and the moment, all needed")]
+    pub fn take(
         &mut self,
         key: &Arc<str>,
         kind: Kind,
+        group: &Arc<str>,
         limit: u32,
         now: Instant,
-        down: Option<OnStoreDown>,
+        down: Option<Down>,
         round: u32,
     ) -> Take {
-        let b = self.map.entry(key.clone()).or_insert_with(|| Budget::new(kind));
-        let fits = b.in_use < b.valid_share(now);
-        if let Some(policy) = down {
-            let taken = match policy {
-                OnStoreDown::Local => Some(true),
-                OnStoreDown::Share if fits => Some(false),
-                OnStoreDown::Share | OnStoreDown::Refuse => None,
+        let lease = self.lease;
+        let b = self.map.entry(key.clone()).or_insert_with(|| Budget::new(kind, group.clone()));
+        let fits = b.in_use < b.admissible(now, lease);
+        if let Some(down) = down {
+            let taken = match down {
+                Down::Local => Some(Within::Local),
+                Down::Share(_) if fits => Some(Within::Share),
+                // A budget it holds no trusted share of: the safe share.
+                Down::Share(Some(safe)) if !b.admits(now, lease) && b.in_use < safe => Some(Within::Safe),
+                Down::Share(_) | Down::Refuse => None,
             };
             return match taken {
-                Some(unpublished) => {
+                Some(within) => {
                     b.in_use += 1;
                     b.wanted = b.wanted.max(b.in_use);
-                    Take::Taken { unpublished }
+                    Take::Taken(within)
                 }
                 None => {
                     self.forget_if_idle(key);
-                    Take::Refused { store_down: true }
+                    Take::Refused(Why::Down)
                 }
             };
         }
         if fits {
             b.in_use += 1;
             b.wanted = b.wanted.max(b.in_use);
-            return Take::Taken { unpublished: false };
+            return Take::Taken(Within::Share);
         }
         b.wanted = b.wanted.max(b.in_use + 1);
-        if round < ROUNDS {
-            if let Some(claim) = &b.claiming {
-                b.pending += 1;
-                return Take::Wait(claim.clone());
-            }
-            if b.quiet_until.is_none_or(|q| now >= q) {
-                b.pending += 1;
-                let (done, wait) = watch::channel(());
-                b.claiming = Some(wait.clone());
-                let (needed, wanted) = b.growth(limit, now);
-                return Take::Claim { needed, wanted, in_use: b.in_use, done, wait };
-            }
+        let backoff = b.backoff.filter(|(until, _)| now < *until).map(|(_, why)| why);
+        if round >= ROUNDS {
+            // The last claim failed: the store's fault, not the limit's.
+            return Take::Refused(backoff.unwrap_or(Why::Limit));
         }
-        Take::Refused { store_down: false }
+        if let Some(out) = &b.claiming {
+            b.pending += 1;
+            return Take::Wait(out.wait.clone());
+        }
+        if let Some(why) = backoff {
+            return Take::Refused(why);
+        }
+        b.pending += 1;
+        let need = (b.in_use + b.pending).min(limit).max(b.in_use + 1);
+        let rising = b.grew.is_some_and(|g| now.saturating_duration_since(g) < RISING);
+        let want = (need + if rising { need.div_ceil(4) } else { 0 }).min(limit).max(need);
+        let keep = b.admissible(now, lease);
+        let claim = self.claim(key, now, keep, need, want, true);
+        let wait = self.map[key].claiming.as_ref().expect("marked out").wait.clone();
+        Take::Claim(claim, wait)
     }
 
-    /// A request that waited for a claim ([`Take::Wait`], [`Take::Claim`])
-    /// is done waiting (answered or not).
-    pub(super) fn waited(&mut self, key: &Arc<str>) {
+    /// A claim of budget `key`, marked out.
+    fn claim(
+        &mut self,
+        key: &Arc<str>,
+        now: Instant,
+        keep: u32,
+        need: u32,
+        want: u32,
+        growth: bool,
+    ) -> Claim {
+        let seq = self.next_seq();
+        let lease = self.lease;
+        let b = self.map.get_mut(key).expect("a budget");
+        let gone = gone(&b.seen, now, lease);
+        let (done, wait) = watch::channel(());
+        b.claiming = Some(Out { seq, keep, wait });
+        let group = b.group.clone();
+        let lapsed = b.in_use > 0 && b.sent.is_some_and(|s| now >= s + trusted_for(lease));
+        let margin = b.sent.map(|s| (s + trusted_for(lease)).saturating_duration_since(now));
+        let (kind, in_use) = (b.kind, b.in_use);
+        Claim {
+            key: Some(key.clone()),
+            unquiet: self.unquiet(&group, now),
+            nonce: self.nonce(),
+            group,
+            kind,
+            seq,
+            in_use,
+            keep,
+            need,
+            want,
+            gone,
+            growth,
+            sent: now,
+            lapsed,
+            margin,
+            done,
+        }
+    }
+
+    /// The quiet of `group` this node has seen for a lease.
+    fn unquiet(&self, group: &Arc<str>, now: Instant) -> Option<String> {
+        match self.quiet.get(group) {
+            Some((quiet, since)) if now.saturating_duration_since(*since) >= self.lease => {
+                Some(quiet.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// A group's epoch as an answer said it.
+    pub fn saw_epoch(&mut self, group: &Arc<str>, quiet: Option<&str>, now: Instant) {
+        match quiet {
+            None => _ = self.quiet.remove(group),
+            Some(q) if self.quiet.get(group).is_some_and(|(seen, _)| seen == q) => {}
+            Some(q) => _ = self.quiet.insert(group.clone(), (q.to_owned(), now)),
+        }
+    }
+
+    /// A request that waited for a claim is done waiting (answered or
+    /// not, or gone: its guard calls this when dropped).
+    pub fn waited(&mut self, key: &Arc<str>) {
         if let Some(b) = self.map.get_mut(key) {
             b.pending = b.pending.saturating_sub(1);
             self.forget_if_idle(key);
         }
     }
 
-    /// A unit given back (its request is done).
-    pub(super) fn give_back(&mut self, key: &Arc<str>) {
-        if let Some(b) = self.map.get_mut(key) {
-            b.in_use = b.in_use.saturating_sub(1);
-            self.forget_if_idle(key);
+    /// A unit given back (its request is done, or never went upstream).
+    /// While other nodes want more than they hold, what this node then
+    /// holds beyond its requests goes back at once: the claim to send.
+    pub fn give_back(&mut self, key: &Arc<str>, now: Instant) -> Option<Claim> {
+        let lease = self.lease;
+        let b = self.map.get_mut(key)?;
+        b.in_use = b.in_use.saturating_sub(1);
+        let headroom = b.admissible(now, lease) > b.in_use + b.pending;
+        if b.claiming.is_none() && headroom && b.is_contended(now, lease) {
+            let n = b.in_use + b.pending;
+            return Some(self.claim(key, now, n, n, n, false));
         }
+        self.forget_if_idle(key);
+        None
+    }
+
+    /// Another node wants more of budget `key` than the store could give it
+    /// (the store said so): this node counts as contended from now, and
+    /// what it holds beyond its requests goes back at once (the claim to
+    /// send, unless one is out or nothing is spare).
+    pub fn wanted(&mut self, key: &Arc<str>, now: Instant) -> Option<Claim> {
+        let lease = self.lease;
+        let b = self.map.get_mut(key)?;
+        b.contended = Some(now);
+        let spare = b.admissible(now, lease) > b.in_use + b.pending;
+        if b.claiming.is_some() || !spare {
+            return None;
+        }
+        let n = b.in_use + b.pending;
+        Some(self.claim(key, now, n, n, n, false))
     }
 
     /// Drops a budget nothing is left of here: no request, no share, no
-    /// claim out, and no demand for the next renewal to record.
+    /// claim out, no demand for the next renewal to record.
     fn forget_if_idle(&mut self, key: &Arc<str>) {
         let idle = |b: &Budget| {
-            b.in_use == 0 && b.share == 0 && b.claiming.is_none() && b.wanted == 0 && b.pending == 0
+            b.in_use == 0
+                && b.share == 0
+                && b.demand == 0
+                && !b.unsure
+                && b.cap == 0
+                && b.claiming.is_none()
+                && b.wanted == 0
+                && b.pending == 0
         };
         if self.map.get(key).is_some_and(idle) {
             self.map.remove(key);
         }
     }
 
-    /// The store answered a claim sent at `sent` (`growth`: for requests
-    /// beyond the share; else a renewal): the share, valid for the lease
-    /// less a tenth from then; a growth that found no room backs off.
-    pub(super) fn claimed(
-        &mut self,
-        key: &Arc<str>,
-        sent: Instant,
-        lease: Duration,
-        a: Answer,
-        growth: bool,
-        now: Instant,
-    ) {
+    /// The store answered claim `claim` (of budget `key`) at `now`.
+    pub fn answered(&mut self, key: &Arc<str>, claim: &Claim, a: &Answer, now: Instant) {
+        self.saw_epoch(&claim.group, a.quiet.as_deref(), now);
         let Some(b) = self.map.get_mut(key) else { return };
+        if b.claiming.as_ref().map(|o| o.seq) != Some(claim.seq) {
+            return;
+        }
         b.claiming = None;
-        if growth && a.share > b.share {
+        if a.stale {
+            b.cap = b.cap.min(claim.keep);
+            self.forget_if_idle(key);
+            return;
+        }
+        b.unsure = false;
+        if claim.growth && a.cap > b.cap {
             b.grew = Some(now);
         }
-        if growth && a.share <= b.in_use {
-            b.quiet_until = Some(now + CLAIM_BACKOFF);
+        // A growth that found no room backs off, unless other nodes hold
+        // units they do not use: told that this budget is wanted, they give
+        // them back within a round trip, so the waiting requests claim
+        // again at once (each within its own fleet.timeoutMs).
+        if claim.growth && a.cap <= b.in_use && (a.spare == 0 || a.quiet.is_some()) {
+            let why = if a.quiet.is_some() { Why::Down } else { Why::Limit };
+            b.backoff = Some((now + CLAIM_BACKOFF, why));
         }
+        if a.others_demand > 0 {
+            b.contended = Some(now);
+        }
+        b.cap = a.cap;
         b.share = a.share;
-        b.until = Some(sent + lease - lease / 10);
+        b.demand = claim.need.saturating_sub(a.cap);
+        b.sent = Some(claim.sent);
         b.fleet = a.others + a.share;
+        b.seen = observe(&b.seen, &a.seen, now);
         self.forget_if_idle(key);
     }
 
-    /// A claim failed or was not answered: nothing changes but that it is
-    /// no longer out, and requests beyond the share back off.
-    pub(super) fn claim_failed(&mut self, key: &Arc<str>, now: Instant) {
+    /// A claim failed or was not answered: the store may have recorded it
+    /// or not, so what it kept stands, and requests beyond the share back
+    /// off (`fleet_down`).
+    pub fn failed(&mut self, key: &Arc<str>, claim: &Claim, now: Instant) {
         let Some(b) = self.map.get_mut(key) else { return };
+        if b.claiming.as_ref().map(|o| o.seq) != Some(claim.seq) {
+            return;
+        }
         b.claiming = None;
-        b.quiet_until = Some(now + CLAIM_BACKOFF);
-        self.forget_if_idle(key);
+        b.cap = b.cap.min(claim.keep);
+        b.unsure = true;
+        b.backoff = Some((now + CLAIM_BACKOFF, Why::Down));
     }
 
-    /// What a renewal claims, budget by budget: what was used (or wanted)
-    /// since the last renewal, at least what is in use. Each budget's
-    /// claim is marked out; budgets with a claim already out wait for the
-    /// next renewal.
-    pub(super) fn renewals(&mut self, now: Instant) -> Vec<Renewal> {
-        let mut out = Vec::with_capacity(self.map.len());
-        for (key, b) in &mut self.map {
-            if b.claiming.is_some() {
-                continue;
-            }
-            let wanted = b.wanted.max(b.in_use);
+    /// What a renewal claims, budget by budget: what was used (or
+    /// wanted) since the last renewal, so that a share not used for a
+    /// renewal period goes back; while other nodes want more than they
+    /// hold, only what is in use. Each is marked out; budgets with a
+    /// claim out wait for the next round.
+    pub fn renewals(&mut self, now: Instant) -> Vec<Claim> {
+        let lease = self.lease;
+        let mut keys: Vec<Arc<str>> =
+            self.map.iter().filter(|(_, b)| b.claiming.is_none()).map(|(k, _)| k.clone()).collect();
+        keys.sort();
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            let b = self.map.get_mut(&key).expect("a budget");
+            let used = b.wanted.max(b.in_use);
+            let (need, want) =
+                if b.is_contended(now, lease) { (b.in_use + b.pending, used) } else { (used, used) };
+            // Only what is in flight is kept while the renewal is out (a
+            // request beyond it waits one round trip for the answer): the
+            // store may then give the rest to a node that wants it at once.
+            let keep = b.admissible(now, lease).min(b.in_use);
             b.wanted = b.in_use;
-            let (done, wait) = watch::channel(());
-            b.claiming = Some(wait);
-            out.push(Renewal {
-                key: key.clone(),
-                kind: b.kind,
-                wanted,
-                in_use: b.in_use,
-                margin: b.until.map(|u| u.saturating_duration_since(now)),
-                lapsed: b.in_use > 0 && b.until.is_some_and(|u| u <= now),
-                done,
-            });
+            out.push(self.claim(&key, now, keep, need, want, false));
         }
         out
     }
 
+    /// Claims of the epochs of `groups` alone: each group seen quiet for a
+    /// lease ends its quiet (the others are read).
+    pub fn epochs<'a>(&mut self, groups: impl IntoIterator<Item = &'a Arc<str>>, now: Instant) -> Vec<Claim> {
+        groups
+            .into_iter()
+            .map(|group| {
+                let (done, _) = watch::channel(());
+                Claim {
+                    nonce: self.nonce(),
+                    key: None,
+                    group: group.clone(),
+                    kind: Kind::Session,
+                    seq: 0,
+                    in_use: 0,
+                    keep: 0,
+                    need: 0,
+                    want: 0,
+                    gone: Vec::new(),
+                    unquiet: self.unquiet(group, now),
+                    growth: false,
+                    sent: now,
+                    lapsed: false,
+                    margin: None,
+                    done,
+                }
+            })
+            .collect()
+    }
+
+    /// Groups seen quiet for a lease (their quiet may end).
+    pub fn quiet_due(&self, now: Instant) -> Vec<Arc<str>> {
+        let mut due: Vec<Arc<str>> = self
+            .quiet
+            .iter()
+            .filter(|(_, (_, since))| now.saturating_duration_since(*since) >= self.lease)
+            .map(|(g, _)| g.clone())
+            .collect();
+        due.sort();
+        due
+    }
+
     /// This node's shares and requests in flight, by kind: ([session,
     /// web] shares, [session, web] in use).
-    pub(super) fn totals(&self) -> ([u32; 2], [u32; 2]) {
+    pub fn totals(&self) -> ([u32; 2], [u32; 2]) {
         let (mut shares, mut in_use) = ([0; 2], [0; 2]);
         for b in self.map.values() {
             let i = usize::from(b.kind == Kind::Web);
@@ -338,6 +569,28 @@ impl Budgets {
         }
         (shares, in_use)
     }
+}
+
+/// The other nodes' fields an answer lists, each seen since it was first
+/// seen with that sequence number (an answer's arrival, after the field
+/// was written).
+pub fn observe(old: &[Seen], answer: &[(String, u64)], now: Instant) -> Vec<Seen> {
+    answer
+        .iter()
+        .map(|(field, seq)| {
+            let since = old.iter().find(|s| s.field == *field && s.seq == *seq).map_or(now, |s| s.since);
+            Seen { field: field.clone(), seq: *seq, since }
+        })
+        .collect()
+}
+
+/// The fields seen unchanged for a lease: their nodes stopped renewing
+/// (each renews every third of a lease), so they are gone.
+pub fn gone(seen: &[Seen], now: Instant, lease: Duration) -> Vec<(String, u64)> {
+    seen.iter()
+        .filter(|s| now.saturating_duration_since(s.since) >= lease)
+        .map(|s| (s.field.clone(), s.seq))
+        .collect()
 }
 
 #[cfg(test)]

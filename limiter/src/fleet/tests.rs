@@ -64,10 +64,15 @@ async fn serve(stream: TcpStream, asked: Asked, stalled: Arc<std::sync::atomic::
             "PING" => "+PONG\r\n".to_owned(),
             "GET" => "$-1\r\n".to_owned(),
             "PTTL" => ":1000\r\n".to_owned(),
-            // EVALSHA sha 1 key me limit lease in_use wanted purge needed:
-            // the share granted is what is wanted.
+            // EVALSHA sha numkeys keys… me seq limit in_use keep need want
+            // …: the cap granted is what is wanted.
             "EVALSHA" if stalled.load(std::sync::atomic::Ordering::Relaxed) => continue,
-            "EVALSHA" => format!("*5\r\n:{}\r\n:0\r\n:0\r\n:0\r\n:0\r\n", words[8]),
+            "EVALSHA" => {
+                let argv = 3 + words[2].parse::<usize>().unwrap_or(1);
+                let (seq, want) = (&words[argv + 1], &words[argv + 6]);
+                let text = format!("ok {seq} {want} {want} - 1 0 0 1 0");
+                format!("${}\r\n{text}\r\n", text.len())
+            }
             _ => "+OK\r\n".to_owned(),
         };
         if write.write_all(reply.as_bytes()).await.is_err() {
@@ -102,7 +107,7 @@ async fn fleet(store: &Scripted) -> Arc<Fleet> {
         LEASE.as_millis()
     );
     let config = Config::parse(&text, "fleet.ini").unwrap();
-    start(&config.fleet, "node-a", Box::new(|| false)).await.unwrap().expect("fleet.store is set")
+    start(&config.fleet, "node-a").await.unwrap().expect("fleet.store is set")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -85,18 +85,50 @@ pub fn write(page: &mut Page, fleet: &Fleet, f: &Snapshot, pools: &admission::Sn
         "Requests admitted on the node's limits alone while the store was down (fleet.onStoreDown = local).",
     )
     .sample("limiter_fleet_admitted_unpublished_total", &[], f.admitted_unpublished);
+    page.family(
+        "limiter_fleet_admitted_safe_total",
+        "counter",
+        "Requests admitted within the safe share (floor(limit / nodes)) of a budget this node held no share of, with the store refusing connections for a lease (fleet.onStoreDown = share).",
+    )
+    .sample("limiter_fleet_admitted_safe_total", &[], f.admitted_safe);
+    page.family(
+        "limiter_fleet_releases_total",
+        "counter",
+        "Claims that gave back what this node's requests left of a share while other nodes wanted more (off the requests' path).",
+    )
+    .sample("limiter_fleet_releases_total", &[], f.releases);
     page.family("limiter_fleet_renewals_total", "counter", "Renewal rounds of every share this node holds.")
         .sample("limiter_fleet_renewals_total", &[], f.renewals);
     page.family(
         "limiter_fleet_lease_lapsed_total",
         "counter",
-        "Requests whose share's lease the store had let lapse while they ran (a pause, a partition, a store that lost it), re-taken by the next claim.",
+        "Requests whose share's trust ended on this node while they ran (a pause, a partition, a store away), republished by the next claim.",
     )
     .sample("limiter_fleet_lease_lapsed_total", &[], f.lease_lapsed);
     page.family(
+        "limiter_fleet_store_lost_data_total",
+        "counter",
+        "Times this node found the store without the fleet's data (a restart, a flush, a failover to a replica that missed writes, an eviction; and the fleet's first start): the group went quiet.",
+    )
+    .sample("limiter_fleet_store_lost_data_total", &[], f.store_lost_data);
+    page.family(
+        "limiter_fleet_quiet_groups",
+        "gauge",
+        "Budget groups this node sees quiet: the store lost data, no share of them grows until a node has seen it quiet for fleet.leaseMs.",
+    )
+    .sample("limiter_fleet_quiet_groups", &[], f.quiet_groups);
+    page.family(
+        "limiter_fleet_nodes",
+        "gauge",
+        "The fleet's live nodes (processes) as this node last saw them: the N of the safe share (absent before the store answered).",
+    );
+    if let Some(n) = f.nodes {
+        page.sample("limiter_fleet_nodes", &[], n);
+    }
+    page.family(
         "limiter_fleet_lease_margin_seconds",
         "gauge",
-        "The least lease left (this node's clock) on a share when the last renewal round was sent (absent before one).",
+        "The least trust left (this node's clock) on a share when the last renewal round was sent (absent before one).",
     );
     if let Some(ms) = f.lease_margin_ms {
         page.sample("limiter_fleet_lease_margin_seconds", &[], ms / 1000.0);

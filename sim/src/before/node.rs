@@ -513,6 +513,8 @@ impl Node for Before {
         }
     }
 
+    fn wanted(&mut self, _io: &mut Io, _key: &str) {}
+
     fn cancel(&mut self, _io: &mut Io, req: u64) {
         // The acquire future is dropped: its waits call nothing, the unit
         // it had taken of one budget is never given back.
@@ -659,6 +661,10 @@ impl Node for Before {
 
     fn store_up(&self) -> bool {
         self.up
+    }
+
+    fn field(&self) -> String {
+        self.me.clone()
     }
 
     fn leaks(&self) -> Vec<String> {

@@ -1,41 +1,65 @@
 //! `limiter-sim`: runs seeds of the fleet's simulation (`cargo xtask
-//! simulate` calls it). `--seeds N [--from S]`, or `--seed S --trace` to
-//! replay one with its whole trace; `--faults a,b` (default: all),
-//! `--before` for the fleet as it was before the simulation.
+//! simulate` builds and calls it).
+//!
+//! ```text
+//! limiter-sim --suite N [--from S]    N seeds over every fault family in turn,
+//!                                     then the planted holes and the fleet
+//!                                     before the simulation, each of which must
+//!                                     be found (the test suite's run)
+//! limiter-sim --seeds N [--from S] [--faults F] [--before] [--first]
+//!             [--ignore KIND,…] [--attribute]
+//! limiter-sim --seed S [--faults F] [--before]   one seed, its whole trace
+//! ```
+//!
+//! `--faults`: `all` (the default), `none`, or families from
+//! `cancel,partition,pause,kill,restart,flush,failover,clock,identity,freeze`.
+//! `--before`: the fleet as it was before the simulation. A failing seed
+//! prints the command that replays it.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, process::ExitCode, time::Instant};
 
-use limiter_sim::{Options, Version, run, scenario::FAMILIES};
+use limiter_sim::{
+    Options, PLANTS, Version, faults_name, first_failure, rotation, run, scenario::FAMILIES, suite,
+};
 
-fn main() {
+fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let value = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let seeds: u64 = value("--seeds").and_then(|v| v.parse().ok()).unwrap_or(1000);
-    let from: u64 = value("--from").and_then(|v| v.parse().ok()).unwrap_or(0);
-    let one: Option<u64> = value("--seed").and_then(|v| v.parse().ok());
+    let flag = |name: &str| args.iter().any(|a| a == name);
+    let number = |name: &str, default: u64| value(name).and_then(|v| v.parse().ok()).unwrap_or(default);
     let faults = value("--faults").unwrap_or_else(|| "all".into());
     let families: Vec<&str> = match faults.as_str() {
         "all" => FAMILIES.to_vec(),
         "none" => Vec::new(),
         list => list.split(',').collect(),
     };
-    let version = if args.iter().any(|a| a == "--before") { Version::Before } else { Version::Before };
-    let stop_at_first = args.iter().any(|a| a == "--first");
+    if let Some(bad) = families.iter().find(|f| !FAMILIES.contains(f)) {
+        eprintln!("limiter-sim: no fault family `{bad}` (families: {})", FAMILIES.join(", "));
+        return ExitCode::from(2);
+    }
+    let version = if flag("--before") { Version::Before } else { Version::Now };
     let ignore: Vec<String> =
         value("--ignore").map(|v| v.split(',').map(str::to_owned).collect()).unwrap_or_default();
-    // A seed's violation is the faults' when the same seed without them
-    // (the same load) has none.
-    let attribute = args.iter().any(|a| a == "--attribute");
-    let quiet = Options { tracing: false, ignore: ignore.clone() };
-    if let Some(seed) = one {
-        let (sc, out) = run(version, seed, &families, &Options { tracing: true, ignore: ignore.clone() });
+    if let Some(n) = value("--suite").and_then(|v| v.parse().ok()) {
+        return run_suite(n, number("--from", 0));
+    }
+    if let Some(seed) = value("--seed").and_then(|v| v.parse().ok()) {
+        let (sc, out) = run(version, seed, &families, &Options { tracing: true, ignore });
         print!("{sc}");
         for line in &out.trace {
             println!("{line}");
         }
-        println!("{out:?}", out = Summary(&out));
-        std::process::exit(i32::from(!out.violations.is_empty()));
+        println!(
+            "{} requests, {} admitted, refused {:?}, {} with room; {} claims; violations: {:?}",
+            out.requests, out.admitted, out.refused, out.false_refusals, out.claims, out.violations
+        );
+        return if out.violations.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE };
     }
+    let (seeds, from) = (number("--seeds", 1000), number("--from", 0));
+    // A seed's violation is the faults' when the same seed without them
+    // (the same load) has none.
+    let attribute = flag("--attribute");
+    let quiet = Options { tracing: false, ignore };
     let mut failed = BTreeMap::<&str, Vec<u64>>::new();
     let (mut admitted, mut requests, mut false_refusals) = (0, 0, 0);
     for seed in from..from + seeds {
@@ -49,7 +73,7 @@ fn main() {
             }
             println!("seed {seed}: {v}");
             failed.entry(v.kind()).or_default().push(seed);
-            if stop_at_first {
+            if flag("--first") {
                 break;
             }
         }
@@ -60,18 +84,54 @@ fn main() {
     for (kind, seeds) in &failed {
         println!("  {kind}: {} seeds, first {:?}", seeds.len(), &seeds[..seeds.len().min(10)]);
     }
-    std::process::exit(i32::from(!failed.is_empty()));
+    if failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
-struct Summary<'a>(&'a limiter_sim::world::Outcome);
-
-impl std::fmt::Debug for Summary<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let o = self.0;
-        write!(
-            f,
-            "{} requests, {} admitted, refused {:?}, {} with room; {} claims; violations: {:?}",
-            o.requests, o.admitted, o.refused, o.false_refusals, o.claims, o.violations
-        )
+/// The test suite's run: `n` seeds of today's fleet over every family in
+/// turn (none may fail), then every planted hole and the fleet before the
+/// simulation (each must be found).
+fn run_suite(n: u64, from: u64) -> ExitCode {
+    let started = Instant::now();
+    let t = suite(Version::Now, from, n);
+    let mut ok = t.failures.is_empty();
+    println!(
+        "today's fleet: {} seeds from {from} over {} fault sets, {} requests, {} admitted, {} refused with room: {} failed ({:.1} s)",
+        t.seeds,
+        rotation().len(),
+        t.requests,
+        t.admitted,
+        t.false_refusals,
+        t.failures.len(),
+        started.elapsed().as_secs_f64()
+    );
+    for f in &t.failures {
+        println!(
+            "  FAILED seed {} ({}): {}\n    replay: cargo xtask simulate --seed {} --faults {}",
+            f.seed, f.faults, f.violation, f.seed, f.faults
+        );
     }
+    // The checker must see a hole: those planted by hand, and those of
+    // the fleet before the simulation.
+    for (i, (what, _, _)) in PLANTS.iter().enumerate() {
+        let found = first_failure(Version::Planted(i), &FAMILIES, 400);
+        match found {
+            Some((seed, v)) => println!("planted hole {i} ({what}): found at seed {seed} ({})", v.kind()),
+            None => {
+                println!("planted hole {i} ({what}): NOT FOUND in 400 seeds");
+                ok = false;
+            }
+        }
+    }
+    for families in rotation() {
+        let name = faults_name(&families);
+        match first_failure(Version::Before, &families, 300) {
+            Some((seed, v)) => println!("before, faults {name}: found at seed {seed}: {v}"),
+            None => {
+                println!("before, faults {name}: NOT FOUND in 300 seeds");
+                ok = false;
+            }
+        }
+    }
+    println!("({:.1} s in all)", started.elapsed().as_secs_f64());
+    if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }

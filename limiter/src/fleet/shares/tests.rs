@@ -6,174 +6,230 @@ fn key(s: &str) -> Arc<str> {
     s.into()
 }
 
-fn answer(share: u32) -> Answer {
-    Answer { share, ..Answer::default() }
+fn group() -> Arc<str> {
+    key("g")
+}
+
+fn budgets() -> Budgets {
+    Budgets::new(LEASE, 7)
+}
+
+fn answer(claim: &Claim, cap: u32) -> Answer {
+    Answer { seq: claim.seq, cap, share: cap.max(claim.keep).max(claim.in_use), ..Answer::default() }
+}
+
+fn take(b: &mut Budgets, k: &Arc<str>, limit: u32, now: Instant, down: Option<Down>, round: u32) -> Take {
+    b.take(k, Kind::Session, &group(), limit, now, down, round)
+}
+
+/// A budget with `cap` granted at `t0`, none in use.
+fn granted(cap: u32, t0: Instant) -> (Budgets, Arc<str>) {
+    let (mut b, k) = (budgets(), key("s"));
+    let Take::Claim(c, _) = take(&mut b, &k, 10, t0, None, 0) else { panic!() };
+    b.answered(&k, &c, &answer(&c, cap), t0);
+    b.waited(&k);
+    (b, k)
 }
 
 #[test]
 fn requests_within_the_share_need_no_round_trip_and_one_beyond_it_claims() {
-    let (mut b, k, t0) = (Budgets::default(), key("s"), Instant::now());
+    let (mut b, k, t0) = (budgets(), key("s"), Instant::now());
     // Nothing held yet: the first request claims, for itself alone.
-    let Take::Claim { needed, wanted, in_use, .. } = b.take(&k, Kind::Session, 6, t0, None, 0) else {
-        panic!()
-    };
-    assert_eq!((needed, wanted, in_use), (1, 1, 0));
+    let Take::Claim(c, _) = take(&mut b, &k, 6, t0, None, 0) else { panic!() };
+    assert_eq!((c.keep, c.need, c.want, c.in_use, c.growth), (0, 1, 1, 0, true));
     // A second request while the claim is out waits for it.
-    assert!(matches!(b.take(&k, Kind::Session, 6, t0, None, 0), Take::Wait(_)));
-    b.claimed(&k, t0, LEASE, answer(4), true, t0);
+    assert!(matches!(take(&mut b, &k, 6, t0, None, 0), Take::Wait(_)));
+    b.answered(&k, &c, &answer(&c, 4), t0);
     b.waited(&k);
     b.waited(&k);
-    // Four fit the share, each without a claim; the fifth claims half again.
+    // Four fit the cap, each without a claim; the fifth claims, keeping
+    // the four, and a quarter again while the share grows.
     for _ in 0..4 {
-        assert!(matches!(b.take(&k, Kind::Session, 6, t0, None, 1), Take::Taken { unpublished: false }));
+        assert!(matches!(take(&mut b, &k, 6, t0, None, 1), Take::Taken(Within::Share)));
     }
-    let Take::Claim { needed, wanted, in_use, .. } = b.take(&k, Kind::Session, 6, t0, None, 0) else {
-        panic!()
-    };
-    assert_eq!(
-        (needed, wanted, in_use),
-        (5, 6, 4),
-        "5 needed, a quarter again while rising, never past the limit"
-    );
+    let Take::Claim(c, _) = take(&mut b, &k, 6, t0, None, 0) else { panic!() };
+    assert_eq!((c.keep, c.need, c.want, c.in_use), (4, 5, 6, 4), "never past the limit");
 }
 
 #[test]
-fn a_claim_that_finds_no_room_refuses_without_asking_for_the_backoff() {
-    let (mut b, k, t0) = (Budgets::default(), key("s"), Instant::now());
-    assert!(matches!(b.take(&k, Kind::Session, 2, t0, None, 0), Take::Claim { .. }));
-    b.claimed(&k, t0, LEASE, answer(0), true, t0);
-    assert!(matches!(b.take(&k, Kind::Session, 2, t0, None, 0), Take::Refused { store_down: false }));
+fn a_share_shrinks_before_the_store_hears_of_it_and_stays_shrunk_when_the_answer_is_lost() {
+    let t0 = Instant::now();
+    let (mut b, k) = granted(6, t0);
+    for _ in 0..2 {
+        assert!(matches!(take(&mut b, &k, 6, t0, None, 0), Take::Taken(_)));
+    }
+    // A renewal that asks for what was used (2 of 6), keeping what is in
+    // flight: from the moment it is sent, the node admits no more than it
+    // keeps, whatever the old cap said.
+    let r = b.renewals(t0).pop().unwrap();
+    assert_eq!((r.keep, r.need, r.want, r.growth), (2, 2, 2, false));
+    assert_eq!(b.map[&k].admissible(t0, LEASE), 2);
+    // The third request waits for the renewal instead of taking the
+    // units the store is about to give to another node.
+    assert!(matches!(take(&mut b, &k, 6, t0, None, 0), Take::Wait(_)));
+    b.waited(&k);
+    // The answer is lost: the node keeps to what it sent.
+    b.failed(&k, &r, t0);
+    assert_eq!(b.map[&k].cap, 2);
+    // And requests beyond it back off as the store's failure, not the
+    // limit's.
+    assert!(matches!(take(&mut b, &k, 6, t0, None, 0), Take::Refused(Why::Down)));
     let later = t0 + CLAIM_BACKOFF;
-    assert!(matches!(b.take(&k, Kind::Session, 2, later, None, 0), Take::Claim { .. }));
-    // A request that waited for as many claims as it may is refused.
-    assert!(matches!(b.take(&k, Kind::Session, 2, later, None, ROUNDS), Take::Refused { store_down: false }));
-    // One that waited less waits for the claim out.
-    assert!(matches!(b.take(&k, Kind::Session, 2, later, None, 1), Take::Wait(_)));
+    assert!(matches!(take(&mut b, &k, 6, later, None, 0), Take::Claim(..)));
 }
 
 #[test]
-fn a_share_holds_until_a_tenth_before_its_lease_ends_on_this_nodes_clock() {
-    let (mut b, k, t0) = (Budgets::default(), key("s"), Instant::now());
-    let _ = b.take(&k, Kind::Session, 4, t0, None, 0);
-    b.claimed(&k, t0, LEASE, answer(2), true, t0);
-    let almost = t0 + Duration::from_millis(2699);
-    assert!(matches!(b.take(&k, Kind::Session, 4, almost, None, 0), Take::Taken { .. }));
-    let lapsed = t0 + Duration::from_millis(2700);
-    assert!(matches!(b.take(&k, Kind::Session, 4, lapsed, None, 0), Take::Claim { in_use: 1, .. }));
+fn an_answer_for_an_older_claim_changes_nothing_and_a_stale_one_keeps_the_shrink() {
+    let t0 = Instant::now();
+    let (mut b, k) = granted(4, t0);
+    let r = b.renewals(t0).pop().unwrap();
+    assert_eq!((r.keep, r.need), (0, 1), "one wanted since, none in flight");
+    // An answer of another seq (a claim given up on) is not this one.
+    let mut other = answer(&r, 4);
+    other.seq = r.seq - 1;
+    let unrelated = Claim { seq: r.seq - 1, ..b.epochs(&[group()], t0).pop().unwrap() };
+    b.answered(&k, &unrelated, &other, t0);
+    assert!(b.map[&k].claiming.is_some(), "still out");
+    b.answered(&k, &r, &Answer { stale: true, ..answer(&r, 4) }, t0);
+    assert_eq!(b.map.get(&k).map(|x| x.cap), Some(0), "what was kept stands");
+}
+
+#[test]
+fn a_share_admits_until_a_third_of_the_lease_before_its_trust_ends() {
+    let t0 = Instant::now();
+    let (mut b, k) = granted(2, t0);
+    let last = t0 + admits_for(LEASE) - Duration::from_millis(1);
+    assert!(matches!(take(&mut b, &k, 4, last, None, 0), Take::Taken(_)));
+    // From then on a request it admits could outlive the share's trust
+    // (nine tenths of the lease) by more than a third of the lease.
+    assert_eq!(admits_for(LEASE), Duration::from_millis(1700));
+    let past = t0 + admits_for(LEASE);
+    assert!(matches!(take(&mut b, &k, 4, past, None, 0), Take::Claim(..)));
 }
 
 #[test]
 fn with_the_store_down_the_policy_decides() {
-    let (k, t0) = (key("s"), Instant::now());
-    let held = || {
-        let mut b = Budgets::default();
-        let _ = b.take(&k, Kind::Session, 4, t0, None, 0);
-        b.claimed(&k, t0, LEASE, answer(2), true, t0);
-        b
-    };
-    // share: within the share while it holds, then nothing.
-    let mut b = held();
-    let down = Some(OnStoreDown::Share);
-    assert!(matches!(b.take(&k, Kind::Session, 4, t0, down, 0), Take::Taken { unpublished: false }));
-    assert!(matches!(b.take(&k, Kind::Session, 4, t0, down, 0), Take::Taken { unpublished: false }));
-    assert!(matches!(b.take(&k, Kind::Session, 4, t0, down, 0), Take::Refused { store_down: true }));
-    b.give_back(&k);
-    let gone = t0 + LEASE;
-    assert!(matches!(b.take(&k, Kind::Session, 4, gone, down, 0), Take::Refused { store_down: true }));
-    // refuse: nothing, share or not.
-    let mut b = held();
-    assert!(matches!(b.take(&k, Kind::Session, 4, t0, Some(OnStoreDown::Refuse), 0), Take::Refused { .. }));
-    // local: everything, unpublished.
-    let mut b = held();
+    let t0 = Instant::now();
+    let (mut b, k) = granted(1, t0);
+    let share = Some(Down::Share(None));
+    assert!(matches!(take(&mut b, &k, 4, t0, share, 0), Take::Taken(Within::Share)));
+    assert!(matches!(take(&mut b, &k, 4, t0, share, 0), Take::Refused(Why::Down)));
+    assert!(matches!(take(&mut b, &k, 4, t0, Some(Down::Refuse), 0), Take::Refused(Why::Down)));
+    assert!(matches!(take(&mut b, &k, 4, t0, Some(Down::Local), 0), Take::Taken(Within::Local)));
+    // A budget it holds no share of: the safe share, counted with what is
+    // in flight.
+    let other = key("t");
+    let safe = Some(Down::Share(Some(2)));
+    for _ in 0..2 {
+        assert!(matches!(b.take(&other, Kind::Session, &group(), 6, t0, safe, 0), Take::Taken(Within::Safe)));
+    }
+    assert!(matches!(b.take(&other, Kind::Session, &group(), 6, t0, safe, 0), Take::Refused(Why::Down)));
+    // A budget whose share is still trusted uses the share, not the safe
+    // share on top of it.
+    let trusted = take(&mut b, &k, 4, t0, safe, 0);
+    assert!(matches!(trusted, Take::Refused(Why::Down)), "{trusted:?}");
+}
+
+#[test]
+fn a_renewal_asks_for_what_was_used_and_while_others_want_more_only_what_is_in_use() {
+    let t0 = Instant::now();
+    let (mut b, k) = granted(6, t0);
     for _ in 0..5 {
-        let taken = b.take(&k, Kind::Session, 4, t0, Some(OnStoreDown::Local), 0);
-        assert!(matches!(taken, Take::Taken { unpublished: true }));
+        let _ = take(&mut b, &k, 6, t0, None, 0);
     }
-    assert_eq!(b.map[&k].in_use, 5);
-}
-
-#[test]
-fn a_renewal_asks_for_what_was_used_since_the_last_and_gives_back_the_rest() {
-    let (mut b, k, t0) = (Budgets::default(), key("s"), Instant::now());
-    let _ = b.take(&k, Kind::Session, 8, t0, None, 0);
-    b.claimed(&k, t0, LEASE, answer(6), true, t0);
-    b.waited(&k);
-    for _ in 0..5 {
-        let _ = b.take(&k, Kind::Session, 8, t0, None, 0);
+    for _ in 0..3 {
+        b.give_back(&k, t0);
     }
-    (0..3).for_each(|_| b.give_back(&k));
-    let at = t0 + Duration::from_secs(1);
-    let r = b.renewals(at);
-    assert_eq!(r.len(), 1);
-    assert_eq!((r[0].wanted, r[0].in_use), (5, 2), "the peak since the last renewal");
-    assert_eq!(r[0].margin, Some(Duration::from_millis(1700)));
-    // Out: the budget's claim is marked, a request beyond waits for it.
-    assert!(b.renewals(at).is_empty());
-    b.claimed(&k, at, LEASE, answer(5), true, at);
-    // Nothing more used: the next renewal keeps what is in use only.
-    let r = b.renewals(at + Duration::from_secs(1));
-    assert_eq!((r[0].wanted, r[0].in_use), (2, 2));
-    b.claimed(&k, at, LEASE, answer(2), true, at);
-    (0..2).for_each(|_| b.give_back(&k));
-    let r = b.renewals(at + Duration::from_secs(2));
-    assert_eq!((r[0].wanted, r[0].in_use), (2, 0));
-    // Nothing in use, a share of 0: the budget is forgotten here.
-    b.claimed(&k, at, LEASE, answer(0), true, at);
-    assert!(b.map.is_empty());
+    // Uncontended: what was used since the last renewal (5) asked for;
+    // only what is in flight kept while the renewal is out.
+    let r = b.renewals(t0).pop().unwrap();
+    assert_eq!((r.in_use, r.keep, r.need, r.want), (2, 2, 5, 5));
+    // The store says others want more than they hold.
+    b.answered(&k, &r, &Answer { others_demand: 2, ..answer(&r, 5) }, t0);
+    let r = b.renewals(t0).pop().unwrap();
+    assert_eq!((r.in_use, r.keep, r.need, r.want), (2, 2, 2, 2), "what is in use is kept, and asked for");
 }
 
 #[test]
-fn a_refused_request_is_wanted_at_the_next_renewal_so_the_share_grows_when_room_frees() {
-    let (mut b, k, t0) = (Budgets::default(), key("s"), Instant::now());
-    let _ = b.take(&k, Kind::Session, 4, t0, None, 0);
-    b.claimed(&k, t0, LEASE, answer(1), true, t0);
-    let _ = b.take(&k, Kind::Session, 4, t0, None, 0);
-    // Full, and a claim just found no room: refused, and remembered.
-    assert!(matches!(b.take(&k, Kind::Session, 4, t0, None, 0), Take::Claim { .. }));
-    b.claimed(&k, t0, LEASE, answer(1), true, t0);
-    assert!(matches!(b.take(&k, Kind::Session, 4, t0, None, 0), Take::Refused { .. }));
-    let r = b.renewals(t0 + Duration::from_secs(1));
-    assert_eq!((r[0].wanted, r[0].in_use), (2, 1));
-}
-
-#[test]
-fn a_failed_claim_backs_off_and_a_budget_is_forgotten_once_nothing_is_left_of_it() {
-    let (mut b, k, t0) = (Budgets::default(), key("s"), Instant::now());
-    let _ = b.take(&k, Kind::Web, 4, t0, None, 0);
-    b.claim_failed(&k, t0);
-    b.waited(&k);
-    // Its demand is kept for the next renewal to record; meanwhile no claim.
-    assert!(matches!(b.take(&k, Kind::Web, 4, t0, None, 0), Take::Refused { store_down: false }));
-    let r = b.renewals(t0 + Duration::from_secs(1));
-    assert_eq!((r[0].wanted, r[0].in_use), (1, 0));
-    b.claimed(&k, t0, LEASE, answer(2), true, t0);
-    let _ = b.take(&k, Kind::Web, 4, t0, None, 0);
-    assert_eq!(b.totals(), ([0, 2], [0, 1]));
-    b.give_back(&k);
-    // Nothing used since: the renewal gives the share back, and the
-    // budget is forgotten here.
-    let r = b.renewals(t0 + Duration::from_secs(2));
-    assert_eq!((r[0].wanted, r[0].in_use), (1, 0), "used since the last renewal");
-    b.claimed(&k, t0, LEASE, answer(1), true, t0);
-    let r = b.renewals(t0 + Duration::from_secs(3));
-    assert_eq!((r[0].wanted, r[0].in_use), (0, 0));
-    b.claimed(&k, t0, LEASE, answer(0), true, t0);
-    assert!(b.map.is_empty());
-}
-
-#[test]
-fn a_claim_asks_for_the_requests_waiting_for_it_too() {
-    let (mut b, k, t0) = (Budgets::default(), key("s"), Instant::now());
-    let _ = b.take(&k, Kind::Session, 40, t0, None, 0);
-    // 39 more come while the first claim is out.
-    for _ in 0..39 {
-        assert!(matches!(b.take(&k, Kind::Session, 40, t0, None, 0), Take::Wait(_)));
+fn while_others_want_more_a_unit_given_back_goes_back_to_the_store() {
+    let t0 = Instant::now();
+    let (mut b, k) = granted(3, t0);
+    let r = b.renewals(t0).pop().unwrap();
+    b.answered(&k, &r, &Answer { others_demand: 1, ..answer(&r, 3) }, t0);
+    b.map.get_mut(&k).unwrap().sent = Some(t0);
+    for _ in 0..3 {
+        assert!(matches!(take(&mut b, &k, 6, t0, None, 0), Take::Taken(_)));
     }
-    b.claimed(&k, t0, LEASE, answer(1), true, t0);
-    // The first takes its unit; the next claim asks for everyone left.
+    let c = b.give_back(&k, t0).expect("a release");
+    assert_eq!((c.in_use, c.keep, c.need, c.want, c.growth), (2, 2, 2, 2, false));
+    // Uncontended, nothing goes back before the renewal.
+    let (mut b, k) = granted(3, t0);
+    let _ = take(&mut b, &k, 6, t0, None, 0);
+    assert!(b.give_back(&k, t0).is_none());
+}
+
+#[test]
+fn a_request_that_stops_waiting_or_gives_back_leaves_nothing_behind() {
+    let (mut b, k, t0) = (budgets(), key("s"), Instant::now());
+    let Take::Claim(c, _) = take(&mut b, &k, 2, t0, None, 0) else { panic!() };
+    assert!(matches!(take(&mut b, &k, 2, t0, None, 0), Take::Wait(_)));
+    // Both requests are reset while they wait: their guards say so.
     b.waited(&k);
-    assert!(matches!(b.take(&k, Kind::Session, 40, t0, None, 1), Take::Taken { .. }));
     b.waited(&k);
-    let Take::Claim { needed, in_use, .. } = b.take(&k, Kind::Session, 40, t0, None, 1) else { panic!() };
-    assert_eq!((needed, in_use), (40, 1));
+    assert_eq!(b.map[&k].pending, 0);
+    // The claim's answer, when it comes, stands; a renewal gives back the
+    // unused share, and the budget is forgotten.
+    b.answered(&k, &c, &answer(&c, 1), t0);
+    let r = b.renewals(t0).pop().unwrap();
+    assert_eq!((r.keep, r.need, r.want), (0, 1, 1), "what the resets wanted, for one renewal");
+    b.answered(&k, &r, &answer(&r, 1), t0);
+    let r = b.renewals(t0).pop().unwrap();
+    assert_eq!((r.keep, r.need), (0, 0));
+    b.answered(&k, &r, &answer(&r, 0), t0);
+    assert!(b.map.is_empty(), "{:?}", b.map);
+}
+
+#[test]
+fn fields_seen_unchanged_for_a_lease_are_named_gone() {
+    let t0 = Instant::now();
+    let (mut b, k) = granted(1, t0);
+    let r = b.renewals(t0).pop().unwrap();
+    let seen = vec![("a.1".to_owned(), 5), ("b.2".to_owned(), 9)];
+    b.answered(&k, &r, &Answer { seen: seen.clone(), ..answer(&r, 1) }, t0);
+    // b renews (a new seq); a does not.
+    let t1 = t0 + LEASE / 2;
+    let r = b.renewals(t1).pop().unwrap();
+    assert!(r.gone.is_empty());
+    let seen = vec![("a.1".to_owned(), 5), ("b.2".to_owned(), 10)];
+    b.answered(&k, &r, &Answer { seen, ..answer(&r, 1) }, t1);
+    let r = b.renewals(t0 + LEASE).pop().unwrap();
+    assert_eq!(r.gone, [("a.1".to_owned(), 5)]);
+}
+
+#[test]
+fn a_quiet_ends_only_once_this_node_has_seen_that_very_quiet_for_a_lease() {
+    let (mut b, t0) = (budgets(), Instant::now());
+    let g = group();
+    b.saw_epoch(&g, Some("11.1"), t0);
+    assert!(b.quiet_due(t0 + LEASE / 2).is_empty());
+    // The same quiet seen again: its start stands.
+    b.saw_epoch(&g, Some("11.1"), t0 + LEASE / 2);
+    assert_eq!(b.quiet_due(t0 + LEASE), std::slice::from_ref(&g));
+    assert_eq!(b.epochs(std::slice::from_ref(&g), t0 + LEASE)[0].unquiet.as_deref(), Some("11.1"));
+    // Another quiet (a store that lost its data again, with a new nonce):
+    // seen anew.
+    b.saw_epoch(&g, Some("12.1"), t0 + LEASE);
+    assert!(b.quiet_due(t0 + LEASE).is_empty());
+    assert_eq!(b.epochs(std::slice::from_ref(&g), t0 + LEASE)[0].unquiet, None);
+    b.saw_epoch(&g, None, t0 + LEASE);
+    assert!(b.quiet.is_empty());
+}
+
+#[test]
+fn a_growth_refused_while_quiet_is_the_stores_doing() {
+    let (mut b, k, t0) = (budgets(), key("s"), Instant::now());
+    let Take::Claim(c, _) = take(&mut b, &k, 2, t0, None, 0) else { panic!() };
+    b.answered(&k, &c, &Answer { quiet: Some("3.1".into()), ..answer(&c, 0) }, t0);
+    b.waited(&k);
+    assert!(matches!(take(&mut b, &k, 2, t0, None, 0), Take::Refused(Why::Down)));
 }
