@@ -41,6 +41,8 @@
 //!   bumping them on every request do not share a cache line;
 //! - [`config`]: the file's grammar, the one key table, the typed
 //!   configuration everything above reads (with the TLS pair it names);
+//! - [`lease`] (leaf): a fleet share's lease: its trust, what it covers,
+//!   how long it admits (the fleet decides by it, `config` warns by it);
 //! - [`tls`]: the TLS certificate pair and the rustls configuration;
 //! - [`request_id`] (leaf): a request's id, for the upstream and the logs;
 //! - [`utc`] (leaf): UTC dates for the access log and certificates;
@@ -74,6 +76,7 @@ pub mod histogram;
 #[cfg(test)]
 mod import_graph;
 pub mod kernel;
+pub mod lease;
 pub mod metrics;
 pub mod plain_http;
 pub mod proxy;

@@ -704,8 +704,8 @@ pub static KEYS: &[Key] = &[
         name: "fleet.store",
         default: DefaultValue::Unset("(none: no fleet limits)"),
         reload: Reload::Restart,
-        doc: "where the fleet's counts live: redis://[user@]host[:port][/db], rediss://… (TLS) or redis+cluster://host:port,… (a Redis Cluster's seeds)",
-        manual: "where the fleet's counts live: `redis://[user@]host[:port][/db]` (port 6379 by default), `rediss://…` (TLS with rustls; the system's roots, or `SSL_CERT_FILE`), or `redis+cluster://host:port,host:port,…` (seed nodes of a Redis Cluster; `rediss+cluster://` over TLS). No password in the address: a `user:password@` is refused, naming `fleet.passwordFile`. Needs `http.upstream` (see \"Fleet-wide limits\")",
+        doc: "where the fleet's counts live: redis://[user@]host[:port][/db], rediss://… (TLS), redis+cluster://host:port,… (a Redis Cluster's seeds) or redis+sentinel://host:port,…/<master> (Sentinels)",
+        manual: "where the fleet's counts live: `redis://[user@]host[:port][/db]` (port 6379 by default; a primary: a replica or a Sentinel named there is refused at start, exit 78), `rediss://…` (TLS with rustls; the system's roots, or `SSL_CERT_FILE`), `redis+cluster://host:port,host:port,…` (seed nodes of a Redis Cluster; `rediss+cluster://` over TLS), or `redis+sentinel://host:port,host:port,…/<master>[/db]` (Sentinels, port 26379 by default, asked without a password for `<master>`'s primary, found again after a failover; `rediss+sentinel://` reaches the primary over TLS). No password in the address: a `user:password@` is refused, naming `fleet.passwordFile`. Needs `http.upstream` (see \"Fleet-wide limits\")",
         set: plain!(|c, v| c.fleet.store = Some(StoreUrl::parse(v)?)),
     },
     Key {
@@ -758,8 +758,8 @@ pub static KEYS: &[Key] = &[
         name: "fleet.leaseMs",
         default: DefaultValue::Value("3000"),
         reload: Reload::Restart,
-        doc: "how long a node's permits outlive it when it stops renewing them (renewed every third of it)",
-        manual: "how long a node's share outlives it when it stops renewing it (it renews every third of this); at least 300. Longer than the longest request, a share outlives every request it covers (`check-config` warns when it is not); a fresh Redis lets no share grow for its first lease",
+        doc: "how long a node's share outlives it when it stops renewing it (renewed every third of it); a share covers requests shorter than a third of it",
+        manual: "how long a node's share outlives it when it stops renewing it (it renews every third of this), by the nodes' own clocks; at least 300. A share admits only requests it covers, those shorter than a third of this, whatever fails (`check-config` warns when `http.upstreamTimeoutMs` + `http.upstreamAbandonMs` is longer); a store that lost the fleet's data (and one the fleet first starts on) lets no share grow for one of it",
         set: plain!(|c, v| c.fleet.lease_ms = ms(v, 300)?),
     },
     Key {
@@ -774,8 +774,8 @@ pub static KEYS: &[Key] = &[
         name: "fleet.onStoreDown",
         default: DefaultValue::Value("share"),
         reload: Reload::Live,
-        doc: "while the store is down: share (within the share each node holds, until its lease would end; then 503 fleet_down), refuse (503 fleet_down) or local (the node's own limits alone: the fleet's limit is lifted)",
-        manual: "while the store is down: `share` (each node admits within the share it holds, until its lease would end, then answers 503 `fleet_down`: the limit holds), `refuse` (503 `fleet_down` to every request a fleet limit applies to) or `local` (each node's own limits alone: the fleet's limit is lifted)",
+        doc: "while the store is down: share (within the share each node holds while it admits, then the safe share floor(limit / nodes) once the store has refused connections for a lease; else 503 fleet_down), refuse (503 fleet_down) or local (the node's own limits alone: the fleet's limit is lifted)",
+        manual: "while the store is down: `share` (each node admits within the share it holds while that admits; once the store has refused connections for a lease (its Redis gone for every node, not only out of this one's reach), up to the safe share `floor(limit / N)` of a budget it holds none of, N the live nodes it saw; else 503 `fleet_down`: the limit holds), `refuse` (503 `fleet_down` to every request a fleet limit applies to) or `local` (each node's own limits alone: the fleet's limit is lifted)",
         set: plain!(|c, v| c.fleet.on_store_down = OnStoreDown::parse(v)?),
     },
 ];

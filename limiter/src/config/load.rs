@@ -219,21 +219,24 @@ impl Config {
         }
     }
 
-    /// A fleet lease shorter than a request may run: a node cut off from
-    /// the store (a partition, a pause) may still have requests in flight
-    /// when its share lapses and is granted to others.
+    /// A fleet lease that does not cover every request that may run: a
+    /// share admits only requests shorter than a third of the lease
+    /// within its trust, so a node cut off from the store (a partition, a
+    /// pause) may still have longer ones in flight once the others are
+    /// granted its units.
     fn warn_of_a_lease_shorter_than_a_request(&mut self) {
         let (f, http) = (&self.fleet, &self.http);
         let longest = http.upstream_timeout_ms.saturating_add(http.upstream_abandon_ms);
+        let covered = crate::lease::covers(std::time::Duration::from_millis(f.lease_ms)).as_millis() as u64;
         if f.store.is_some()
             && (f.max_session_connections > 0 || f.max_web_connections > 0)
-            && f.lease_ms < longest
+            && covered < longest
         {
             self.warnings.push(format!(
-                "fleet.leaseMs = {} is shorter than a request may run (http.upstreamTimeoutMs {} + \
-                 http.upstreamAbandonMs {} = {longest} ms): a node cut off from the store may have requests in \
-                 flight past its share's lease, and the fleet may then hold more than its limit until they end \
-                 (see \"Leases and the work they cover\")",
+                "fleet.leaseMs = {} covers requests shorter than {covered} ms (a third of it), and a request \
+                 may run {longest} ms (http.upstreamTimeoutMs {} + http.upstreamAbandonMs {}): a node cut off \
+                 from the store may still have longer ones in flight when the others are granted its units, \
+                 and the fleet may then hold more than its limit until they end (see \"Why the limit holds\")",
                 f.lease_ms, http.upstream_timeout_ms, http.upstream_abandon_ms
             ));
         }

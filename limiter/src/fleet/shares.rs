@@ -21,7 +21,7 @@
 //! the lease (a node's field lives in the store until another node has
 //! seen it unchanged for a whole lease, by its own clock, from an answer
 //! that came after it was written), and admits requests only until a
-//! third of the lease before that ([`admits_for`]): every request it
+//! third of the lease before that ([`crate::lease::admits_for`]): every request it
 //! admits shorter than a third of the lease ends within its trust, even
 //! if the node is cut off from the store the moment after.
 
@@ -36,6 +36,7 @@ use tokio::sync::watch;
 
 pub use super::claim::Kind;
 use super::claim::{Answer, Claim};
+use crate::lease::{admits_for, trusted_for};
 
 /// After a claim that found no room, or failed, how long requests beyond
 /// the share are refused without asking the store again.
@@ -48,25 +49,6 @@ pub const ROUNDS: u32 = 8;
 
 /// A claim that follows a growth within this asks for headroom.
 pub const RISING: Duration = Duration::from_secs(1);
-
-/// How long after its claim was sent a share is trusted: nine tenths of
-/// the lease (the store keeps it a lease at least; a tenth is left for
-/// clocks that run apart).
-pub fn trusted_for(lease: Duration) -> Duration {
-    lease * 9 / 10
-}
-
-/// The requests a share covers whatever fails: those shorter than a
-/// third of the lease (docs/fleet.md, "Why the limit holds").
-pub fn covers(lease: Duration) -> Duration {
-    lease / 3
-}
-
-/// How long after its claim was sent a share admits requests: its trust
-/// less what it covers.
-pub fn admits_for(lease: Duration) -> Duration {
-    trusted_for(lease) - covers(lease)
-}
 
 /// Why a request is refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,6 +127,18 @@ pub struct Budget {
     pub fleet: u32,
     /// The other nodes' fields, as last seen.
     pub seen: Vec<Seen>,
+    /// Nothing is left of the budget here but other nodes' fields seen:
+    /// since when its renewals only watch them ([`WATCH`]).
+    pub watching: Option<Instant>,
+}
+
+/// How long a budget nothing is left of here is still renewed while it
+/// lists other nodes' fields: long enough that a field seen at its first
+/// claim is seen unchanged for a lease and ended if it is a dead node's,
+/// however rarely the budget's requests come (a lease and a renewal
+/// period from the first renewal that finds it idle).
+fn watch(lease: Duration) -> Duration {
+    lease + lease / 3
 }
 
 impl Budget {
@@ -166,7 +160,20 @@ impl Budget {
             contended: None,
             fleet: 0,
             seen: Vec::new(),
+            watching: None,
         }
+    }
+
+    /// No request, share, claim or demand is left of it here.
+    fn idle(&self) -> bool {
+        self.in_use == 0
+            && self.share == 0
+            && self.demand == 0
+            && !self.unsure
+            && self.cap == 0
+            && self.claiming.is_none()
+            && self.wanted == 0
+            && self.pending == 0
     }
 
     /// Whether the share is trusted to admit at `now`.
@@ -422,20 +429,11 @@ impl Budgets {
         Some(self.claim(key, now, n, n, n, false))
     }
 
-    /// Drops a budget nothing is left of here: no request, no share, no
-    /// claim out, no demand for the next renewal to record.
+    /// Drops a budget nothing is left of here (no request, no share, no
+    /// claim out, no demand for the next renewal to record) unless it
+    /// lists other nodes' fields: those its renewals watch a while.
     fn forget_if_idle(&mut self, key: &Arc<str>) {
-        let idle = |b: &Budget| {
-            b.in_use == 0
-                && b.share == 0
-                && b.demand == 0
-                && !b.unsure
-                && b.cap == 0
-                && b.claiming.is_none()
-                && b.wanted == 0
-                && b.pending == 0
-        };
-        if self.map.get(key).is_some_and(idle) {
+        if self.map.get(key).is_some_and(|b| b.idle() && b.seen.is_empty()) {
             self.map.remove(key);
         }
     }
@@ -494,8 +492,10 @@ impl Budgets {
     /// What a renewal claims, budget by budget: what was used (or
     /// wanted) since the last renewal, so that a share not used for a
     /// renewal period goes back; while other nodes want more than they
-    /// hold, only what is in use. Each is marked out; budgets with a
-    /// claim out wait for the next round.
+    /// hold, or after a claim whose answer was lost or late, only what is
+    /// in use. A budget nothing is left of here but other nodes' fields is
+    /// renewed a while to watch them ([`watch`]). Each is marked out;
+    /// budgets with a claim out wait for the next round.
     pub fn renewals(&mut self, now: Instant) -> Vec<Claim> {
         let lease = self.lease;
         let mut keys: Vec<Arc<str>> =
@@ -504,9 +504,24 @@ impl Budgets {
         let mut out = Vec::with_capacity(keys.len());
         for key in keys {
             let b = self.map.get_mut(&key).expect("a budget");
+            if !b.idle() {
+                b.watching = None;
+            } else if now.saturating_duration_since(*b.watching.get_or_insert(now)) >= watch(lease) {
+                self.map.remove(&key);
+                continue;
+            }
             let used = b.wanted.max(b.in_use);
-            let (need, want) =
-                if b.is_contended(now, lease) { (b.in_use + b.pending, used) } else { (used, used) };
+            let busy = b.in_use + b.pending;
+            let (need, want) = if b.unsure {
+                // Its last answer was lost or late: a unit granted that it
+                // may not hear of in time would be held from the others
+                // for nothing.
+                (busy, busy)
+            } else if b.is_contended(now, lease) {
+                (busy, used)
+            } else {
+                (used, used)
+            };
             // Only what is in flight is kept while the renewal is out (a
             // request beyond it waits one round trip for the answer): the
             // store may then give the rest to a node that wants it at once.

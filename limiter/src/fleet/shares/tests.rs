@@ -233,3 +233,63 @@ fn a_growth_refused_while_quiet_is_the_stores_doing() {
     b.waited(&k);
     assert!(matches!(take(&mut b, &k, 2, t0, None, 0), Take::Refused(Why::Down)));
 }
+
+#[test]
+fn a_dead_field_is_named_gone_however_rarely_the_budget_is_asked_for() {
+    // A request now and then (rarer than renewals), each refused: the
+    // dead node's field, seen at the first claim, is watched past the
+    // budget's idleness and named gone a lease after it was first seen.
+    let t0 = Instant::now();
+    let (mut b, k) = (budgets(), key("s"));
+    let dead = vec![("dead.1".to_owned(), 12)];
+    let reply = |b: &mut Budgets, c: &Claim, t: Instant| {
+        let seen = if c.gone.is_empty() { dead.clone() } else { Vec::new() };
+        let others = if c.gone.is_empty() { 40 } else { 0 };
+        b.answered(&k, c, &Answer { seen, others, ..answer(c, 0) }, t);
+    };
+    let (period, every) = (LEASE / 3, Duration::from_millis(1700));
+    let mut named = None;
+    let mut ms = 0;
+    while ms < 4 * LEASE.as_millis() as u64 && named.is_none() {
+        let t = t0 + Duration::from_millis(ms);
+        if ms % every.as_millis() as u64 == 0
+            && let Take::Claim(c, _) = take(&mut b, &k, 40, t, None, 0)
+        {
+            assert!(c.gone.is_empty());
+            reply(&mut b, &c, t);
+            b.waited(&k);
+        }
+        if ms % period.as_millis() as u64 == 0 {
+            for r in b.renewals(t) {
+                if !r.gone.is_empty() {
+                    assert_eq!(r.gone, dead);
+                    named = Some(t - t0);
+                }
+                reply(&mut b, &r, t);
+            }
+        }
+        ms += 100;
+    }
+    let named = named.expect("the dead field was never named gone");
+    assert!(named >= LEASE && named <= LEASE + period, "{named:?}");
+    // Ended, nothing is left to watch: the budget is forgotten.
+    assert!(b.map.is_empty());
+}
+
+#[test]
+fn an_idle_budget_watches_live_fields_a_while_then_is_forgotten() {
+    let t0 = Instant::now();
+    let (mut b, k) = granted(1, t0);
+    let mut t = t0;
+    let mut seq = 5;
+    for _ in 0..20 {
+        t += LEASE / 3;
+        let Some(r) = b.renewals(t).pop() else { break };
+        // The other node renews (a new sequence number each time): alive.
+        seq += 1;
+        b.answered(&k, &r, &Answer { seen: vec![("live.1".to_owned(), seq)], ..answer(&r, 0) }, t);
+    }
+    assert!(b.map.is_empty(), "still watched after {:?}", t - t0);
+    // Idle from the first renewal: watched a lease and a third more.
+    assert!(t - t0 <= LEASE * 2 + LEASE / 3, "{:?}", t - t0);
+}
