@@ -15,6 +15,13 @@
 //! - **Reasons**: a refusal that names a fleet limit (`fleet_session`,
 //!   `fleet_web`) only where the node's last claim of that budget was
 //!   answered: a store that did not answer is `fleet_down`.
+//! - **No starving**: a node refuses a budget by its fleet limit, with
+//!   room, for two leases without admitting one of it in between, while
+//!   the budget was never full meanwhile (room: fewer than the limit run
+//!   by the upstream or waiting for a node's decision, since a waiting
+//!   request may hold a unit of one budget while it claims another). A
+//!   dead or cut-off node's share ends within a lease of a node seeing
+//!   it unchanged; a share not used goes back within a renewal period.
 //! - **Liveness** (at the end, every fault over, every client stopped,
 //!   the run drained): no node holds a unit, a waiter or a budget, no
 //!   budget is left in the store, no request waits, every node counts
@@ -63,6 +70,12 @@ pub enum Violation {
         req: u64,
         waited_us: u64,
     },
+    /// Refused by a fleet limit with room at the upstream for so long.
+    Starved {
+        node: usize,
+        budget: Budget,
+        room_us: u64,
+    },
 }
 
 impl Violation {
@@ -74,6 +87,7 @@ impl Violation {
             Self::WrongReason { .. } => "wrong reason",
             Self::Leak { .. } => "leak",
             Self::Stuck { .. } => "stuck",
+            Self::Starved { .. } => "starved",
         }
     }
 }
@@ -96,6 +110,11 @@ impl fmt::Display for Violation {
             Self::Stuck { req, waited_us } => {
                 write!(f, "request {req} waited {} ms and never had an answer", waited_us / 1000)
             }
+            Self::Starved { node, budget, room_us } => write!(
+                f,
+                "node {node} refused {budget:?} by its fleet limit, with room, for {} ms, admitting none",
+                room_us / 1000
+            ),
         }
     }
 }
@@ -132,10 +151,16 @@ pub struct Checker {
     /// When each node incarnation's claims of each budget were last
     /// answered, and last failed.
     answered: HashMap<(usize, u32, Budget), Outcomes>,
-    waiting: BTreeMap<u64, u64>,
+    /// Requests a node has not decided yet: when each arrived, and its
+    /// budgets (it may hold a unit of one while it waits for another).
+    waiting: BTreeMap<u64, (u64, Vec<Budget>)>,
     /// How long after the store learns of an excess every node has heard.
     drain_us: u64,
     excess: Option<Violation>,
+    /// Since when each node incarnation has refused each budget by its
+    /// limit with room at the upstream, admitting none of it since (and
+    /// the upstream never running the limit meanwhile).
+    starving: HashMap<(usize, u32, Budget), u64>,
 }
 
 impl Checker {
@@ -154,6 +179,7 @@ impl Checker {
             waiting: BTreeMap::new(),
             drain_us: sc.lease_us() / 3 + 4 * (sc.one_way_us + sc.jitter_us) + 10_000,
             excess: None,
+            starving: HashMap::new(),
         }
     }
 
@@ -164,8 +190,9 @@ impl Checker {
         }
     }
 
-    pub fn waiting(&mut self, req: u64, now: u64) {
-        self.waiting.insert(req, now);
+    pub fn waiting(&mut self, req: u64, now: u64, budgets: &[Budget]) {
+        self.waiting.insert(req, (now, budgets.to_vec()));
+        self.unless_room(budgets);
     }
 
     pub fn ended_waiting(&mut self, req: u64) {
@@ -190,6 +217,25 @@ impl Checker {
         );
         if let Some(v) = self.admitted_into_known_excess(req, now) {
             self.excess = Some(v);
+        }
+        for b in budgets {
+            self.starving.remove(&(node, inc, *b));
+        }
+        self.unless_room(budgets);
+    }
+
+    /// What of budget `b` may be held: the requests the upstream runs and
+    /// those not decided yet.
+    fn occupied(&self, b: Budget) -> usize {
+        self.in_flight(b, false).len() + self.waiting.values().filter(|(_, bs)| bs.contains(&b)).count()
+    }
+
+    /// No node starves for a budget that was full meanwhile.
+    fn unless_room(&mut self, budgets: &[Budget]) {
+        for b in budgets {
+            if self.occupied(*b) >= self.limit(*b) as usize {
+                self.starving.retain(|(_, _, x), _| x != b);
+            }
         }
     }
 
@@ -338,13 +384,37 @@ impl Checker {
         (failed_before && !answered_since).then_some(Violation::WrongReason { node, budget: *budget, reason })
     }
 
+    /// A refusal by a fleet limit with room at the upstream: wrong when
+    /// its node has refused that budget so for two leases, admitting none.
+    pub fn starved(
+        &mut self,
+        node: usize,
+        inc: u32,
+        budgets: &[Budget],
+        reason: &str,
+        now: u64,
+    ) -> Option<Violation> {
+        let budget = *match reason {
+            "fleet_session" => budgets.iter().find(|b| matches!(b, Budget::Session(_)))?,
+            "fleet_web" => budgets.iter().find(|b| **b == Budget::Web)?,
+            _ => return None,
+        };
+        if self.occupied(budget) >= self.limit(budget) as usize {
+            self.unless_room(&[budget]);
+            return None;
+        }
+        let since = *self.starving.entry((node, inc, budget)).or_insert(now);
+        let room_us = now - since;
+        (room_us >= 2 * self.lease_us).then_some(Violation::Starved { node, budget, room_us })
+    }
+
     /// When a waiting request arrived.
     pub fn arrived(&self, req: u64) -> Option<u64> {
-        self.waiting.get(&req).copied()
+        self.waiting.get(&req).map(|w| w.0)
     }
 
     /// A request still waiting at the end.
     pub fn stuck(&self, now: u64) -> Option<Violation> {
-        self.waiting.iter().next().map(|(r, since)| Violation::Stuck { req: *r, waited_us: now - since })
+        self.waiting.iter().next().map(|(r, (since, _))| Violation::Stuck { req: *r, waited_us: now - since })
     }
 }

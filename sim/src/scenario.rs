@@ -3,7 +3,7 @@
 //! the faults, at which times. Everything is drawn from the seed, within
 //! the fault families asked for, so that a seed names a run.
 
-use std::fmt;
+use std::{fmt, time::Duration};
 
 use crate::rng::Rng;
 
@@ -41,6 +41,8 @@ pub struct Client {
     pub duration_us: (u64, u64),
     /// Its pause between requests (µs).
     pub think_us: (u64, u64),
+    /// Its pause after a refusal, besides (µs).
+    pub after_refusal_us: u64,
     /// The chance that a request still waiting for a claim is reset (an
     /// HTTP/2 stream the client gives up on), and when.
     pub cancel: f64,
@@ -152,6 +154,7 @@ impl Scenario {
                     route,
                     duration_us,
                     think_us: (0, rng.range(0, 50_000)),
+                    after_refusal_us: 0,
                     cancel: if cancel_on { 0.3 } else { 0.0 },
                 });
             }
@@ -164,6 +167,7 @@ impl Scenario {
                     route: Route::Random,
                     duration_us: (1_000, lease_us / 4),
                     think_us: (0, 20_000),
+                    after_refusal_us: 0,
                     cancel: if cancel_on { 0.3 } else { 0.0 },
                 });
             }
@@ -213,6 +217,44 @@ impl Scenario {
             faults,
             shared_identity: families.contains(&"identity"),
             run_us,
+        }
+    }
+
+    /// The load of the false-refusal measure (docs/fleet.md): a session
+    /// limited to 6 over two nodes, six clients sending requests of 20-300
+    /// ms one after another (20 ms apart after a refusal), all to one node
+    /// that changes every `period` or each to a node at random; lease
+    /// 1.5 s; the store `one_way_us` away; no fault.
+    pub fn moving(seed: u64, one_way_us: u64, period: Option<Duration>) -> Self {
+        let route = match period {
+            Some(p) => Route::Alternating { period_us: p.as_micros() as u64 },
+            None => Route::Random,
+        };
+        let client = Client {
+            session: Some(0),
+            web: false,
+            route,
+            duration_us: (20_000, 300_000),
+            think_us: (0, 0),
+            after_refusal_us: 20_000,
+            cancel: 0.0,
+        };
+        Self {
+            seed,
+            nodes: 2,
+            session_limit: 6,
+            web_limit: 0,
+            lease_ms: 1500,
+            timeout_ms: 100,
+            policy: Policy::Share,
+            one_way_us,
+            jitter_us: one_way_us / 5,
+            spike: 0.0,
+            loss: 0.0,
+            clients: vec![client; 6],
+            faults: Vec::new(),
+            shared_identity: false,
+            run_us: 12_000_000,
         }
     }
 

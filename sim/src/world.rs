@@ -709,6 +709,12 @@ impl<'a> World<'a> {
         self.at(t, Ev::ClientNext { client });
     }
 
+    fn client_after_refusal(&mut self, client: usize) {
+        let (lo, hi) = self.sc.clients[client].think_us;
+        let t = self.now + self.rng.range(lo, hi) + self.sc.clients[client].after_refusal_us;
+        self.at(t, Ev::ClientNext { client });
+    }
+
     fn arrive(&mut self, req: u64) {
         let Some(r) = self.requests.get_mut(&req) else { return };
         if r.done {
@@ -733,7 +739,8 @@ impl<'a> World<'a> {
             Budget::Session(s) => Some(*s),
             Budget::Web => None,
         });
-        self.check.waiting(req, self.now);
+        let budgets = r.budgets.clone();
+        self.check.waiting(req, self.now, &budgets);
         self.note(|| format!("request {req} arrives at node {node}: web {web}, session {session:?}"));
         self.dispatch(node, |n, io| n.arrive(io, req, web, session));
     }
@@ -780,7 +787,10 @@ impl<'a> World<'a> {
         if let Some(v) = self.check.refusal(node, inc, &budgets, reason, arrived) {
             self.fail(v);
         }
-        self.client_after(client);
+        if let Some(v) = self.check.starved(node, inc, &budgets, reason, self.now) {
+            self.fail(v);
+        }
+        self.client_after_refusal(client);
     }
 
     fn upstream_end(&mut self, req: u64) {

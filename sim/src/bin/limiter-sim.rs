@@ -9,6 +9,7 @@
 //! limiter-sim --seeds N [--from S] [--faults F] [--before] [--first]
 //!             [--ignore KIND,…] [--attribute]
 //! limiter-sim --seed S [--faults F] [--before]   one seed, its whole trace
+//! limiter-sim --moving [--seeds N]    the false-refusal measure (docs/fleet.md)
 //! ```
 //!
 //! `--faults`: `all` (the default), `none`, or families from
@@ -19,7 +20,8 @@
 use std::{collections::BTreeMap, process::ExitCode, time::Instant};
 
 use limiter_sim::{
-    Options, PLANTS, Version, faults_name, first_failure, rotation, run, scenario::FAMILIES, suite,
+    Options, PLANTS, Version, faults_name, first_failure, first_failure_in_rotation, rotation, run,
+    scenario::FAMILIES, suite,
 };
 
 fn main() -> ExitCode {
@@ -42,6 +44,9 @@ fn main() -> ExitCode {
         value("--ignore").map(|v| v.split(',').map(str::to_owned).collect()).unwrap_or_default();
     if let Some(n) = value("--suite").and_then(|v| v.parse().ok()) {
         return run_suite(n, number("--from", 0));
+    }
+    if flag("--moving") {
+        return run_moving(version, number("--seeds", 20));
     }
     if let Some(seed) = value("--seed").and_then(|v| v.parse().ok()) {
         let (sc, out) = run(version, seed, &families, &Options { tracing: true, ignore });
@@ -87,6 +92,26 @@ fn main() -> ExitCode {
     if failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
+/// The false-refusal measure: load moving between two nodes, the store
+/// local and 10 ms away (the daemon's black-box test measures the same on
+/// real processes).
+fn run_moving(version: Version, seeds: u64) -> ExitCode {
+    let mut ok = true;
+    for (store, one_way) in [("local", 50), ("10 ms away", 5_000)] {
+        for (load, period) in [("every 2 s", Some(std::time::Duration::from_secs(2))), ("each request", None)]
+        {
+            let (fraction, requests, violations) = limiter_sim::moving(version, one_way, period, seeds);
+            println!(
+                "store {store}, load moving {load}: {:.1} % of {requests} requests refused with room ({seeds} seeds){}",
+                fraction * 100.0,
+                if violations.is_empty() { String::new() } else { format!("; VIOLATIONS {violations:?}") }
+            );
+            ok &= violations.is_empty() && fraction <= 0.10;
+        }
+    }
+    if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
 /// The test suite's run: `n` seeds of today's fleet over every family in
 /// turn (none may fail), then every planted hole and the fleet before the
 /// simulation (each must be found).
@@ -113,9 +138,11 @@ fn run_suite(n: u64, from: u64) -> ExitCode {
     // The checker must see a hole: those planted by hand, and those of
     // the fleet before the simulation.
     for (i, (what, _, _)) in PLANTS.iter().enumerate() {
-        let found = first_failure(Version::Planted(i), &FAMILIES, 400);
+        let found = first_failure_in_rotation(Version::Planted(i), 400);
         match found {
-            Some((seed, v)) => println!("planted hole {i} ({what}): found at seed {seed} ({})", v.kind()),
+            Some((seed, faults, v)) => {
+                println!("planted hole {i} ({what}): found at seed {seed}, faults {faults} ({})", v.kind())
+            }
             None => {
                 println!("planted hole {i} ({what}): NOT FOUND in 400 seeds");
                 ok = false;
