@@ -396,7 +396,12 @@ fn a_node_killed_holding_permits_frees_them_within_the_lease_and_a_restart_does_
             break;
         }
         assert_refused(&r, "fleet_session");
-        assert!(restarted.elapsed() < lease * 4, "the dead process's share was never ended");
+        assert!(
+            restarted.elapsed() < lease * 4,
+            "the dead process's share was never ended:\n{}\n{}",
+            nodes[0].daemon.log(),
+            net.contents(6379).unwrap_or_default()
+        );
         thread::sleep(Duration::from_millis(25));
     }
     let took = restarted.elapsed();
@@ -423,6 +428,9 @@ fn a_node_killed_holding_permits_frees_them_within_the_lease_and_a_restart_does_
     }
     let freed = killed.elapsed();
     assert!(freed <= lease + lease / 3 + Duration::from_millis(300), "freed after {freed:?}");
+    println!(
+        "lease {lease:?}: the restarted process took the forty after {took:?}, a node killed for good freed them after {freed:?}"
+    );
     let b = hold_40(&net, &nodes[1]);
     up.wait_holding(40);
     assert_refused(&get(&net, nodes[1].addr, "/x", &auth(token)), "fleet_session");
@@ -1406,8 +1414,9 @@ fn moving_load(delay: Option<Duration>) -> Vec<(String, u64, MoveTally)> {
         thread::sleep(Duration::from_secs(10));
         let tally = load.stop();
         let peak = up.session_peak(&token);
+        let away = delay.map_or("local".to_owned(), |d| format!("{} ms away", 2 * d.as_millis()));
         eprintln!(
-            "store {delay:?} away, load moving {name}: peak {peak} of 6; {} requests, {} admitted, {} refused ({} with room: {:.1} %), other {:?}",
+            "store {away}, load moving {name}: peak {peak} of 6; {} requests, {} admitted, {} refused ({} with room: {:.1} %), other {:?}",
             tally.total(),
             tally.ok,
             tally.refused,
@@ -1821,12 +1830,12 @@ fn a_store_that_is_not_a_primary_is_refused_at_start_and_eviction_is_warned_of()
         [(format!("{}:6380", store::REPLICA_IP), "a replica"), (format!("{STORE_IP}:26379"), "a Sentinel")]
     {
         let keys = format!("fleet.store = redis://{store}\nfleet.maxSessionConnections = 6");
-        let (code, log) = match store::node(&net, &up, &keys) {
-            Ok(mut n) => (n.daemon.wait(), n.daemon.log()),
-            Err(e) => (Some(-1), format!("{e:#}")),
+        let said = match store::node(&net, &up, &keys) {
+            Ok(mut n) => format!("exit {:?}: {}", n.daemon.wait(), n.daemon.log()),
+            Err(e) => format!("{e:#}"),
         };
-        assert_eq!(code, Some(78), "{store}: {log}");
-        assert!(log.contains(what) && log.contains("not a Redis primary"), "{store}: {log}");
+        assert!(said.contains("exit status: 78") || said.starts_with("exit Some(78)"), "{store}: {said}");
+        assert!(said.contains(what) && said.contains("not a Redis primary"), "{store}: {said}");
     }
     // The primary starts, and says its eviction policy could drop the
     // fleet's keys; check-config says so too.
@@ -1934,12 +1943,14 @@ fn a_sentinel_failover_to_a_replica_that_missed_writes_keeps_the_limit() {
     wait_for("every node up again", Duration::from_secs(15), || {
         nodes.iter().all(|n| n.daemon.metric("limiter_fleet_store_up") == 1.0)
     });
+    // The six held end (8 s); the tries then find room on the new
+    // primary.
+    assert!(statuses(held).iter().all(|r| r.status == 200));
     thread::sleep(Duration::from_secs(3));
     let outcomes = tries.stop();
     net.mend(&cut).ok();
     let peak = up.session_peak(token);
     assert!(peak <= 6, "{peak} of 6 in progress through a Sentinel failover: {outcomes:?}");
-    assert!(statuses(held).iter().all(|r| r.status == 200));
     assert!(outcomes.get("200").copied().unwrap_or(0) > 5, "served again after the failover: {outcomes:?}");
     eprintln!("Sentinel failover after {promoted:?}: peak {peak} of 6; {outcomes:?}");
 }

@@ -269,9 +269,10 @@ fn main() -> Result<()> {
          Redis (Debian's `redis-server`) in another namespace, reached over a veth pair and a bridge. wrk \
          ({SECONDS} s) from the store's namespace, {ROUNDS} rounds interleaved; median (min-max) of the \
          rounds. Everything, Redis included, shares the machine's two CPUs. Claims are round trips on a \
-         request's path; commands sent are what the daemons send (claims' and renewals' `EVALSHA`, the hash \
-         key's fingerprint); run in the store adds what the script runs there (`TIME`, `HGETALL`, `HSET`, \
-         `HDEL`, `PTTL`, `PEXPIRE`); CPU is user + system time per request, from `/proc`.\n\n\
+         request's path; commands sent are what the daemons send (claims' and renewals' `EVALSHA`, the probe's \
+         `PING`, `ROLE` and `PTTL`, the hash key's fingerprint); run in the store adds what the script runs \
+         there (`INFO`, `HMGET`, `HGETALL`, `HSET`, `HDEL`, `PEXPIRE`, `PUBLISH`); CPU is user + system time \
+         per request, from `/proc`.\n\n\
          | requests | connections | req/s | p50 | p99 | refused | claims per request | claim round trip (mean) | store commands sent per request | run in the store per request | daemons' CPU per request | store CPU per request |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
