@@ -652,8 +652,9 @@ pub const HASH_KEY: &str = "fleet-test-hash-key-0123456789abcdef";
 /// configuration (`fleet.store` among them), once the quiet of the
 /// fleet's first start is over ([`wait_quiet_over`]).
 pub fn fleet(net: &StoreNet, upstream: &Upstream, n: usize, fleet: &str) -> Result<Vec<Node>> {
-    let nodes: Vec<Node> =
-        (0..n).map(|_| start_node(net, upstream, fleet, false, &[], HASH_KEY)).collect::<Result<_>>()?;
+    let nodes: Vec<Node> = (0..n)
+        .map(|_| start_node(net, upstream, fleet, false, &[], HASH_KEY, false))
+        .collect::<Result<_>>()?;
     wait_quiet_over(&nodes)?;
     Ok(nodes)
 }
@@ -687,19 +688,19 @@ pub fn wait_quiet_over(nodes: &[Node]) -> Result<()> {
 /// One node of [`fleet`] (logging at debug, as tests do), once it sees no
 /// quiet.
 pub fn node(net: &StoreNet, upstream: &Upstream, fleet: &str) -> Result<Node> {
-    let node = start_node(net, upstream, fleet, false, &[], HASH_KEY)?;
+    let node = start_node(net, upstream, fleet, false, &[], HASH_KEY, false)?;
     wait_quiet_over(std::slice::from_ref(&node))?;
     Ok(node)
 }
 
 /// [`node`] with a hash key of its own in its `fleet.hashKeyFile`.
 pub fn node_with_key(net: &StoreNet, upstream: &Upstream, fleet: &str, hash_key: &str) -> Result<Node> {
-    start_node(net, upstream, fleet, false, &[], hash_key)
+    start_node(net, upstream, fleet, false, &[], hash_key, false)
 }
 
 /// [`node`] with these environment variables (`SSL_CERT_FILE`, say).
 pub fn node_with_env(net: &StoreNet, upstream: &Upstream, fleet: &str, env: &[(&str, &str)]) -> Result<Node> {
-    let node = start_node(net, upstream, fleet, false, env, HASH_KEY)?;
+    let node = start_node(net, upstream, fleet, false, env, HASH_KEY, false)?;
     wait_quiet_over(std::slice::from_ref(&node))?;
     Ok(node)
 }
@@ -707,7 +708,7 @@ pub fn node_with_env(net: &StoreNet, upstream: &Upstream, fleet: &str, env: &[(&
 /// A node logging at its configuration's level, as in production (for
 /// the benchmark).
 pub fn quiet_node(net: &StoreNet, upstream: &Upstream, fleet: &str) -> Result<Node> {
-    let node = start_node(net, upstream, fleet, true, &[], HASH_KEY)?;
+    let node = start_node(net, upstream, fleet, true, &[], HASH_KEY, false)?;
     wait_quiet_over(std::slice::from_ref(&node))?;
     Ok(node)
 }
@@ -717,23 +718,14 @@ pub fn quiet_node(net: &StoreNet, upstream: &Upstream, fleet: &str) -> Result<No
 /// name in the fleet was made of before it carried random bits of its own
 /// (cloned machines, containers that share a host name).
 pub fn twin_node(net: &StoreNet, upstream: &Upstream, fleet: &str) -> Result<Node> {
-    let node = start_node_as(net, upstream, fleet, false, &[], HASH_KEY, true)?;
+    let node = start_node(net, upstream, fleet, false, &[], HASH_KEY, true)?;
     wait_quiet_over(std::slice::from_ref(&node))?;
     Ok(node)
 }
 
+/// A node in a sandbox of its own on the store's network; `twin`: with
+/// the `kernel.pinPath` and `http.listen` every twin has.
 fn start_node(
-    net: &StoreNet,
-    upstream: &Upstream,
-    fleet: &str,
-    quiet: bool,
-    env: &[(&str, &str)],
-    hash_key: &str,
-) -> Result<Node> {
-    start_node_as(net, upstream, fleet, quiet, env, hash_key, false)
-}
-
-fn start_node_as(
     net: &StoreNet,
     upstream: &Upstream,
     fleet: &str,

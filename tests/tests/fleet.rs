@@ -517,7 +517,7 @@ fn redis_restarted_empty_and_redis_stopped_under_load_never_lift_the_limit_and_h
         )
     };
     let nodes = store::fleet(&net, &up, 3, &fleet_keys("share")).unwrap();
-    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let addrs = addrs_of(&nodes);
     let (loaded, quiet) = ("Bearer under-load", "Bearer three-held");
     let quiet_key = session_key_for("default", HASH_KEY, quiet.as_bytes());
     let held: Vec<_> = (0..3).map(|i| spawn_get(&net, addrs[i], "/hold", &auth(quiet))).collect();
@@ -869,6 +869,27 @@ impl Sessions {
     }
 }
 
+/// Stops `tries` and holds the upstream's own count of session `token`'s
+/// requests in progress to `limit` (`what`: when); the peak, and what the
+/// clients got.
+fn held_to(
+    up: &Upstream,
+    token: &str,
+    limit: u64,
+    tries: Sessions,
+    what: &str,
+) -> (u64, std::collections::BTreeMap<String, u64>) {
+    let outcomes = tries.stop();
+    let peak = up.session_peak(token);
+    assert!(peak <= limit, "{peak} of {limit} in progress {what}: {outcomes:?}");
+    (peak, outcomes)
+}
+
+/// The nodes' HTTP addresses.
+fn addrs_of(nodes: &[Node]) -> Vec<SocketAddr> {
+    nodes.iter().map(|n| n.addr).collect()
+}
+
 /// Runs `iptables ARGS` in `node`'s namespace.
 fn iptables(node: &Node, args: &[&str]) {
     let out = limiter_tests::process::run_with_deadline(
@@ -972,7 +993,7 @@ fn a_node_cut_from_the_store_keeps_within_its_share_and_requests_shorter_than_a_
         ),
     )
     .unwrap();
-    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let addrs = addrs_of(&nodes);
     let token = "Bearer partitioned";
     // C holds four.
     let held: Vec<_> = (0..4).map(|_| spawn_get(&net, addrs[2], "/sess?ms=1200", &auth(token))).collect();
@@ -982,13 +1003,8 @@ fn a_node_cut_from_the_store_keeps_within_its_share_and_requests_shorter_than_a_
     let cut = Instant::now();
     let tries = Sessions::start(&net, &addrs, 6, token, 1200, Duration::from_millis(20));
     thread::sleep(Duration::from_secs(7));
-    let outcomes = tries.stop();
+    let (peak, outcomes) = held_to(&up, token, 6, tries, "with C cut off");
     partition(&nodes[2], "-D", 6379);
-    let peak = up.session_peak(token);
-    assert!(
-        peak <= 6,
-        "the upstream had {peak} of the session at once with C cut off (fleet limit 6): {outcomes:?}"
-    );
     assert!(outcomes.get("200").copied().unwrap_or(0) >= 2, "A and B use what C does not hold: {outcomes:?}");
     // C said the store was down, admitted nothing past its share's lease.
     assert_eq!(nodes[2].daemon.metric("limiter_fleet_store_up"), 0.0);
@@ -1018,7 +1034,7 @@ fn past_its_lease_a_cut_off_nodes_requests_are_the_only_overshoot_and_are_counte
         ),
     )
     .unwrap();
-    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let addrs = addrs_of(&nodes);
     let token = "Bearer outlived";
     let held: Vec<_> = (0..4).map(|_| spawn_get(&net, addrs[2], "/sess?ms=6000", &auth(token))).collect();
     wait_for("four held on C", Duration::from_secs(5), || up.session_now(token) == 4);
@@ -1062,7 +1078,7 @@ fn a_paused_node_re_takes_what_it_still_holds_and_counts_the_lapse() {
         ),
     )
     .unwrap();
-    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let addrs = addrs_of(&nodes);
     let token = "Bearer paused";
     let held = spawn_get(&net, addrs[2], "/sess?ms=8000", &auth(token));
     wait_for("one held on C", Duration::from_secs(5), || up.session_now(token) == 1);
@@ -1096,16 +1112,15 @@ fn redis_restarted_empty_while_shares_are_held_never_lifts_the_limit() {
         ),
     )
     .unwrap();
-    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let addrs = addrs_of(&nodes);
     let token = "Bearer restarted";
     let held = hold_each(&net, &up, &addrs, "/sess?ms=6000", token, 6);
     let tries = Sessions::start(&net, &addrs, 6, token, 500, Duration::from_millis(20));
     redis.kill();
     redis.start().unwrap();
     thread::sleep(Duration::from_secs(4));
-    let outcomes = tries.stop();
-    let peak = up.session_peak(token);
-    assert_eq!(peak, 6, "the upstream had {peak} of the session at once (fleet limit 6): {outcomes:?}");
+    let (peak, outcomes) = held_to(&up, token, 6, tries, "with Redis restarted empty");
+    assert_eq!(peak, 6, "the six held were not all in progress: {outcomes:?}");
     assert!(statuses(held).iter().all(|r| r.status == 200));
     eprintln!("Redis restarted empty under six held: peak {peak}; {outcomes:?}");
 }
@@ -1127,7 +1142,7 @@ fn a_cluster_masters_failover_never_lifts_the_limit() {
         ),
     )
     .unwrap();
-    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let addrs = addrs_of(&nodes);
     let token = "Bearer failover";
     let key = session_key_for("failover", HASH_KEY, token.as_bytes());
     let tries = Sessions::start(&net, &addrs, 9, token, 300, Duration::from_millis(10));
@@ -1141,9 +1156,7 @@ fn a_cluster_masters_failover_never_lifts_the_limit() {
     });
     let promoted = killed.elapsed();
     thread::sleep(Duration::from_secs(4));
-    let outcomes = tries.stop();
-    let peak = up.session_peak(token);
-    assert!(peak <= 6, "the upstream had {peak} of the session at once (fleet limit 6): {outcomes:?}");
+    let (peak, outcomes) = held_to(&up, token, 6, tries, "through a cluster master's failover");
     assert!(outcomes.get("200").copied().unwrap_or(0) > 20, "{outcomes:?}");
     eprintln!("cluster master killed, replica promoted after {promoted:?}: peak {peak} of 6; {outcomes:?}");
 }
@@ -1405,7 +1418,7 @@ fn moving_load(delay: Option<Duration>) -> Vec<(String, u64, MoveTally)> {
         ),
     )
     .unwrap();
-    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let addrs = addrs_of(&nodes);
     let mut seen = Vec::new();
     for (name, period) in [("every 2 s", Some(Duration::from_secs(2))), ("each request", None)] {
         let token = format!("Bearer moving-{}", name.len());
@@ -1467,7 +1480,7 @@ fn an_excess_left_by_a_cut_off_node_drains_instead_of_being_refilled() {
         ),
     )
     .unwrap();
-    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let addrs = addrs_of(&nodes);
     let token = "Bearer excess";
     // C holds four requests of 9 s, then is cut off for 3 s: past its
     // lease, A and B fill the six with short requests.
@@ -1505,7 +1518,7 @@ fn a_flushall_while_shares_are_held_never_lifts_the_limit() {
         ),
     )
     .unwrap();
-    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let addrs = addrs_of(&nodes);
     let token = "Bearer flushed";
     let held = hold_each(&net, &up, &addrs, "/sess?ms=5000", token, 6);
     up.reset_session_peaks();
@@ -1513,9 +1526,7 @@ fn a_flushall_while_shares_are_held_never_lifts_the_limit() {
     thread::sleep(Duration::from_millis(300));
     net.cli(6379, &["flushall"]).unwrap();
     thread::sleep(Duration::from_secs(3));
-    let outcomes = tries.stop();
-    let peak = up.session_peak(token);
-    assert!(peak <= 6, "{peak} of 6 in progress after FLUSHALL: {outcomes:?}");
+    let (peak, outcomes) = held_to(&up, token, 6, tries, "after FLUSHALL");
     assert!(statuses(held).iter().all(|r| r.status == 200));
     assert!(nodes.iter().any(|n| n.daemon.metric("limiter_fleet_store_lost_data_total") >= 1.0));
     eprintln!("FLUSHALL under six held: peak {peak}; {outcomes:?}");
@@ -1538,7 +1549,7 @@ fn a_cluster_failover_to_a_replica_that_missed_writes_never_lifts_the_limit() {
         ),
     )
     .unwrap();
-    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let addrs = addrs_of(&nodes);
     let token = "Bearer lagging";
     let key = session_key_for("lagging", HASH_KEY, token.as_bytes());
     let master = net.master_of(7201, &key).unwrap();
@@ -1565,13 +1576,8 @@ fn a_cluster_failover_to_a_replica_that_missed_writes_never_lifts_the_limit() {
         net.master_of(ports[(i + 1) % 3], &key).is_ok_and(|m| m == replica)
     });
     thread::sleep(Duration::from_secs(4));
-    let outcomes = tries.stop();
+    let (peak, outcomes) = held_to(&up, token, 6, tries, "after a failover to a replica that missed writes");
     net.mend(&cut).ok();
-    let peak = up.session_peak(token);
-    assert!(
-        peak <= 6,
-        "{peak} of 6 in progress after a failover to a replica that missed writes: {outcomes:?}"
-    );
     assert!(statuses(held).iter().all(|r| r.status == 200));
     eprintln!("cluster failover to a lagging replica: peak {peak} of 6; {outcomes:?}");
 }
@@ -1592,7 +1598,7 @@ fn the_stores_clock_stepping_either_way_lifts_nothing() {
         ),
     )
     .unwrap();
-    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let addrs = addrs_of(&nodes);
     let token = "Bearer clock";
     let held = hold_each(&net, &up, &addrs, "/sess?ms=7000", token, 6);
     up.reset_session_peaks();
@@ -1604,10 +1610,8 @@ fn the_stores_clock_stepping_either_way_lifts_nothing() {
     thread::sleep(Duration::from_secs(3));
     clock.step(-20);
     thread::sleep(Duration::from_secs(2));
-    let outcomes = tries.stop();
+    let (peak, outcomes) = held_to(&up, token, 6, tries, "with the store's clock stepped");
     clock.step(0);
-    let peak = up.session_peak(token);
-    assert!(peak <= 6, "{peak} of 6 in progress with the store's clock stepped: {outcomes:?}");
     assert!(statuses(held).iter().all(|r| r.status == 200));
     eprintln!("the store's clock +10 s then -20 s under six held: peak {peak}; {outcomes:?}");
 }
@@ -1633,9 +1637,7 @@ fn two_daemons_configured_alike_on_one_host_never_pass_the_limit() {
     let b = store::twin_node(&net, &up, &keys).unwrap();
     let tries = Sessions::start(&net, &[b.addr], 6, token, 300, Duration::from_millis(10));
     thread::sleep(Duration::from_secs(3));
-    let outcomes = tries.stop();
-    let peak = up.session_peak(token);
-    assert!(peak <= 6, "{peak} of 6 in progress with two daemons configured alike: {outcomes:?}");
+    let (peak, outcomes) = held_to(&up, token, 6, tries, "with two daemons configured alike");
     assert!(statuses(held).iter().all(|r| r.status == 200));
     assert_ne!(
         a.daemon.admin_get("/status").unwrap().split("\"node\":").nth(1).map(|s| s[..40].to_owned()),
@@ -1668,9 +1670,7 @@ fn a_handover_without_the_gate_never_erases_the_draining_daemons_share() {
     let tries =
         Sessions::start(&net, &[nodes[0].addr, nodes[1].addr], 6, token, 300, Duration::from_millis(10));
     thread::sleep(Duration::from_secs(3));
-    let outcomes = tries.stop();
-    let peak = up.session_peak(token);
-    assert!(peak <= 6, "{peak} of 6 in progress during a handover without the gate: {outcomes:?}");
+    let (peak, outcomes) = held_to(&up, token, 6, tries, "during a handover without the gate");
     assert!(statuses(held).iter().all(|r| r.status == 200));
     drop(second);
     eprintln!("handover without the gate: peak {peak} of 6; {outcomes:?}");
@@ -1696,7 +1696,7 @@ fn a_cut_off_node_admits_only_what_ends_within_its_share_s_trust() {
         ),
     )
     .unwrap();
-    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let addrs = addrs_of(&nodes);
     let token = "Bearer covered";
     let on_c = Sessions::start(&net, &addrs[2..], 4, token, 900, Duration::ZERO);
     wait_for("C busy", Duration::from_secs(5), || up.session_now(token) >= 3);
@@ -1875,7 +1875,7 @@ fn with_the_store_killed_a_new_session_gets_its_safe_share_on_each_node_and_the_
         ),
     )
     .unwrap();
-    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let addrs = addrs_of(&nodes);
     // The nodes see each other among the live nodes.
     wait_for("three live nodes seen", Duration::from_secs(5), || {
         nodes.iter().all(|n| n.daemon.metric("limiter_fleet_nodes") == 3.0)
@@ -1894,10 +1894,8 @@ fn with_the_store_killed_a_new_session_gets_its_safe_share_on_each_node_and_the_
     up.reset_session_peaks();
     let tries = Sessions::start(&net, &addrs, 9, token, 300, Duration::from_millis(10));
     thread::sleep(Duration::from_secs(3));
-    let outcomes = tries.stop();
-    let peak = up.session_peak(token);
+    let (peak, outcomes) = held_to(&up, token, 6, tries, "within the safe shares");
     let safe: f64 = nodes.iter().map(|n| n.daemon.metric("limiter_fleet_admitted_safe_total")).sum();
-    assert!(peak <= 6, "{peak} of 6 in progress within the safe shares: {outcomes:?}");
     assert!(
         outcomes.get("200").copied().unwrap_or(0) > 10 && safe > 10.0,
         "{safe} within the safe share: {outcomes:?}"
@@ -1925,7 +1923,7 @@ fn a_sentinel_failover_to_a_replica_that_missed_writes_keeps_the_limit() {
         ),
     )
     .unwrap();
-    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let addrs = addrs_of(&nodes);
     let token = "Bearer sentinel";
     // Replication cut: the replica misses what follows; then the primary
     // dies and Sentinel promotes the replica.
@@ -1947,10 +1945,8 @@ fn a_sentinel_failover_to_a_replica_that_missed_writes_keeps_the_limit() {
     // primary.
     assert!(statuses(held).iter().all(|r| r.status == 200));
     thread::sleep(Duration::from_secs(3));
-    let outcomes = tries.stop();
+    let (peak, outcomes) = held_to(&up, token, 6, tries, "through a Sentinel failover");
     net.mend(&cut).ok();
-    let peak = up.session_peak(token);
-    assert!(peak <= 6, "{peak} of 6 in progress through a Sentinel failover: {outcomes:?}");
     assert!(outcomes.get("200").copied().unwrap_or(0) > 5, "served again after the failover: {outcomes:?}");
     eprintln!("Sentinel failover after {promoted:?}: peak {peak} of 6; {outcomes:?}");
 }
