@@ -121,6 +121,7 @@ impl Fleet {
         let mut conn = match self.store.reconnect(CONNECT).await {
             Ok(conn) => conn,
             Err(e) => {
+                tracing::debug!(error = %e, "fleet: probe: no connection to the store");
                 self.tried_to_connect(e.is_connection_refusal());
                 return false;
             }
@@ -150,7 +151,15 @@ impl Fleet {
             let mut conn = conn.clone();
             set.spawn(async move { conn.query::<i64>(redis::cmd("PTTL").arg(&*key)).await.map(drop) });
         }
-        matches!(tokio::time::timeout(wait, set.join_all()).await, Ok(r) if r.iter().all(Result::is_ok))
+        let answered =
+            matches!(tokio::time::timeout(wait, set.join_all()).await, Ok(r) if r.iter().all(Result::is_ok));
+        if !answered {
+            tracing::debug!(
+                wait_ms = wait.as_millis() as u64,
+                "fleet: probe: the store did not answer in time"
+            );
+        }
+        answered
     }
 
     /// One renewal round: a claim for each budget this node holds or uses,
