@@ -486,7 +486,28 @@ impl Daemon {
         cmd
     }
 
-    fn spawn(mut cmd: Command, config: &Path, netns: Option<File>) -> Result<Self> {
+    /// [`Self::start_inside`] without waiting for anything: the daemon
+    /// may still be starting (or fail to) when this returns.
+    pub fn launch_inside(sb: &Sandbox, config: &Path) -> Result<Self> {
+        Self::launch(Self::inside(sb, config, &[]), config, Some(sb.netns_file()))
+    }
+
+    fn spawn(cmd: Command, config: &Path, netns: Option<File>) -> Result<Self> {
+        let mut daemon = Self::launch(cmd, config, netns)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(status) = daemon.child.try_wait()? {
+                bail!("daemon exited during start-up ({status}):\n{}", daemon.log());
+            }
+            if daemon.admin_get("/healthz").is_ok() {
+                return Ok(daemon);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bail!("daemon did not answer on {} within 10 s:\n{}", daemon.admin, daemon.log())
+    }
+
+    fn launch(mut cmd: Command, config: &Path, netns: Option<File>) -> Result<Self> {
         let text = fs::read_to_string(config)?;
         let admin: SocketAddr = match text.lines().find_map(|l| l.strip_prefix("admin.listen = ")) {
             Some(addr) => addr.parse()?,
@@ -501,18 +522,12 @@ impl Daemon {
         }
         let child = cmd.stdout(Stdio::null()).stderr(File::create(&log)?).spawn()?;
         let watched = watchdog(Pid::from_raw(child.id() as i32), &log);
-        let mut daemon = Self { child, config: config.to_path_buf(), admin, socket, log, netns, watched };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Some(status) = daemon.child.try_wait()? {
-                bail!("daemon exited during start-up ({status}):\n{}", daemon.log());
-            }
-            if daemon.admin_get("/healthz").is_ok() {
-                return Ok(daemon);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        bail!("daemon did not answer on {admin} within 10 s:\n{}", daemon.log())
+        Ok(Self { child, config: config.to_path_buf(), admin, socket, log, netns, watched })
+    }
+
+    /// Whether the daemon has exited (its status, reaped), without waiting.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
     }
 
     /// GET on the admin API: `/metrics` and `/healthz` on the TCP

@@ -3,7 +3,15 @@
 //! and binds beside it (`SO_REUSEPORT`); SIGTERM to the first drains it.
 //! A client looping new connections through it all sees no error.
 
-use std::{net::SocketAddr, thread, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
 
 use limiter_tests::{
     Daemon, Sandbox, client, in_netns,
@@ -68,6 +76,186 @@ fn a_second_run_beside_the_first_then_sigterm_to_the_first_refuses_no_connection
     assert!(ok > before && before > 0, "requests flowed before and after: {before} then {ok}");
     assert!(second.metrics().contains("limiter_kernel_gate_attached 1"), "the gate stayed attached");
     assert_eq!(terminate(&mut second, Duration::from_secs(30)), Some(0));
+    let _ = limiter_tests::limiter(&["unload", "--pin-path", sb.pin_path.to_str().unwrap()]);
+}
+
+/// `/healthz` asked every 20 ms on the admin port (which every daemon of
+/// the handover listens on) from the sandbox's namespace: every answer
+/// that is neither 200 nor a draining daemon's 503 is kept.
+struct HealthWatch {
+    stop: Arc<AtomicBool>,
+    asked: Arc<AtomicU64>,
+    bad: Arc<Mutex<Vec<String>>>,
+    thread: thread::JoinHandle<()>,
+}
+
+impl HealthWatch {
+    fn start(sb: &Sandbox, admin: SocketAddr) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let asked: Arc<AtomicU64> = Arc::default();
+        let bad: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (s, a, b) = (Arc::clone(&stop), Arc::clone(&asked), Arc::clone(&bad));
+        let netns = sb.netns_file();
+        let ask = format!("GET /healthz HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n");
+        let thread = thread::spawn(move || {
+            in_netns(&netns, move || {
+                while !s.load(Ordering::Relaxed) {
+                    let got = client::send(admin, ask.as_bytes());
+                    a.fetch_add(1, Ordering::Relaxed);
+                    match got {
+                        Ok(r) if r.status == 200 => {}
+                        Ok(r) if r.status == 503 && r.body.starts_with(b"draining") => {}
+                        Ok(r) => b.lock().unwrap().push(format!(
+                            "{} {}",
+                            r.status,
+                            String::from_utf8_lossy(&r.body)
+                        )),
+                        Err(e) => b.lock().unwrap().push(e.to_string()),
+                    }
+                    thread::sleep(Duration::from_millis(20));
+                }
+            })
+        });
+        Self { stop, asked, bad, thread }
+    }
+
+    /// Answers asked, and the bad ones.
+    fn stop(self) -> (u64, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap();
+        (self.asked.load(Ordering::Relaxed), self.bad.lock().unwrap().clone())
+    }
+}
+
+/// The admin listener's address in `config`.
+fn admin_of(config: &std::path::Path) -> SocketAddr {
+    let text = std::fs::read_to_string(config).unwrap();
+    text.lines().find_map(|l| l.strip_prefix("admin.listen = ")).unwrap().parse().unwrap()
+}
+
+/// Waits until `daemon` listens on the proxy's port, failing if it exits.
+fn wait_listening(sb: &Sandbox, proxy: SocketAddr, daemon: &mut Daemon, which: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !listens(sb, proxy, daemon) {
+        if let Some(status) = daemon.exited() {
+            panic!("{which} exited before it listened ({status}):\n{}", daemon.log());
+        }
+        assert!(Instant::now() < deadline, "{which} did not listen within 30 s:\n{}", daemon.log());
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits until `daemon` serves (its log says so), failing if it exits.
+fn wait_serving(daemon: &mut Daemon, which: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !daemon.log().contains("HTTP proxy serving") {
+        if let Some(status) = daemon.exited() {
+            panic!("{which} exited before it served ({status}):\n{}", daemon.log());
+        }
+        assert!(Instant::now() < deadline, "{which} did not serve within 60 s:\n{}", daemon.log());
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// What a daemon's log must never say during a handover.
+fn no_lost_gate(daemon: &Daemon, which: &str) {
+    let log = daemon.log();
+    for bad in ["detached under the running daemon", "whose load never completed", "ERROR"] {
+        assert!(!log.contains(bad), "{which} logged {bad:?}:\n{log}");
+    }
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, a network namespace and cgroup; run by `cargo xtask test`"]
+fn two_instances_started_at_the_same_instant_on_no_gate_both_serve_one_gate() {
+    require_kernel!();
+    for round in 0..5 {
+        let (sb, _up, config, proxy) = setup(40);
+        // At the same instant: neither waits for the other's port.
+        let mut a = Daemon::launch_inside(&sb, &config).unwrap();
+        let mut b = Daemon::launch_inside(&sb, &config).unwrap();
+        wait_serving(&mut a, "the first");
+        // From the moment one serves: the other may still be loading.
+        let health = HealthWatch::start(&sb, admin_of(&config));
+        wait_serving(&mut b, "the second");
+        let clients = client::Looping::start(&sb.netns_file(), proxy, 4);
+        let from = clients.ok();
+        wait_for("requests answered by the two", Duration::from_secs(10), || clients.ok() >= from + 50);
+        let (loaded, adopted) =
+            (a.log().contains("kernel gate loaded"), b.log().contains("kernel gate loaded"));
+        assert!(
+            loaded != adopted,
+            "round {round}: exactly one loaded the gate, the other adopted it:\n{}\n---\n{}",
+            a.log(),
+            b.log()
+        );
+        let waited = a.log().contains("waiting for it") || b.log().contains("waiting for it");
+        let (ok, errors) = clients.stop();
+        let (asked, bad) = health.stop();
+        for (d, which) in [(&a, "the first"), (&b, "the second")] {
+            no_lost_gate(d, which);
+            assert!(d.metrics().contains("limiter_kernel_gate_attached 1"), "{which}: the gate attached");
+        }
+        assert!(
+            errors.is_empty(),
+            "round {round}: {} errors: {:?}",
+            errors.len(),
+            &errors[..errors.len().min(10)]
+        );
+        assert!(bad.is_empty(), "round {round}: /healthz answered {bad:?} ({asked} asked)");
+        eprintln!(
+            "round {round}: {ok} requests, {asked} /healthz, one waited for the other's load: {waited}"
+        );
+        assert_eq!(terminate(&mut a, Duration::from_secs(30)), Some(0));
+        assert_eq!(terminate(&mut b, Duration::from_secs(30)), Some(0));
+        let _ = limiter_tests::limiter(&["unload", "--pin-path", sb.pin_path.to_str().unwrap()]);
+    }
+}
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, a network namespace and cgroup; run by `cargo xtask test`"]
+fn a_hundred_handovers_each_started_as_soon_as_the_last_port_accepts_lose_nothing() {
+    require_kernel!();
+    const HANDOVERS: usize = 100;
+    let (sb, _up, config, proxy) = setup(40);
+    let mut previous = Daemon::start_inside(&sb, &config, &[]).expect("the first daemon");
+    let health = HealthWatch::start(&sb, admin_of(&config));
+    let clients = client::Looping::start(&sb.netns_file(), proxy, 4);
+    // Each daemon is started as soon as the one before it listens (so
+    // while that one may still be adopting the gate); the one before that
+    // is stopped once the newest listens and it serves.
+    let mut current = Daemon::launch_inside(&sb, &config).unwrap();
+    wait_listening(&sb, proxy, &mut current, "daemon 1");
+    let started = Instant::now();
+    let mut waits = 0;
+    for i in 2..=HANDOVERS + 1 {
+        let mut next = Daemon::launch_inside(&sb, &config).unwrap();
+        wait_listening(&sb, proxy, &mut next, &format!("daemon {i}"));
+        wait_serving(&mut current, &format!("daemon {}", i - 1));
+        no_lost_gate(&previous, &format!("daemon {}", i - 2));
+        assert_eq!(terminate(&mut previous, Duration::from_secs(30)), Some(0), "daemon {}", i - 2);
+        waits += usize::from(previous.log().contains("waiting for it"));
+        previous = std::mem::replace(&mut current, next);
+    }
+    wait_serving(&mut current, "the last daemon");
+    let took = started.elapsed();
+    let (ok, errors) = clients.stop();
+    let (asked, bad) = health.stop();
+    for (d, which) in [(&previous, "the last but one"), (&current, "the last")] {
+        no_lost_gate(d, which);
+    }
+    assert!(current.metrics().contains("limiter_kernel_gate_attached 1"), "the gate stayed attached");
+    eprintln!(
+        "{HANDOVERS} handovers in {:.1} s: {ok} requests answered 200, {} errors; {asked} /healthz, {} bad; \
+         {waits} daemons waited for another's adoption",
+        took.as_secs_f64(),
+        errors.len(),
+        bad.len()
+    );
+    assert!(errors.is_empty(), "{} errors: {:?}", errors.len(), &errors[..errors.len().min(10)]);
+    assert!(bad.is_empty(), "/healthz answered {bad:?} ({asked} asked)");
+    assert_eq!(terminate(&mut previous, Duration::from_secs(30)), Some(0));
+    assert_eq!(terminate(&mut current, Duration::from_secs(30)), Some(0));
     let _ = limiter_tests::limiter(&["unload", "--pin-path", sb.pin_path.to_str().unwrap()]);
 }
 

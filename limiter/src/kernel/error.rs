@@ -101,6 +101,13 @@ pub enum KernelError {
     NoInterface(String),
     #[error("no gate is pinned at {}: start it with `limiter run`", .0.display())]
     NotLoaded(PathBuf),
+    #[error(
+        "kernel.pinPath {}: another limiter process ({}) has been loading, adopting or unloading the gate          there for {} s; nothing was changed (is a load stuck? see that process's log)",
+        pin_dir.display(),
+        holder.map_or_else(|| "pid unknown".to_owned(), |p| format!("pid {p}")),
+        waited.as_secs()
+    )]
+    PinDirBusy { pin_dir: PathBuf, holder: Option<u32>, waited: std::time::Duration },
     #[error("loading the kernel programs failed: {}", Chain(.0))]
     Object(#[source] Box<EbpfError>),
     #[error("loading the kernel programs failed: the embedded object has no `{0}`")]

@@ -26,6 +26,7 @@ use serde::Serialize;
 
 use super::{
     Gate, KernelError, LimitChange, XdpAttachError, XdpModeError, btf, env, migrate,
+    pin_lock::{self, PinLock},
     pins::{self, LINK_COUNT, LINK_REFUSE, PinRollback, PinState},
     sys,
 };
@@ -98,6 +99,11 @@ impl Gate {
         let probed = probe(config)?;
         let mounted_bpffs = env::ensure_bpffs(&config.pin_path)?;
         env::check_pin_trust(&config.pin_path, owners)?;
+        // Held until the gate is loaded or adopted: another process's
+        // half-made pins are never taken for a load that died.
+        let _held = PinLock::acquire(&config.pin_path, pin_lock::WAIT, || {
+            env::ensure_bpffs(&config.pin_path).map(drop)
+        })?;
         match pins::pin_state(&config.pin_path) {
             PinState::Complete => return adopt(config, probed),
             PinState::Partial(stale) => pins::remove_stale(stale)?,

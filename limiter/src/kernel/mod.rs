@@ -6,6 +6,8 @@
 //! - `load`: [`Gate::start`], adopting a pinned gate or loading a new one,
 //!   one sequence for both;
 //! - `pins`: the pin directory (which pins are ours, rollback, [`unload`]);
+//! - `pin_lock`: one process at a time loads, adopts or unloads a pin
+//!   directory (an `flock` on it);
 //! - `reach`: the pin directory held open, so the daemon still reaches
 //!   it after dropping privileges;
 //! - `maps`: [`Gate`], the map handles and every read and write;
@@ -58,6 +60,7 @@ mod link_kind;
 mod load;
 mod maps;
 mod migrate;
+mod pin_lock;
 mod pins;
 mod reach;
 pub mod shared_memory;

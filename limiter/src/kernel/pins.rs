@@ -194,6 +194,11 @@ pub fn unload(pin_dir: &Path) -> Result<Unloaded, KernelError> {
     if !pin_dir.is_dir() {
         return Err(KernelError::NotLoaded(pin_dir.to_path_buf()));
     }
+    // Not while another process loads or adopts the gate here; a
+    // directory removed meanwhile was unloaded by someone else.
+    let _held = super::pin_lock::PinLock::acquire(pin_dir, super::pin_lock::WAIT, || {
+        Err(KernelError::NotLoaded(pin_dir.to_path_buf()))
+    })?;
     let mut out = Unloaded::default();
     let xdp: Vec<String> = xdp_interfaces(pin_dir).iter().map(|i| xdp_link(i)).collect();
     for name in xdp.iter().map(String::as_str).chain(OWN_PINS) {
