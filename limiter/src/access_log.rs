@@ -162,6 +162,10 @@ impl AccessLogger {
     }
 }
 
+/// A reopen asked for (SIGUSR1, a reload) happens at the next line, or
+/// within this long when no line comes (the file rotated away is closed).
+const IDLE_REOPEN: Duration = Duration::from_secs(5);
+
 struct Writer {
     rx: Receiver<Entry>,
     target: Arc<Mutex<Target>>,
@@ -175,7 +179,7 @@ struct Writer {
 impl Writer {
     fn run(mut self) {
         loop {
-            match self.rx.recv_timeout(Duration::from_millis(200)) {
+            match self.rx.recv_timeout(IDLE_REOPEN) {
                 Ok(entry) => {
                     self.refresh();
                     self.write(&entry);

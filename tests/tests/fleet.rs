@@ -989,7 +989,7 @@ fn a_node_cut_from_the_store_keeps_within_its_share_and_requests_shorter_than_a_
         &up,
         3,
         &format!(
-            "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 4000"
+            "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 4000\n{PATIENT}"
         ),
     )
     .unwrap();
@@ -1030,7 +1030,7 @@ fn past_its_lease_a_cut_off_nodes_requests_are_the_only_overshoot_and_are_counte
         &up,
         3,
         &format!(
-            "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 1500"
+            "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 1500\n{PATIENT}"
         ),
     )
     .unwrap();
@@ -1074,7 +1074,7 @@ fn a_paused_node_re_takes_what_it_still_holds_and_counts_the_lapse() {
         &up,
         3,
         &format!(
-            "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 1500"
+            "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 1500\n{PATIENT}"
         ),
     )
     .unwrap();
@@ -1108,7 +1108,7 @@ fn redis_restarted_empty_while_shares_are_held_never_lifts_the_limit() {
         &up,
         3,
         &format!(
-            "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 1500"
+            "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 1500\n{PATIENT}"
         ),
     )
     .unwrap();
@@ -1138,7 +1138,7 @@ fn a_cluster_masters_failover_never_lifts_the_limit() {
         &up,
         3,
         &format!(
-            "fleet.store = redis+cluster://{STORE_IP}:7101,{STORE_IP}:7102,{STORE_IP}:7103\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 3000\nfleet.name = failover"
+            "fleet.store = redis+cluster://{STORE_IP}:7101,{STORE_IP}:7102,{STORE_IP}:7103\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 3000\nfleet.name = failover\n{PATIENT}"
         ),
     )
     .unwrap();
@@ -1476,7 +1476,7 @@ fn an_excess_left_by_a_cut_off_node_drains_instead_of_being_refilled() {
         &up,
         3,
         &format!(
-            "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 1500"
+            "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 1500\n{PATIENT}"
         ),
     )
     .unwrap();
@@ -1514,7 +1514,7 @@ fn a_flushall_while_shares_are_held_never_lifts_the_limit() {
         &up,
         3,
         &format!(
-            "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 1500"
+            "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 1500\n{PATIENT}"
         ),
     )
     .unwrap();
@@ -1594,7 +1594,7 @@ fn the_stores_clock_stepping_either_way_lifts_nothing() {
         &up,
         3,
         &format!(
-            "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 1500"
+            "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 1500\n{PATIENT}"
         ),
     )
     .unwrap();
@@ -1624,7 +1624,7 @@ fn two_daemons_configured_alike_on_one_host_never_pass_the_limit() {
     let _redis = net.redis(6379, &[]).unwrap();
     let up = Upstream::start();
     let keys = format!(
-        "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 1500"
+        "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 1500\n{PATIENT}"
     );
     // A holds six long requests; B, configured as A is on the same host (one
     // host name, one pin path, one listening address: cloned machines,
@@ -1655,7 +1655,7 @@ fn a_handover_without_the_gate_never_erases_the_draining_daemons_share() {
     let _redis = net.redis(6379, &[]).unwrap();
     let up = Upstream::start();
     let keys = format!(
-        "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 1500"
+        "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 1500\n{PATIENT}"
     );
     let nodes = store::fleet(&net, &up, 2, &keys).unwrap();
     let token = "Bearer handed-over";
@@ -1692,7 +1692,7 @@ fn a_cut_off_node_admits_only_what_ends_within_its_share_s_trust() {
         &up,
         3,
         &format!(
-            "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 3000"
+            "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 3000\n{PATIENT}"
         ),
     )
     .unwrap();
@@ -1871,7 +1871,7 @@ fn with_the_store_killed_a_new_session_gets_its_safe_share_on_each_node_and_the_
         &up,
         3,
         &format!(
-            "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 1500"
+            "fleet.store = redis://{STORE_IP}:6379\nfleet.maxSessionConnections = 6\nfleet.leaseMs = 1500\n{PATIENT}"
         ),
     )
     .unwrap();

@@ -418,3 +418,32 @@ fn shedding_and_its_timings_change_live() {
     }
     assert_eq!(terminate(&mut daemon, Duration::from_secs(30)), Some(0));
 }
+
+#[test]
+#[ignore = "black-box: the daemon binary, root, a network namespace and cgroup; run by `cargo xtask test`"]
+fn an_idle_daemon_with_the_gate_shedding_and_adaptive_limits_sleeps() {
+    require_kernel!();
+    let (sb, _up, mut daemon, proxy) = setup("http.adaptive = on\n");
+    let netns = sb.netns_file();
+    for _ in 0..20 {
+        assert_eq!(attempt(&netns, proxy, "127.0.0.1", "/x"), Outcome::Status(200));
+    }
+    // The adaptive controller closes its last bin (at most a second), then
+    // every timer with nothing to do sleeps.
+    thread::sleep(Duration::from_secs(3));
+    let pid = daemon.pid().as_raw() as u32;
+    let switches = |s: limiter_tests::sched::Sched| s.voluntary + s.involuntary;
+    let before = limiter_tests::sched::Sched::of(&[pid]).unwrap();
+    let window = Duration::from_secs(5);
+    thread::sleep(window);
+    let after = limiter_tests::sched::Sched::of(&[pid]).unwrap();
+    let per_second = (switches(after) - switches(before)) / window.as_secs_f64();
+    eprintln!("idle with the gate, shedding and adaptive limits: {per_second:.1} wake-ups a second");
+    // What is left: the permit ledger's beat every 500 ms (each a wake-up
+    // or two of tokio's timer wheel) and the gate's look every 2 s; the
+    // 10 ms timers of the adaptive limit and of shedding made it 200.
+    assert!(per_second < 10.0, "{per_second:.1} context switches a second while idle");
+    // Woken again by the next request.
+    assert_eq!(attempt(&netns, proxy, "127.0.0.1", "/x"), Outcome::Status(200));
+    assert_eq!(terminate(&mut daemon, Duration::from_secs(30)), Some(0));
+}

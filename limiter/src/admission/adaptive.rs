@@ -240,6 +240,21 @@ impl Controller {
         self.bin.peak = self.bin.peak.max(in_flight);
     }
 
+    /// Nothing admitted, refused or answered since the bin began: the
+    /// timer may sleep (see [`Self::woke`]).
+    pub fn quiet(&self) -> bool {
+        let b = &self.bin;
+        b.count == 0 && b.peak == 0 && !b.refused
+    }
+
+    /// The timer slept while [`Self::quiet`]: the bin starts `now`, so
+    /// the sleep is not taken for a second of no answers.
+    pub fn woke(&mut self, now: u64) {
+        if self.quiet() {
+            self.bin.start = now;
+        }
+    }
+
     /// The pool refused a request.
     pub fn refused(&mut self) {
         self.bin.refused = true;

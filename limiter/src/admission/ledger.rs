@@ -285,18 +285,9 @@ impl Ledger {
         }))
     }
 
-    /// Beats every 500 ms while the ledger is in use (run it as a task from
-    /// the start of serving; [`Self::join`] beat once).
-    pub async fn beating(ledger: std::sync::Weak<Self>) {
-        let mut every = tokio::time::interval(BEAT_EVERY);
-        loop {
-            every.tick().await;
-            match ledger.upgrade() {
-                Some(l) => l.beat(),
-                None => return,
-            }
-        }
-    }
+    /// How often a daemon must [`Self::beat`] while it uses the ledger
+    /// (from the start of serving; [`Self::join`] beat once).
+    pub const BEAT_EVERY: Duration = BEAT_EVERY;
 
     /// The key of the session hash, the same in every daemon of the gate.
     pub fn seed(&self) -> (u64, u64) {

@@ -237,6 +237,8 @@ struct Inner {
     full_at: Option<Instant>,
     /// Where the controllers' clocks start.
     epoch: Instant,
+    /// A timer sleeps until the next decision ([`Admission::stirred`]).
+    sleepers: bool,
 }
 
 impl Inner {
@@ -258,6 +260,7 @@ impl Inner {
             adaptive,
             full_at: None,
             epoch: Instant::now(),
+            sleepers: false,
         };
         inner.set_limits(limits);
         inner
@@ -315,6 +318,10 @@ pub struct Admission {
     /// changes, and at least every [`REPUBLISH`] (a record claimed again
     /// starts empty).
     published: Mutex<Option<((u32, u32), Instant)>>,
+    /// Wakes the timers that sleep while nothing happens (the adaptive
+    /// controller's, coupled shedding's): the next decision, new limits,
+    /// or [`Self::stir`].
+    stir: tokio::sync::Notify,
 }
 
 /// Counters and gauges, for metrics and dump.
@@ -494,6 +501,7 @@ impl Admission {
                 .map_or_else(SessionKeys::default, |l| SessionKeys::with_seed(l.seed())),
             ledger,
             published: Mutex::new(None),
+            stir: tokio::sync::Notify::new(),
         })
     }
 
@@ -513,6 +521,47 @@ impl Admission {
         // Session entries of permits in flight stay until those permits
         // return, whatever the new limit: the counts stay exact.
         self.lock().set_limits(limits);
+        self.stir();
+    }
+
+    /// Wakes every timer asleep in [`Self::stirred`] (the daemon drains,
+    /// the configuration changed).
+    pub fn stir(&self) {
+        self.stir.notify_waiters();
+    }
+
+    /// Armed at once: resolves at the next decision (admitted or refused),
+    /// new limits, or [`Self::stir`]. A timer with nothing to do arms it,
+    /// looks again whether it still has nothing to do, then awaits it: no
+    /// wake-up falls between the look and the wait.
+    pub fn stirred(&self) -> std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>> {
+        let mut armed = Box::pin(self.stir.notified());
+        armed.as_mut().enable();
+        self.lock().sleepers = true;
+        armed
+    }
+
+    /// Wakes the sleepers of [`Self::stirred`] at a decision (one flag
+    /// read while none sleeps).
+    fn decided(&self, inner: &mut Inner) {
+        if inner.sleepers {
+            inner.sleepers = false;
+            self.stir.notify_waiters();
+        }
+    }
+
+    /// Nothing in flight and nothing for the adaptive controller since
+    /// its bin began: its timer may sleep until [`Self::stirred`].
+    pub fn idle(&self) -> bool {
+        let inner = self.lock();
+        inner.normal == 0 && inner.reserved == 0 && inner.adaptive.quiet()
+    }
+
+    /// The adaptive controller's timer slept from `now` on, idle.
+    pub fn woke(&self, now: Instant) {
+        let mut inner = self.lock();
+        let t = inner.micros(now);
+        inner.adaptive.woke(t);
     }
 
     /// Runs the adaptive controller (every few milliseconds, from a
@@ -562,6 +611,7 @@ impl Admission {
         let limits = inner.limits;
         let Decision { slot, web, tunnel, session, refusal } =
             decide(&inner, &limits, ask, session, shared.as_ref());
+        self.decided(&mut inner);
         if let Some(reason) = refusal {
             inner.pool_refused(reason);
             if !limits.dry_run {
@@ -635,6 +685,7 @@ impl Admission {
         let shared = self.shared();
         let limits = inner.limits;
         let refusal = decide(&inner, &limits, ask, session, shared.as_ref()).refusal;
+        self.decided(&mut inner);
         if let Some(reason) = refusal {
             inner.pool_refused(reason);
         }
@@ -652,6 +703,7 @@ impl Admission {
     /// refuse it (not in dry-run).
     pub fn refused_elsewhere(&self, reason: Refusal) -> bool {
         let mut inner = self.lock();
+        self.decided(&mut inner);
         if inner.limits.dry_run {
             inner.would_refuse[reason.index()] += 1;
             false

@@ -1,7 +1,10 @@
 //! The adaptive limit's timer (`http.adaptive`): runs the controller every
 //! 10 ms, logs a change of the limit by more than a fifth (at most one
 //! line a second, saying how many it left out), and on start takes the
-//! limit the other daemon serving the gate learnt (a handover).
+//! limit the other daemon serving the gate learnt (a handover). While
+//! nothing is in flight and the controller has nothing to close, it
+//! sleeps until the next request is decided (an idle daemon wakes for
+//! nothing); the controller's bin starts again when it wakes.
 
 use std::{
     sync::Arc,
@@ -30,7 +33,16 @@ pub async fn run(proxy: Arc<Proxy>) {
     loop {
         tick.tick().await;
         let now = Instant::now();
-        let Some(change) = admission.tick(now) else {
+        let change = admission.tick(now);
+        if change.is_none() && admission.idle() {
+            let stirred = admission.stirred();
+            if admission.idle() {
+                stirred.await;
+                admission.woke(Instant::now());
+            }
+            tick.reset();
+        }
+        let Some(change) = change else {
             continue;
         };
         if logged.is_some_and(|t| now.duration_since(t) < LOG_EVERY) {

@@ -1,5 +1,5 @@
-//! `admin.watchConfig = true`: the file is looked at every second and a
-//! change reloads it, with the same all-or-nothing validation as SIGHUP.
+//! `admin.watchConfig = true`: the file is looked at every second (off,
+//! nothing wakes for it) and a change reloads it, with the same all-or-nothing validation as SIGHUP.
 //! A change is any difference in what the path resolves to (device,
 //! inode, size, modification time), so an edit in place, a rename over
 //! the file and Kubernetes' ConfigMap update (the `..data` symlink swapped
@@ -33,6 +33,19 @@ pub async fn run(path: PathBuf, daemon: Arc<Daemon>, changes: mpsc::UnboundedSen
     let mut tick = tokio::time::interval(INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // Off, nothing is looked at until a reload (SIGHUP, POST /reload)
+        // turns it on; the file as it is then is the one in force.
+        while !daemon.watches_config() {
+            let reloaded = daemon.reloaded.notified();
+            tokio::pin!(reloaded);
+            reloaded.as_mut().enable();
+            if daemon.watches_config() {
+                break;
+            }
+            reloaded.await;
+            last = stamp(&path);
+            tick.reset();
+        }
         tick.tick().await;
         let now = stamp(&path);
         if now == last {

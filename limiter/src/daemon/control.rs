@@ -45,6 +45,9 @@ pub struct Daemon {
     pub(super) gate_unknown: AtomicBool,
     /// The coupled shedding's controller (with a gate and a proxy).
     pub(super) shedding: Option<Arc<shedding::Status>>,
+    /// Woken by every reload that applied (the configuration watcher
+    /// sleeps on it while `admin.watchConfig` is off).
+    pub(super) reloaded: tokio::sync::Notify,
 }
 
 impl shedding::Host for Daemon {
@@ -62,7 +65,12 @@ impl Daemon {
     /// says so loudly (it stays so: only a restart attaches it again).
     pub fn check_gate(&self) {
         let Some(g) = &self.gate else { return };
-        match g.read().attachment() {
+        // A reload holding the gate writes to its maps: look next time
+        // (the look runs on the timer's thread and must not wait).
+        let Some(gate) = g.try_read() else { return };
+        let attachment = gate.attachment();
+        drop(gate);
+        match attachment {
             Attachment::Attached => {}
             Attachment::Detached => {
                 if !self.gate_lost.swap(true, Ordering::Relaxed) {

@@ -73,6 +73,15 @@ impl HeldGate {
         self.gate.read().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// For reading them unless a reload writes them now (`None`).
+    pub fn try_read(&self) -> Option<RwLockReadGuard<'_, Gate>> {
+        match self.gate.try_read() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// For writing them (a reload).
     pub fn write(&self) -> RwLockWriteGuard<'_, Gate> {
         self.gate.write().unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -229,9 +229,6 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DaemonError> {
     let Prepared { config, options, admin, socket, metrics, http: http_listeners, gate, ledger } = prepared;
-    if let Some(ledger) = &ledger {
-        tokio::spawn(Ledger::beating(Arc::downgrade(ledger)));
-    }
     let admin_addr = config.admin.listen.0;
     let metrics_addr = config.admin.metrics_listen.map_or(admin_addr, |a| a.0);
     let admin = TcpListener::from_std(admin).map_err(listen_error("admin.listen", admin_addr))?;
@@ -310,6 +307,7 @@ pub async fn run(
         gate_lost: AtomicBool::new(false),
         gate_unknown: AtomicBool::new(false),
         shedding: shed.as_ref().map(|(_, s)| s.clone()),
+        reloaded: tokio::sync::Notify::new(),
     });
     let adaptive_task = proxy.clone().map(|p| tokio::spawn(adaptive::run(p)));
     let shed_task = match (shed, &proxy) {
@@ -362,18 +360,11 @@ pub async fn run(
     // The gate enforces (prepare loaded or adopted it), the listeners were
     // bound before and the workers and admin task now serve them.
     notify::ready();
-    // A gate detached under the daemon is noticed within seconds.
-    let gate_check = {
-        let daemon = daemon.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
-            loop {
-                tick.tick().await;
-                let d = daemon.clone();
-                let _ = tokio::task::spawn_blocking(move || d.check_gate()).await;
-            }
-        })
-    };
+    // One timer for what must run while the daemon is idle: the permit
+    // ledger's beat, and the look whether the gate is still attached (a
+    // gate detached under the daemon is noticed within seconds).
+    let housekeeping = (daemon.gate.is_some() || ledger.is_some())
+        .then(|| tokio::spawn(housekeeping(daemon.clone(), ledger.clone())));
     let (changed_tx, mut changed) = mpsc::unbounded_channel();
     let watcher = tokio::spawn(config_watch::run(options.config_path.clone(), daemon.clone(), changed_tx));
     tokio::pin!(shutdown);
@@ -391,11 +382,17 @@ pub async fn run(
         }
     }
     watcher.abort();
-    gate_check.abort();
+    if let Some(task) = housekeeping {
+        task.abort();
+    }
     // Drain: stop accepting, let requests in flight finish (up to
     // http.drainTimeoutMs), keep the admin listener up meanwhile so
     // /healthz can say so; the kernel gate stays pinned and enforcing.
     daemon.draining.store(true, Ordering::Relaxed);
+    // The shedding controller may sleep: it sees the drain now.
+    if let Some(proxy) = &proxy {
+        proxy.admission.stir();
+    }
     notify::stopping();
     if let Some(proxy) = &proxy {
         let drain = proxy.tuning().drain_timeout;
@@ -406,7 +403,7 @@ pub async fn run(
         );
     }
     let _ = stop_tx.send(true);
-    // The controller sees the drain on its next tick and lowers its flags.
+    // The controller sees the drain and lowers its flags.
     if let Some(task) = shed_task {
         let _ = task.await;
     }
@@ -469,4 +466,28 @@ fn machine_id() -> String {
         .iter()
         .find_map(|p| std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()))
         .unwrap_or_default()
+}
+
+/// The gate's look comes every this many ledger beats (2 s).
+const GATE_LOOK_EVERY: u32 = 4;
+
+/// Beats the permit ledger every [`Ledger::BEAT_EVERY`] when there is one,
+/// and looks every 2 s whether the gate is still attached: one wake-up
+/// for both (the look is a few `bpf(2)` calls, made on this thread).
+async fn housekeeping(daemon: Arc<Daemon>, ledger: Option<Arc<Ledger>>) {
+    let beats = ledger.is_some();
+    let period = if beats { Ledger::BEAT_EVERY } else { Ledger::BEAT_EVERY * GATE_LOOK_EVERY };
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut n = 0u32;
+    loop {
+        tick.tick().await;
+        if let Some(l) = &ledger {
+            l.beat();
+        }
+        if !beats || n.is_multiple_of(GATE_LOOK_EVERY) {
+            daemon.check_gate();
+        }
+        n = n.wrapping_add(1);
+    }
 }

@@ -39,6 +39,7 @@ impl Daemon {
                 } else {
                     tracing::info!(changes = %changes.join("; "), "reload: configuration applied");
                 }
+                self.reloaded.notify_waiters();
                 ReloadOutcome { applied: true, changes, error: None }
             }
             Err(why) => {

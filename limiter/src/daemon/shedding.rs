@@ -5,6 +5,9 @@
 //! renewed, each for one [`LEASE`]; they are lowered when it says stop,
 //! when a reload switches `http.shedAtSyn` off, and when the daemon drains.
 //! A daemon that dies stops renewing: its flags lapse within one lease.
+//! While it does not shed and nothing is refused, the controller sleeps
+//! until a request is decided, the configuration changes or the daemon
+//! drains.
 //!
 //! While shedding, one new connection in [`PROBE_ONE_IN`] is still let in,
 //! so that some clients keep getting the HTTP 503 with its `Retry-After`
@@ -122,7 +125,18 @@ pub async fn run(daemon: Arc<impl Host>, proxy: Arc<Proxy>, mut flags: ShedFlags
     let mut last_refused = refused();
     let mut raised: Option<(Instant, bool)> = None;
     let mut failing = false;
+    // Nothing to do until a request is refused (or the breaker opens, or
+    // the daemon drains, or the configuration changes): sleep until then.
+    let mut quiet = false;
     loop {
+        if quiet {
+            let stirred = proxy.admission.stirred();
+            let breaker_open = proxy.breaker.state() == breaker::State::Open;
+            if refused() == last_refused && !breaker_open && !daemon.draining() {
+                stirred.await;
+            }
+            tick.reset();
+        }
         tick.tick().await;
         let s = settings();
         status.enabled.store(s.enabled, Ordering::Relaxed);
@@ -133,6 +147,7 @@ pub async fn run(daemon: Arc<impl Host>, proxy: Arc<Proxy>, mut flags: ShedFlags
             breaker_open: proxy.breaker.state() == breaker::State::Open,
         };
         last_refused = now_refused;
+        quiet = sample.refused == 0 && !sample.breaker_open;
         if !s.enabled || draining {
             if hysteresis.shedding() {
                 let why = if draining { "the daemon is draining" } else { "http.shedAtSyn was switched off" };
@@ -148,7 +163,10 @@ pub async fn run(daemon: Arc<impl Host>, proxy: Arc<Proxy>, mut flags: ShedFlags
             continue;
         }
         hysteresis.set_timings(s.after, s.release, s.rate);
-        match hysteresis.step(Instant::now(), sample) {
+        let step = hysteresis.step(Instant::now(), sample);
+        // Shedding, it renews its flags and times the release.
+        quiet &= !hysteresis.shedding();
+        match step {
             Some(Transition::Start) => {
                 raise(&mut flags, &status.ports, s.dry_run, &mut failing);
                 raised = Some((Instant::now(), s.dry_run));
