@@ -39,6 +39,7 @@ fn limits() -> Limits {
         adaptive_min: None,
         critical_reserve: false,
         tunnels: 0,
+        tunnels_per_client: 0,
     }
 }
 

@@ -413,6 +413,116 @@ fn tunnels_over_http_max_tunnels_are_refused_and_each_closed_one_is_logged() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// An upstream that accepts every upgrade and never closes a tunnel (it
+/// keeps each socket open for ever, even after limiter's side closed),
+/// counting the tunnels limiter still holds open to it: its own count.
+fn never_closing_upgrades() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicI64>) {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicI64, Ordering},
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let open = Arc::new(AtomicI64::new(0));
+    let count = open.clone();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            let open = open.clone();
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if s.read(&mut byte).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                s.write_all(
+                    b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+                )
+                .unwrap();
+                open.fetch_add(1, Ordering::SeqCst);
+                // Read to limiter's close, then hold the socket regardless.
+                let mut sink = [0u8; 1024];
+                while s.read(&mut sink).unwrap_or(0) > 0 {}
+                open.fetch_sub(1, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_secs(3600));
+            });
+        }
+    });
+    (addr, count)
+}
+
+/// An upgrade from `source` (a loopback address); the reply and the
+/// connection.
+fn upgrade_from(proxy: SocketAddr, source: &str) -> (Reply, TcpStream) {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.bind(&SocketAddr::new(source.parse().unwrap(), 0).into()).unwrap();
+    s.connect(&proxy.into()).unwrap();
+    let mut s: TcpStream = s.into();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /ws HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n").unwrap();
+    (read_reply(&mut s).unwrap(), s)
+}
+
+#[test]
+fn tunnels_are_capped_per_client_closed_when_idle_and_freed_when_their_client_goes() {
+    use std::sync::atomic::Ordering;
+    let (up, open) = never_closing_upgrades();
+    let d = InProcess::start(
+        up,
+        "http.maxTunnels = 4\nhttp.maxTunnelsPerClient = 2\nhttp.tunnelIdleTimeoutMs = 2000\n",
+    );
+    // One client takes its two places; a third from it is refused, another
+    // client still gets in.
+    let (a, mut a_conn) = upgrade_from(d.proxy, "127.0.0.1");
+    let (b, b_conn) = upgrade_from(d.proxy, "127.0.0.1");
+    let (c, _) = upgrade_from(d.proxy, "127.0.0.1");
+    assert_eq!((a.status, b.status, c.status), (101, 101, 503));
+    assert_eq!(c.header("x-limiter-refused"), Some("tunnels_per_client"), "{c:?}");
+    let (other, _other_conn) = upgrade_from(d.proxy, "127.0.0.2");
+    assert_eq!(other.status, 101);
+    wait_for("three tunnels at the upstream", Duration::from_secs(5), || open.load(Ordering::SeqCst) == 3);
+    assert_eq!(d.metric("limiter_http_refused_total{reason=\"tunnels_per_client\"}"), 1.0);
+    // A client that goes: the upstream is told at once, and the tunnel's
+    // place is freed within the grace though the upstream never closes.
+    let gone = Instant::now();
+    drop(b_conn);
+    wait_for("the upstream told of the gone client", Duration::from_secs(5), || {
+        open.load(Ordering::SeqCst) == 2
+    });
+    let told = gone.elapsed();
+    wait_for("the gone client's place freed", Duration::from_secs(5), || {
+        d.metric("limiter_http_tunnels") == 2.0
+    });
+    let freed = gone.elapsed();
+    assert!(freed < Duration::from_millis(1900), "freed after {freed:?}");
+    // Its client's place is back.
+    let (again, _again_conn) = upgrade_from(d.proxy, "127.0.0.1");
+    assert_eq!(again.status, 101);
+    // Traffic keeps a tunnel open past the idle bound...
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        a_conn.write_all(b"x").unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(open.load(Ordering::SeqCst) >= 1);
+    // ...and with none either way every tunnel is closed after it: both
+    // sides see the close, and every place is free.
+    let idle_from = Instant::now();
+    wait_for("every tunnel closed when idle", Duration::from_secs(10), || open.load(Ordering::SeqCst) == 0);
+    let idle_for = idle_from.elapsed();
+    assert!(idle_for >= Duration::from_millis(1500), "closed after {idle_for:?} idle");
+    let mut rest = Vec::new();
+    assert!(a_conn.read_to_end(&mut rest).is_ok(), "the client sees the close");
+    assert_eq!(d.metric("limiter_http_tunnels"), 0.0);
+    eprintln!(
+        "a gone client's tunnel: the upstream told after {told:?}, its place freed after {freed:?}; \
+         idle tunnels closed {idle_for:?} after their last byte"
+    );
+}
+
 /// An upstream that answers 413 as soon as it has a head and closes,
 /// without reading the body.
 fn early_413() -> SocketAddr {

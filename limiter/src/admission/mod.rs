@@ -44,7 +44,7 @@ use self::{
     ledger::{Change, Ledger, Locked, Others},
     session::SessionKeys,
 };
-use crate::config::{DEBUG_SLOTS, HttpConfig};
+use crate::config::{DEBUG_SLOTS, HttpConfig, Prefix};
 
 /// Which limit refused a request (or in dry-run would have).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -69,10 +69,13 @@ pub enum Refusal {
     FleetDown,
     /// An upgrade request found `http.maxTunnels` tunnels open.
     Tunnels,
+    /// An upgrade request found `http.maxTunnelsPerClient` tunnels open
+    /// from its client group.
+    TunnelsPerClient,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 10] = [
+    pub const ALL: [Refusal; 11] = [
         Refusal::Normal,
         Refusal::Debug,
         Refusal::Web,
@@ -83,6 +86,7 @@ impl Refusal {
         Refusal::FleetWeb,
         Refusal::FleetDown,
         Refusal::Tunnels,
+        Refusal::TunnelsPerClient,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -97,6 +101,7 @@ impl Refusal {
             Self::FleetWeb => "fleet_web",
             Self::FleetDown => "fleet_down",
             Self::Tunnels => "tunnels",
+            Self::TunnelsPerClient => "tunnels_per_client",
         }
     }
 
@@ -136,6 +141,8 @@ pub struct Limits {
     pub critical_reserve: bool,
     /// Tunnels (upgraded connections) open at once; 0 = unlimited.
     pub tunnels: u32,
+    /// Tunnels open at once from one client group; 0 = unlimited.
+    pub tunnels_per_client: u32,
 }
 
 impl Limits {
@@ -149,6 +156,7 @@ impl Limits {
             adaptive_min: http.adaptive.then_some(http.adaptive_min_limit),
             critical_reserve: !http.critical.is_empty(),
             tunnels: http.max_tunnels,
+            tunnels_per_client: http.max_tunnels_per_client,
         }
     }
 }
@@ -205,6 +213,9 @@ pub struct Ask<'a> {
     /// It asks to become a tunnel (an upgrade): it takes a tunnel slot too,
     /// which outlives the permit once the upstream accepts.
     pub tunnel: bool,
+    /// The client group a tunnel counts against (`None`: a trusted
+    /// source or forwarder, under `http.maxTunnels` alone).
+    pub client_group: Option<Prefix>,
 }
 
 /// Which pool slot a permit holds.
@@ -225,6 +236,8 @@ struct Inner {
     web: u32,
     /// Tunnels open, and upgrade requests that may become one.
     tunnels: u32,
+    /// The same, per client group (only groups with one open).
+    tunnel_groups: HashMap<Prefix, u32>,
     /// Keyed hash of the session → requests in flight. Only kept while
     /// a per-session limit is set.
     sessions: HashMap<u64, u32>,
@@ -253,6 +266,7 @@ impl Inner {
             reserved: 0,
             web: 0,
             tunnels: 0,
+            tunnel_groups: HashMap::new(),
             sessions: HashMap::new(),
             admitted: [0; 2],
             refused: [0; Refusal::ALL.len()],
@@ -295,6 +309,18 @@ impl Inner {
         if reason.of_pool() {
             self.full_at = Some(Instant::now());
             self.adaptive.refused();
+        }
+    }
+
+    /// A tunnel place of `group` given back.
+    fn tunnel_closed(&mut self, group: Option<Prefix>) {
+        if let Some(g) = group
+            && let Some(n) = self.tunnel_groups.get_mut(&g)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.tunnel_groups.remove(&g);
+            }
         }
     }
 
@@ -394,6 +420,8 @@ pub struct Permit {
     /// It holds a tunnel slot (given back with it unless [`Self::tunnel`]
     /// takes it).
     tunnel: bool,
+    /// The client group its tunnel slot counts against.
+    tunnel_group: Option<Prefix>,
     session: Option<u64>,
     /// The session's unit is in the ledger (to be taken back there).
     session_published: bool,
@@ -427,17 +455,20 @@ impl Permit {
     /// permit, is held until the tunnel closes (the rest of the permit goes
     /// back when it is dropped). `None` for a request that took none.
     pub fn tunnel(&mut self) -> Option<TunnelSlot> {
-        std::mem::take(&mut self.tunnel).then(|| TunnelSlot(self.admission.clone()))
+        std::mem::take(&mut self.tunnel).then(|| TunnelSlot(self.admission.clone(), self.tunnel_group))
     }
 }
 
-/// One open tunnel under `http.maxTunnels`, given back when dropped.
+/// One open tunnel under `http.maxTunnels` (and its client group's
+/// place under `http.maxTunnelsPerClient`), given back when dropped.
 #[derive(Debug)]
-pub struct TunnelSlot(Arc<Admission>);
+pub struct TunnelSlot(Arc<Admission>, Option<Prefix>);
 
 impl Drop for TunnelSlot {
     fn drop(&mut self) {
-        self.0.lock().tunnels -= 1;
+        let mut inner = self.0.lock();
+        inner.tunnels -= 1;
+        inner.tunnel_closed(self.1);
     }
 }
 
@@ -458,6 +489,7 @@ impl Drop for Permit {
         }
         if self.tunnel {
             inner.tunnels -= 1;
+            inner.tunnel_closed(self.tunnel_group);
         }
         if let Some(h) = self.session
             && let Some(n) = inner.sessions.get_mut(&h)
@@ -638,8 +670,12 @@ impl Admission {
         if web {
             inner.web += 1;
         }
+        let tunnel_group = ask.client_group.filter(|_| tunnel);
         if tunnel {
             inner.tunnels += 1;
+            if let Some(g) = tunnel_group {
+                *inner.tunnel_groups.entry(g).or_insert(0) += 1;
+            }
         }
         if let Some(h) = session {
             *inner.sessions.entry(h).or_insert(0) += 1;
@@ -656,6 +692,7 @@ impl Admission {
             slot,
             web,
             tunnel,
+            tunnel_group,
             session,
             session_published,
             generation,
@@ -809,10 +846,16 @@ fn decide(
     // `/debug/` upgrades too: a tunnel is not a request.
     let tunnel = ask.tunnel;
     let tunnels_full = tunnel && limits.tunnels > 0 && inner.tunnels >= limits.tunnels;
+    let group_full = tunnel
+        && limits.tunnels_per_client > 0
+        && ask
+            .client_group
+            .is_some_and(|g| inner.tunnel_groups.get(&g).copied().unwrap_or(0) >= limits.tunnels_per_client);
     let refusal = match slot {
         Err((reason, _)) => Some(reason),
         Ok(_) if web_full => Some(Refusal::Web),
         Ok(_) if session_full => Some(Refusal::Session),
+        Ok(_) if group_full => Some(Refusal::TunnelsPerClient),
         Ok(_) if tunnels_full => Some(Refusal::Tunnels),
         Ok(_) => None,
     };

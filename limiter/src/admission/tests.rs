@@ -12,6 +12,7 @@ fn limits(normal: u32, per_session: u32, web: u32) -> Limits {
         adaptive_min: None,
         critical_reserve: false,
         tunnels: 0,
+        tunnels_per_client: 0,
     }
 }
 
@@ -253,7 +254,8 @@ fn refusals_are_listed_once_each_at_their_counters_index() {
             "fleet_session",
             "fleet_web",
             "fleet_down",
-            "tunnels"
+            "tunnels",
+            "tunnels_per_client"
         ]
     );
     assert!(Refusal::ALL.iter().enumerate().all(|(i, r)| r.index() == i));
@@ -370,4 +372,31 @@ fn tunnels_are_limited_and_outlive_the_permit_once_the_upstream_accepts() {
     assert_eq!(unlimited.snapshot().tunnels_in_use, 5);
     drop(held);
     assert!(a.admit(Ask::default()).unwrap().tunnel().is_none());
+}
+
+#[test]
+fn one_client_group_cannot_take_every_tunnel_place() {
+    let a = Admission::new(Limits { tunnels: 4, tunnels_per_client: 2, ..limits(8, 0, 0) });
+    let group = |s: &str| Some(crate::config::Prefix { addr: s.parse().unwrap(), len: 32 });
+    let from = |g| Ask { tunnel: true, client_group: g, ..Ask::default() };
+    let (x, y) = (from(group("10.0.0.1")), from(group("10.0.0.2")));
+    let mut first = a.admit(x).unwrap();
+    let second = a.admit(x).unwrap();
+    assert_eq!(a.admit(x).unwrap_err(), Refusal::TunnelsPerClient);
+    assert_eq!(a.check(x), Err(Refusal::TunnelsPerClient));
+    // Another group still gets in; an ungrouped (trusted) upgrade counts
+    // under the total alone.
+    let other = a.admit(y).unwrap();
+    let trusted = a.admit(from(None)).unwrap();
+    assert_eq!(a.admit(from(None)).unwrap_err(), Refusal::Tunnels);
+    // A tunnel that closes gives its group's place back; so does an
+    // upgrade the upstream refused.
+    let tunnel = first.tunnel().unwrap();
+    drop(first);
+    assert_eq!(a.admit(x).unwrap_err(), Refusal::TunnelsPerClient);
+    drop(tunnel);
+    let third = a.admit(x).unwrap();
+    drop((second, third, other, trusted));
+    assert_eq!(a.snapshot().tunnels_in_use, 0);
+    assert_eq!(a.lock().tunnel_groups.len(), 0, "no group is left behind");
 }

@@ -475,6 +475,22 @@ pub static KEYS: &[Key] = &[
         set: plain!(|c, v| c.http.max_tunnels = int_at_least(v, 0)?),
     },
     Key {
+        name: "http.maxTunnelsPerClient",
+        default: DefaultValue::Value("64"),
+        reload: Reload::Live,
+        doc: "upgraded connections open at once from one client group (kernel.sourcePrefixV4/V6); one more gets 503 tunnels_per_client (0: unlimited)",
+        manual: "upgraded connections open at once from one client group (the client's address masked to `kernel.sourcePrefixV4` or `kernel.sourcePrefixV6`, as the per-source caps group them), upgrade requests waiting for the upstream's answer included; one more gets 503 `tunnels_per_client`, so one client cannot take every `http.maxTunnels` place (0: unlimited). Sources in `kernel.trusted` and connections from `http.trustedForwarders` count under `http.maxTunnels` alone",
+        set: plain!(|c, v| c.http.max_tunnels_per_client = int_at_least(v, 0)?),
+    },
+    Key {
+        name: "http.tunnelIdleTimeoutMs",
+        default: DefaultValue::Value("300000"),
+        reload: Reload::Live,
+        doc: "an upgraded connection with no byte either way for this long is closed and its place freed (0: never)",
+        manual: "an upgraded connection (a WebSocket) that carried no byte either way for this long is closed, both sides, and its `http.maxTunnels` place freed (0: never; HAProxy's `timeout tunnel`). A tunnel whose client has gone (its side closed or failed) gets 1 s for the upstream to close too, then is closed whatever the upstream does. Applies to tunnels opened after a reload",
+        set: plain!(|c, v| c.http.tunnel_idle_timeout_ms = ms(v, 0)?),
+    },
+    Key {
         name: "http.underscoresInHeaders",
         default: DefaultValue::Value("off"),
         reload: Reload::Live,

@@ -301,6 +301,11 @@ pub struct HttpConfig {
     /// Upgraded connections (WebSocket) open at once; 0 = unlimited
     /// (`http.maxTunnels`).
     pub max_tunnels: u32,
+    /// Of them, from one client group (`http.maxTunnelsPerClient`).
+    pub max_tunnels_per_client: u32,
+    /// A tunnel with no byte either way for this long is closed
+    /// (`http.tunnelIdleTimeoutMs`; 0: never).
+    pub tunnel_idle_timeout_ms: u64,
     /// Fields whose name holds a `_` may reach the upstream
     /// (`http.underscoresInHeaders`).
     pub underscores_in_headers: bool,

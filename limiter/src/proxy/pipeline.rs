@@ -60,6 +60,7 @@ use crate::request_id::RequestId;
 use crate::{
     admission::{Ask, Class, Permit, TunnelSlot},
     breaker::{Decision, State, ticket::Ticket},
+    config::Prefix,
 };
 
 /// What a request's phases share.
@@ -78,6 +79,8 @@ pub struct Ctx<'a> {
 pub struct Classified {
     pub debug: bool,
     pub class: Class,
+    /// An upgrade's client group (`http.maxTunnelsPerClient`).
+    pub client_group: Option<Prefix>,
 }
 
 impl Classified {
@@ -88,6 +91,7 @@ impl Classified {
             session: req.authorization(),
             class: self.class,
             tunnel: req.is_upgrade(),
+            client_group: self.client_group,
         }
     }
 }
@@ -102,7 +106,11 @@ pub fn request_filter(ctx: Ctx<'_>, req: &Request) -> Result<Classified, Answer>
     let debug = is_debug_path(path);
     let class =
         if debug { Class::Normal } else { class_of(path, &ctx.tuning.critical, &ctx.tuning.sheddable) };
-    Ok(Classified { debug, class })
+    // A forwarder's connection carries many clients: no group of one.
+    let client_group = (req.is_upgrade() && !ctx.client.trusted)
+        .then(|| ctx.proxy.client_group(ctx.client.addr.ip()))
+        .flatten();
+    Ok(Classified { debug, class, client_group })
 }
 
 /// Phase 2: refused at the head, taking nothing: the breaker, then (for a

@@ -76,6 +76,9 @@ impl Reason {
             Self::Admission(Refusal::Tunnels) => {
                 "503 Service Unavailable: too many upgraded connections are open\n"
             }
+            Self::Admission(Refusal::TunnelsPerClient) => {
+                "503 Service Unavailable: too many upgraded connections are open from this client\n"
+            }
             Self::Breaker => "503 Service Unavailable: the upstream is failing; retry later\n",
             Self::BufferFull => "503 Service Unavailable: no memory is free to buffer the request body\n",
             Self::UpstreamFull => "503 Service Unavailable: every upstream connection is busy\n",

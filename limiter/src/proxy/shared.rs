@@ -97,6 +97,12 @@ impl Proxy {
     /// again after a reload): every request asks, and a shared `Arc` and
     /// lock would be written by every worker on every request, their cache
     /// lines bouncing between the workers' CPUs.
+    /// The client group of `client` as the per-source caps group it
+    /// (`None`: a source in `kernel.trusted`).
+    pub fn client_group(&self, client: std::net::IpAddr) -> Option<crate::config::Prefix> {
+        self.reset_groups.group(client)
+    }
+
     pub fn tuning(&self) -> Arc<Tuning> {
         thread_local! {
             static COPY: std::cell::RefCell<Option<(u64, u64, Arc<Tuning>)>> = const { std::cell::RefCell::new(None) };

@@ -15,6 +15,8 @@ pub struct Tuning {
     /// How long a permit waits for the upstream after limiter gave up on
     /// its exchange (`http.upstreamAbandonMs`).
     pub upstream_abandon: Duration,
+    /// A tunnel idle this long is closed (`None`: never).
+    pub tunnel_idle_timeout: Option<Duration>,
     /// `http.underscoresInHeaders`.
     pub underscores_in_headers: bool,
     pub linger: Duration,
@@ -60,6 +62,7 @@ impl Tuning {
             connect_timeout: ms(http.connect_timeout_ms),
             upstream_timeout: ms(http.upstream_timeout_ms),
             upstream_abandon: ms(http.upstream_abandon_ms),
+            tunnel_idle_timeout: (http.tunnel_idle_timeout_ms > 0).then(|| ms(http.tunnel_idle_timeout_ms)),
             underscores_in_headers: http.underscores_in_headers,
             linger: ms(http.linger_ms),
             max_header_bytes: http.max_header_bytes as usize,

@@ -114,6 +114,7 @@ fn both_daemons_compute_one_session_key_and_count_it_together() {
         adaptive_min: None,
         critical_reserve: false,
         tunnels: 0,
+        tunnels_per_client: 0,
     };
     let (x, y) = (Admission::with_ledger(limits, Some(a)), Admission::with_ledger(limits, Some(b)));
     let token = Ask { session: Some(b"Bearer T"), ..Ask::default() };
@@ -140,6 +141,7 @@ fn two_daemons_together_never_admit_more_than_the_pools() {
         adaptive_min: None,
         critical_reserve: false,
         tunnels: 0,
+        tunnels_per_client: 0,
     };
     let (x, y) = (Admission::with_ledger(limits, Some(a)), Admission::with_ledger(limits, Some(b)));
     let web = Ask { web: true, ..Ask::default() };
@@ -177,6 +179,7 @@ fn concurrent_admissions_in_two_daemons_never_overshoot() {
         adaptive_min: None,
         critical_reserve: false,
         tunnels: 0,
+        tunnels_per_client: 0,
     };
     let daemons = [join(&fd).unwrap(), join(&fd).unwrap()].map(|l| Admission::with_ledger(limits, Some(l)));
     let in_flight = std::sync::atomic::AtomicU32::new(0);
@@ -340,6 +343,7 @@ fn another_records_counts_are_read_as_at_most_2_pow_30() {
         adaptive_min: None,
         critical_reserve: false,
         tunnels: 0,
+        tunnels_per_client: 0,
     };
     let x = Admission::with_ledger(limits, Some(a));
     let p = x.admit(Ask::default()).unwrap();

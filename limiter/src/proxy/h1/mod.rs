@@ -331,7 +331,8 @@ where
     let (next, out) = match reply {
         Reply::Own(answer) => return own(io, c, early(answer, read_whole, bytes_in), log).await,
         Reply::Upgraded { head, head_bytes, conn, slot } => {
-            let (up, down) = tunnel::join(io, buf, &head, &head_bytes, conn).await;
+            let (up, down) =
+                tunnel::join(io, buf, &head, &head_bytes, conn, tuning.tunnel_idle_timeout).await;
             // The tunnel's place goes back as it closes.
             drop(slot);
             let out = Outcome {

@@ -341,6 +341,7 @@ mod tests {
             adaptive_min: None,
             critical_reserve: false,
             tunnels: 0,
+            tunnels_per_client: 0,
         });
         let permit = admission.admit(Ask::default()).unwrap();
         let (list, idle) = (Watchlist::default(), Duration::from_secs(60));

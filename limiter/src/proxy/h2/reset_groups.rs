@@ -101,7 +101,9 @@ impl ResetGroups {
         refused
     }
 
-    fn group(&self, client: IpAddr) -> Option<Prefix> {
+    /// The client group of `client` (`None`: trusted), by the rules in
+    /// force.
+    pub fn group(&self, client: IpAddr) -> Option<Prefix> {
         let rules = self.rules.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         (!rules.is_trusted(client)).then(|| rules.group_of(client))
     }
