@@ -8,7 +8,8 @@
 // X-Proxied-Https, Proxy-ssl-id and Proxy-auth-cert as the proxy's word).
 // Every request it serves is recorded (method, target, body length,
 // X-Forwarded-For, X-Request-Id) and answered 200 with
-// "served METHOD TARGET BODY_LENGTH\n"; a query parameter ms=N holds the
+// "served METHOD TARGET BODY_LENGTH\n"; before=N holds it N ms before it
+// reads the request body (a servlet computing before an upload); ms=N holds the
 // request N ms first (a servlet computing: it does not notice a closed
 // connection), and bytes=N answers N bytes instead, written in 64 chunks
 // spread over the ms. GET /view answers what the servlet API says of the
@@ -98,6 +99,15 @@ public class LimiterUpstream {
             try (Working working = new Working()) {
                 long length = 0;
                 byte[] buf = new byte[8192];
+                // before=N: the servlet computes N ms before it reads the body.
+                long before = number(req.getParameter("before"));
+                if (before > 0) {
+                    try {
+                        Thread.sleep(before);
+                    } catch (InterruptedException e) {
+                        // reads at once
+                    }
+                }
                 InputStream in = req.getInputStream();
                 for (int n; (n = in.read(buf)) > 0; ) {
                     length += n;

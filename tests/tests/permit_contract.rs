@@ -7,11 +7,17 @@
 //!   Jetty is done (before, every timeout admitted another pool's worth of
 //!   work: Jetty ran 10 requests at once with 5 slots);
 //! - `http.upstreamAbandonMs` bounds how long;
+//! - an upload Jetty does not read yet (a 502 after `http.idleTimeoutMs`
+//!   of no progress) and clients cut for reading too slowly keep their
+//!   permits until Jetty is done; a buffered PUT Jetty took part of is
+//!   never sent again;
 //! - every forwarding header an upstream component reads, and its `_`
 //!   spelling, forged by an untrusted client, never reaches Jetty's view;
 //! - five spellings of one Basic credential (each one Jetty's own
 //!   `BasicAuthenticator` admits) are one session;
 //! - tunnels over `http.maxTunnels` are refused, each closed one logged;
+//!   one client cannot take every place, an idle tunnel and one whose
+//!   client has gone are closed;
 //! - an upstream's final answer that comes before it read the body (a 413)
 //!   is what the client gets, and no breaker failure.
 
@@ -154,6 +160,153 @@ fn http_upstream_abandon_ms_bounds_how_long_a_permit_waits() {
         d.metric("limiter_http_in_flight{pool=\"normal\"}") == 0.0
     });
     assert_eq!(d.metric("limiter_http_abandoned_total{cause=\"timeout\",end=\"bound\"}"), 2.0);
+}
+
+/// A PUT of `bytes` to `path` on a new connection: the reply (0 when the
+/// connection failed).
+fn put(proxy: SocketAddr, path: &str, bytes: usize) -> u16 {
+    let mut s = connect(proxy);
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let head = format!("PUT {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {bytes}\r\n\r\n");
+    if s.write_all(head.as_bytes()).is_err() {
+        return 0;
+    }
+    let chunk = vec![b'u'; 64 * 1024];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len());
+        // limiter may answer (and stop reading) before the body is all sent.
+        if s.write_all(&chunk[..n]).is_err() {
+            break;
+        }
+        left -= n;
+    }
+    read_reply(&mut s).map_or(0, |r| r.status)
+}
+
+#[test]
+#[ignore = "needs Debian's jetty9 and a JDK (set-up installs them): run by cargo xtask test"]
+fn an_upload_jetty_does_not_read_yet_keeps_its_permit_until_jetty_is_done() {
+    // 2 normal slots (13 - 8 - 3); uploads of 8 MB to a servlet that
+    // computes 4 s before it reads; limiter gives up writing after 500 ms
+    // of no progress.
+    const SLOTS: u64 = 2;
+    let jetty = Jetty::start(40);
+    let d = InProcess::start(jetty.addr, "http.maxThreads = 13\nhttp.idleTimeoutMs = 500\n");
+    jetty.reset();
+    let uploads: Vec<_> = (0..SLOTS)
+        .map(|_| {
+            let proxy = d.proxy;
+            std::thread::spawn(move || put(proxy, "/up?before=4000", 8 << 20))
+        })
+        .collect();
+    wait_for("both uploads admitted", Duration::from_secs(5), || {
+        d.metric("limiter_http_in_flight{pool=\"normal\"}") == SLOTS as f64
+    });
+    let started = Instant::now();
+    // Four other clients ask all along.
+    let others: Vec<_> = (0..4)
+        .map(|_| {
+            let proxy = d.proxy;
+            std::thread::spawn(move || {
+                let mut ok = 0;
+                while started.elapsed() < Duration::from_secs(6) {
+                    ok += usize::from(get(proxy, "/other?ms=50", &[]).status == 200);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                ok
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = uploads.into_iter().map(|h| h.join().unwrap()).collect();
+    let served_others: usize = others.into_iter().map(|h| h.join().unwrap()).sum();
+    let stats = jetty.stats();
+    eprintln!(
+        "uploads Jetty reads after 4 s: {statuses:?}; Jetty's peak {} for {SLOTS} slots; {served_others} other requests served",
+        stats.peak
+    );
+    assert!(statuses.iter().all(|&s| s == 502), "{statuses:?}");
+    assert!(stats.peak <= SLOTS, "Jetty ran {} at once with {SLOTS} slots", stats.peak);
+    assert_eq!(d.metric("limiter_http_abandoned_total{cause=\"stalled\",end=\"answered\"}"), SLOTS as f64);
+    assert_eq!(d.metric("limiter_http_in_flight{pool=\"normal\"}"), 0.0);
+}
+
+#[test]
+#[ignore = "needs Debian's jetty9 and a JDK (set-up installs them): run by cargo xtask test"]
+fn clients_cut_for_reading_too_slowly_keep_their_permits_until_jetty_is_done() {
+    // 2 normal slots; two clients that read nothing of 16 MB written by
+    // Jetty over 3 s; four others ask all along, so the pool refuses and
+    // the readers are cut after a second.
+    const SLOTS: u64 = 2;
+    let jetty = Jetty::start(40);
+    let d = InProcess::start(jetty.addr, "http.maxThreads = 13\nhttp.minDataRate = 0\n");
+    jetty.reset();
+    let readers: Vec<TcpStream> = (0..SLOTS)
+        .map(|_| {
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            s.set_recv_buffer_size(4096).unwrap();
+            s.connect(&d.proxy.into()).unwrap();
+            let mut s = TcpStream::from(s);
+            s.write_all(b"GET /big?bytes=16777216&ms=3000 HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+            s
+        })
+        .collect();
+    wait_for("both readers admitted", Duration::from_secs(5), || {
+        d.metric("limiter_http_in_flight{pool=\"normal\"}") == SLOTS as f64
+    });
+    let started = Instant::now();
+    let others: Vec<_> = (0..4)
+        .map(|_| {
+            let proxy = d.proxy;
+            std::thread::spawn(move || {
+                let mut ok = 0;
+                while started.elapsed() < Duration::from_secs(5) {
+                    ok += usize::from(get(proxy, "/other", &[]).status == 200);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                ok
+            })
+        })
+        .collect();
+    let served_others: usize = others.into_iter().map(|h| h.join().unwrap()).sum();
+    let stats = jetty.stats();
+    let cut = d.metric("limiter_http_slow_readers_total");
+    eprintln!(
+        "slow readers cut: {cut}; Jetty's peak {} for {SLOTS} slots; {served_others} other requests served",
+        stats.peak
+    );
+    assert_eq!(cut, SLOTS as f64, "both readers cut");
+    assert!(stats.peak <= SLOTS, "Jetty ran {} at once with {SLOTS} slots", stats.peak);
+    assert!(served_others > 0, "the slots served others once Jetty was done");
+    assert_eq!(
+        d.metric("limiter_http_abandoned_total{cause=\"client_slow\",end=\"answered\"}"),
+        SLOTS as f64
+    );
+    drop(readers);
+}
+
+#[test]
+#[ignore = "needs Debian's jetty9 and a JDK (set-up installs them): run by cargo xtask test"]
+fn a_buffered_put_jetty_took_part_of_is_never_sent_twice() {
+    let jetty = Jetty::start(40);
+    let d = InProcess::start(
+        jetty.addr,
+        "http.maxThreads = 40\nhttp.idleTimeoutMs = 500\nhttp.requestBufferBytes = 16777216\n",
+    );
+    // A pooled connection to Jetty first.
+    assert_eq!(get(d.proxy, "/warm", &[]).status, 200);
+    jetty.reset();
+    // Buffered whole, sent on the pooled connection; Jetty takes the head
+    // and what the sockets hold, then computes 3 s before it reads on.
+    assert_eq!(put(d.proxy, "/put?before=3000", 12 << 20), 502);
+    wait_for("Jetty done with the PUT", Duration::from_secs(10), || jetty.stats().inflight == 0);
+    // Jetty's own count: the servlet ran once (sent again, a second would
+    // have run beside it, and been served whole); the one it ran found
+    // the body cut short where limiter stopped.
+    let puts: Vec<_> = jetty.served().into_iter().filter(|s| s.method == "PUT").collect();
+    assert!(puts.is_empty(), "a PUT was sent again and served whole: {puts:?}");
+    assert_eq!(jetty.stats().peak, 1, "Jetty ran the PUT more than once at a time");
+    assert_eq!(d.metric("limiter_http_upstream_retries_total"), 0.0);
 }
 
 /// Starts a download of `path` over HTTP/1.1, reads the head and some of

@@ -52,8 +52,7 @@ use super::{
         path::{class_of, is_debug_path},
     },
     upstream::{
-        self, Abandon, Ahead, Answered, BodySource, Cause, Failed, Outbound, Pool, ResponseBody, Send,
-        UpstreamConn,
+        self, Abandon, Ahead, Answered, BodySource, Failed, Outbound, Pool, ResponseBody, Send, UpstreamConn,
     },
 };
 use crate::request_id::RequestId;
@@ -348,10 +347,8 @@ pub async fn forward<B: BodySource>(a: Admitted<'_>, rest: &mut B) -> Reply {
             proxy.counters.note(&error, a.peer, &a.id);
             let answer = Answer::failed(proxy, &error, a.ticket);
             if let Some(busy) = busy {
-                let cause =
-                    if error.kind() == Kind::UpstreamTimeout { Cause::Timeout } else { Cause::ClientBody };
                 let abandon = Abandon { id: a.id, bound: t.upstream_abandon, idle: t.idle_timeout };
-                upstream::follow_pending(busy, a.pool.clone(), a.permit, s.to_head, cause, abandon);
+                upstream::follow_pending(busy, a.pool.clone(), a.permit, s.to_head, abandon);
             }
             return Reply::Own(answer);
         }

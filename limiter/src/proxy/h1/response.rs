@@ -90,9 +90,9 @@ where
 /// Streams a body, holding its permit until the upstream has delivered
 /// its last byte; under pressure, a client that leaves a chunk untaken
 /// for [`PATIENCE`] is cut. A client that left has the rest followed to
-/// the upstream's end ([`crate::proxy::upstream::abandon`]); one limiter
-/// cut has its upstream connection closed with it, which ends a writing
-/// upstream's work at its next write (a cut frees the pool it was cut for).
+/// the upstream's end ([`crate::proxy::upstream::abandon`]), and so does
+/// one limiter cut (`client_slow`): the permit returns when the upstream
+/// is done, never while it still works.
 async fn stream_body<S>(
     io: &mut ClientIo<S>,
     proxy: &Proxy,
@@ -114,7 +114,7 @@ where
     let too_long = |_| Error::rule(Kind::UpstreamBody, "the body ran past the length its head gave");
     let cut = |rest: &mut ResponseBody, (error, cut): (Error, bool)| {
         if cut {
-            rest.close();
+            rest.cut();
         }
         error
     };

@@ -205,8 +205,8 @@ impl Body for ResponseBody {
 /// A response body streamed from the upstream: what was read ahead, then
 /// the rest as it comes (its permit held until the upstream's last byte).
 /// Dropped before its end, the rest is followed to the upstream's end
-/// ([`upstream::abandon`]); if the stream guard cut it (`cut`), its
-/// connection closes instead. An error of the upstream's is counted and
+/// ([`upstream::abandon`]), also when the stream guard cut it (`cut`:
+/// counted `client_slow`). An error of the upstream's is counted and
 /// logged here, with its cause (`noted`: where).
 pub struct StreamBody {
     first: Option<Bytes>,
@@ -229,7 +229,7 @@ impl StreamBody {
 impl Drop for StreamBody {
     fn drop(&mut self) {
         if self.cut.load(Ordering::Relaxed) {
-            self.rest.close();
+            self.rest.cut();
         }
     }
 }

@@ -34,10 +34,16 @@ pub enum Cause {
     /// The request body failed on the client's side (it broke off, framed
     /// it wrongly, or sent it too slowly) after part of it went upstream.
     ClientBody,
+    /// The upstream took no byte of the request for `http.idleTimeoutMs`
+    /// (the client got 502): alive, not reading yet.
+    Stalled,
+    /// limiter cut the client for taking its response too slowly.
+    ClientSlow,
 }
 
 impl Cause {
-    pub const ALL: [Cause; 3] = [Cause::Timeout, Cause::ClientGone, Cause::ClientBody];
+    pub const ALL: [Cause; 5] =
+        [Cause::Timeout, Cause::ClientGone, Cause::ClientBody, Cause::Stalled, Cause::ClientSlow];
 
     /// The `cause` label.
     pub fn as_str(self) -> &'static str {
@@ -45,6 +51,8 @@ impl Cause {
             Self::Timeout => "timeout",
             Self::ClientGone => "client_gone",
             Self::ClientBody => "client_body",
+            Self::Stalled => "stalled",
+            Self::ClientSlow => "client_slow",
         }
     }
 }

@@ -4,11 +4,19 @@
 //! framing module, and the response body is read strictly as it comes
 //! ([`ResponseBody`]).
 //!
-//! **Retries**: a request is sent again, once and on another connection,
-//! only when its method is idempotent, its body was in memory (never
-//! streamed), the connection it went on was a pooled one (one the upstream
-//! may have closed while it sat idle), and no byte of a response came back
-//! (`limiter_http_upstream_retries_total`).
+//! **Retries** ([`may_send_again`], the one rule): a request is sent
+//! again, once and on another connection, only when the upstream cannot
+//! have seen any of it: the connection it went on failed before it took a
+//! byte of the request (a pooled one the upstream closed while it sat
+//! idle), its method is idempotent and its body was in memory
+//! (`limiter_http_upstream_retries_total`). A request any byte of which
+//! the upstream took is never sent again, whatever its method: the
+//! upstream may be running it (a PUT whose body it is reading, stalled).
+//!
+//! **A stalled write**: an upstream that takes no byte of the request for
+//! `http.idleTimeoutMs` is alive, not failing: the client gets 502, the
+//! connection is half-closed (the upstream's read of the body ends) and
+//! followed to its end holding the permit, as after a 504.
 //!
 //! **The permit contract**: a response body streamed holding its permit
 //! gives the permit back when the upstream has delivered its last byte.
@@ -83,7 +91,16 @@ pub enum Failed {
     /// be working on the request on (after a timeout, or a client body
     /// that failed half-way), with when the request went, to follow to its
     /// end.
-    Error { error: Error, busy: Option<(UpstreamConn, Instant)> },
+    Error { error: Error, busy: Option<Busy> },
+}
+
+/// A connection the upstream may still be working on a request on: with
+/// when the request went and why limiter gave up on it, to follow to its
+/// end ([`follow_pending`]).
+pub struct Busy {
+    pub conn: UpstreamConn,
+    pub sent: Instant,
+    pub cause: Cause,
 }
 
 impl From<Error> for Failed {
@@ -136,17 +153,20 @@ pub async fn send<B: BodySource>(
             Err(GetError::Full) => return Err(Failed::Full),
             Err(GetError::Connect(e)) => return Err(Error::io(Kind::UpstreamConnect, e).into()),
         };
-        let retry = may_retry && conn.reused && attempt == 1;
+        let reused = conn.reused;
+        // Set once the upstream took a byte of this request.
+        let mut reached = false;
         let sent = match &mut body {
-            Outbound::Whole(bytes) => write_whole(&mut conn, head, bytes, s.idle_timeout).await,
+            Outbound::Whole(bytes) => write_whole(&mut conn, head, bytes, s.idle_timeout, &mut reached).await,
             Outbound::Stream { first, rest, framing } => {
-                match stream(s, &mut conn, head, first, &mut **rest, *framing).await {
+                match stream(s, &mut conn, head, first, &mut **rest, *framing, &mut reached).await {
                     Ok(sent) => sent,
                     Err(error) => {
                         // Part of the request is upstream: the upstream may
                         // be working on it. Nothing more is coming.
                         let _ = conn.stream.shutdown().await;
-                        return Err(Failed::Error { error, busy: Some((conn, Instant::now())) });
+                        let busy = Busy { conn, sent: Instant::now(), cause: Cause::ClientBody };
+                        return Err(Failed::Error { error, busy: Some(busy) });
                     }
                 }
             }
@@ -157,9 +177,15 @@ pub async fn send<B: BodySource>(
             // The upstream closed or stalled: an answer it sent first is
             // still the client's.
             Sent::Failed(_) if answer_came(&mut conn, s.to_head).await => true,
-            Sent::Failed(_) if retry && conn.buf.is_empty() => {
+            Sent::Failed(_) if may_send_again(may_retry, reused, attempt, reached, &conn) => {
                 s.pool.shared().retries.fetch_add(1, Ordering::Relaxed);
                 continue;
+            }
+            // Alive, not reading yet: followed as after a 504.
+            Sent::Failed(error) if matches!(error.cause(), super::error::Cause::Rule(STALLED_WRITE)) => {
+                let _ = tokio::time::timeout(s.idle_timeout, conn.stream.shutdown()).await;
+                let busy = Busy { conn, sent: Instant::now(), cause: Cause::Stalled };
+                return Err(Failed::Error { error, busy: Some(busy) });
             }
             Sent::Failed(error) => return Err(error.into()),
         };
@@ -172,15 +198,21 @@ pub async fn send<B: BodySource>(
                 let head_bytes = conn.buf.split_to(head.len).freeze();
                 return Ok(Answered { conn, head, head_bytes, took: sent.elapsed() });
             }
-            Err(NoResponse { nothing: true, .. }) if retry => {
-                s.pool.shared().retries.fetch_add(1, Ordering::Relaxed);
-            }
             Err(NoResponse { error, .. }) if error.kind() == Kind::UpstreamTimeout => {
-                return Err(Failed::Error { error, busy: Some((conn, sent)) });
+                return Err(Failed::Error { error, busy: Some(Busy { conn, sent, cause: Cause::Timeout }) });
             }
             Err(NoResponse { error, .. }) => return Err(error.into()),
         }
     }
+}
+
+/// Whether a request whose connection failed goes again on another: only
+/// when the upstream cannot have seen any of it (see the module's doc).
+/// `may_retry`: an idempotent method and a body in memory; `reused`: the
+/// connection came from the pool; `reached`: the upstream took a byte of
+/// the request.
+fn may_send_again(may_retry: bool, reused: bool, attempt: u32, reached: bool, conn: &UpstreamConn) -> bool {
+    may_retry && reused && attempt == 1 && !reached && conn.buf.is_empty()
 }
 
 /// How a request went upstream.
@@ -195,29 +227,44 @@ enum Sent {
 
 /// A body in memory goes in the head's write (copied when small, else
 /// beside it in one vectored write).
-async fn write_whole(conn: &mut UpstreamConn, head: &[u8], body: &Bytes, idle: Duration) -> Sent {
+async fn write_whole(
+    conn: &mut UpstreamConn,
+    head: &[u8],
+    body: &Bytes,
+    idle: Duration,
+    reached: &mut bool,
+) -> Sent {
     if body.len() <= 16 * 1024 {
         let mut out = Vec::with_capacity(head.len() + body.len());
         out.extend_from_slice(head);
         out.extend_from_slice(body);
-        write_watching(conn, &mut &out[..], idle).await
+        write_watching(conn, &mut &out[..], idle, reached).await
     } else {
         let mut both = bytes::Buf::chain(head, &body[..]);
-        write_watching(conn, &mut both, idle).await
+        write_watching(conn, &mut both, idle, reached).await
     }
 }
 
 /// Writes `bytes` upstream, watching the connection for a final answer
 /// meanwhile (an upstream may answer before it reads a body); gives up
-/// after `idle` without progress.
-async fn write_watching(conn: &mut UpstreamConn, bytes: &mut impl bytes::Buf, idle: Duration) -> Sent {
+/// after `idle` without progress. `reached` is set once a write took a
+/// byte.
+async fn write_watching(
+    conn: &mut UpstreamConn,
+    bytes: &mut impl bytes::Buf,
+    idle: Duration,
+    reached: &mut bool,
+) -> Sent {
     while bytes.has_remaining() {
         let progress = {
             let (reader, mut writer) = conn.stream.split();
             tokio::select! {
                 biased;
                 written = tokio::time::timeout(idle, writer.write_buf(bytes)) => match written {
-                    Ok(Ok(n)) if n > 0 => None,
+                    Ok(Ok(n)) if n > 0 => {
+                        *reached = true;
+                        None
+                    }
                     Ok(Ok(_)) => return Sent::Failed(Error::closed(Kind::UpstreamClosed)),
                     Ok(Err(e)) => return Sent::Failed(Error::io(Kind::UpstreamClosed, e)),
                     Err(_) => return Sent::Failed(Error::rule(Kind::UpstreamClosed, STALLED_WRITE)),
@@ -309,6 +356,7 @@ async fn stream<B: BodySource>(
     first: &Bytes,
     rest: &mut B,
     framing: Outgoing,
+    reached: &mut bool,
 ) -> Result<Sent, Error> {
     let mut out = Vec::with_capacity(head.len() + first.len() + 16);
     out.extend_from_slice(head);
@@ -322,7 +370,7 @@ async fn stream<B: BodySource>(
     let idle = s.idle_timeout;
     let mut pace = Pace::new(s.min_rate, idle);
     loop {
-        match write_watching(conn, &mut &out[..], idle).await {
+        match write_watching(conn, &mut &out[..], idle, reached).await {
             Sent::Whole => {}
             other => return Ok(other),
         }
@@ -364,16 +412,12 @@ async fn stream<B: BodySource>(
     encoder
         .finish(&mut out)
         .map_err(|_| Error::rule(Kind::ClientBody, "less body than its Content-Length"))?;
-    Ok(write_watching(conn, &mut &out[..], idle).await)
+    Ok(write_watching(conn, &mut &out[..], idle, reached).await)
 }
 
 /// Why no response head came.
 pub(crate) struct NoResponse {
     pub error: Error,
-    /// The connection ended (closed or failed, not timed out) before any
-    /// byte of a response came: a pooled one the upstream may have closed
-    /// while it sat idle.
-    pub nothing: bool,
 }
 
 /// Reads the response head (interim 1xx heads skipped; `101` only to an
@@ -385,11 +429,9 @@ pub(crate) async fn read_head_until(
     deadline: tokio::time::Instant,
     arm_within: Option<Duration>,
 ) -> Result<ResponseHead, NoResponse> {
-    let mut any = false;
-    let invalid = |rule| NoResponse { error: Error::rule(Kind::UpstreamInvalid, rule), nothing: false };
+    let invalid = |rule| NoResponse { error: Error::rule(Kind::UpstreamInvalid, rule) };
     loop {
         if !conn.buf.is_empty() {
-            any = true;
             match http1::parse_response(&conn.buf, to_head) {
                 http1::Response::Head(head) if head.status == 101 && !upgrade => {
                     return Err(invalid("a 101 to a request that asked for no upgrade"));
@@ -408,15 +450,15 @@ pub(crate) async fn read_head_until(
         }
         let read = tokio::io::AsyncReadExt::read_buf(&mut conn.stream, &mut conn.buf);
         let read = conn.deadline.within_armed(deadline, arm_within, read).await;
-        let (error, ended) = match read {
+        let error = match read {
             Ok(Ok(n)) if n > 0 => continue,
             // Not an end: the upstream may be working on the request still,
             // which must never be sent twice.
-            Err(_) => (Error::rule(Kind::UpstreamTimeout, "http.upstreamTimeoutMs"), false),
-            Ok(Ok(_)) => (Error::closed(Kind::UpstreamClosed), true),
-            Ok(Err(e)) => (Error::io(Kind::UpstreamClosed, e), true),
+            Err(_) => Error::rule(Kind::UpstreamTimeout, "http.upstreamTimeoutMs"),
+            Ok(Ok(_)) => Error::closed(Kind::UpstreamClosed),
+            Ok(Err(e)) => Error::io(Kind::UpstreamClosed, e),
         };
-        return Err(NoResponse { error, nothing: ended && !any });
+        return Err(NoResponse { error });
     }
 }
 
@@ -436,6 +478,9 @@ pub struct ResponseBody {
     /// Dropped before its end: followed to the upstream's end in the
     /// background, holding the permit ([`abandon`]); `None`: it closes.
     abandon: Option<Abandon>,
+    /// Why, when it is dropped before its end: the client went (or was
+    /// cut, [`Self::cut`]).
+    gone: Cause,
 }
 
 impl ResponseBody {
@@ -460,6 +505,7 @@ impl ResponseBody {
             permit: Some(permit),
             done: false,
             abandon,
+            gone: Cause::ClientGone,
         };
         if head.framing == Framing::None {
             body.finish();
@@ -598,11 +644,11 @@ impl ResponseBody {
 }
 
 impl ResponseBody {
-    /// The client was cut (too slow to take its response): if dropped
-    /// before its end, the connection closes with it and the permit goes
-    /// back then, instead of the rest being followed to the upstream's end.
-    pub fn close(&mut self) {
-        self.abandon = None;
+    /// The client was cut (too slow to take its response): dropped before
+    /// its end, the rest is followed to the upstream's end holding the
+    /// permit as for a client gone, counted as `client_slow`.
+    pub fn cut(&mut self) {
+        self.gone = Cause::ClientSlow;
     }
 }
 
@@ -631,6 +677,7 @@ impl Drop for ResponseBody {
             permit: self.permit.take(),
             done: false,
             abandon: None,
+            gone: self.gone,
         };
         follow_body(rest, abandon);
     }
@@ -640,14 +687,8 @@ impl Drop for ResponseBody {
 /// client body that failed half-way) to the upstream's end, holding its
 /// permit; `sent` is when the request went upstream (the adaptive limit
 /// learns the answer's latency if it comes).
-pub fn follow_pending(
-    (mut conn, sent): (UpstreamConn, Instant),
-    pool: Arc<Pool>,
-    permit: Permit,
-    to_head: bool,
-    cause: Cause,
-    abandon: Abandon,
-) {
+pub fn follow_pending(busy: Busy, pool: Arc<Pool>, permit: Permit, to_head: bool, abandon: Abandon) {
+    let Busy { mut conn, sent, cause } = busy;
     let gave_up = tokio::time::Instant::now();
     let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
     let shared = pool.shared_arc();
@@ -673,6 +714,7 @@ pub fn follow_pending(
 /// Follows a response body its client is no longer there for, holding its
 /// permit (called when the body is dropped before its end).
 fn follow_body(mut body: ResponseBody, abandon: Abandon) {
+    let cause = body.gone;
     let gave_up = tokio::time::Instant::now();
     let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
     let shared = body.pool.shared_arc();
@@ -681,7 +723,7 @@ fn follow_body(mut body: ResponseBody, abandon: Abandon) {
         let end = drain(&mut body, gave_up + abandon.bound).await;
         drop(body);
         shared.abandoned.now.fetch_sub(1, Ordering::Relaxed);
-        shared.abandoned.ended(&abandon.id, Cause::ClientGone, end, gave_up.elapsed());
+        shared.abandoned.ended(&abandon.id, cause, end, gave_up.elapsed());
     });
 }
 
