@@ -24,3 +24,10 @@ pub fn covers(lease: Duration) -> Duration {
 pub fn admits_for(lease: Duration) -> Duration {
     trusted_for(lease) - covers(lease)
 }
+
+/// How long a budget whose every field was given back keeps them, empty
+/// (so that a node's older claim still on its way finds itself stale):
+/// two leases.
+pub fn given_back_for(lease: Duration) -> Duration {
+    lease * 2
+}

@@ -411,7 +411,8 @@ impl Node {
 
     fn send_claim(&mut self, io: &mut Io, claim: Claim, sent: Sent, round: Option<u64>) {
         let limit = claim.key.as_ref().map_or(0, |_| self.limit(claim.kind));
-        let argv = claim.argv(&self.me, limit, KEY_TTL.as_millis() as u64, &self.channel);
+        let tomb = limiter::lease::given_back_for(self.lease).as_millis() as u64;
+        let argv = claim.argv(&self.me, limit, KEY_TTL.as_millis() as u64, &self.channel, tomb);
         let keys = claim.keys().iter().map(|k| (*k).to_owned()).collect();
         let id = self.send(io, Msg::Claim { claim, sent, round }, Command::Eval { keys, argv });
         self.timer(io, self.lease / 3, Timer::ClaimTimeout { id });
@@ -421,7 +422,7 @@ impl Node {
         let (key, epoch) = members_for(NAME);
         let (seq, nonce) = (self.budgets.next_seq(), self.budgets.next_nonce());
         let claim = self.members.claim(key.into(), epoch.into(), seq, nonce, false, now);
-        let argv = claim.argv(&self.me, 0, KEY_TTL.as_millis() as u64, &self.channel);
+        let argv = claim.argv(&self.me, 0, KEY_TTL.as_millis() as u64, &self.channel, 0);
         let keys = claim.keys().iter().map(|k| (*k).to_owned()).collect();
         let id = self.send(io, Msg::Member { _claim: claim, round }, Command::Eval { keys, argv });
         self.timer(io, self.lease / 3, Timer::ClaimTimeout { id });

@@ -437,7 +437,9 @@ impl<'a> World<'a> {
         let mut left = Vec::new();
         for key in self.store.keys_with("limiter:", self.now).into_iter().filter(|k| is_budget(k)) {
             for (field, value) in self.store.fields(&key, self.now) {
-                if live.contains(&field) {
+                // A field given back stays empty a while (its sequence
+                // number makes an older claim stale).
+                if live.contains(&field) && !value.starts_with("0 0 0 ") {
                     left.push(format!("{key} {field} = {value}"));
                 }
             }

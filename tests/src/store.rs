@@ -392,6 +392,39 @@ impl StoreNet {
 
     /// The sessions' budgets in the store on `port` (not the epochs, the
     /// live nodes or the fingerprint the fleet keeps besides).
+    /// The budgets left, split by who holds them: `(live, dead)` — those
+    /// where a node among fleet `name`'s live nodes holds a unit, and those
+    /// that hold only units of nodes no longer live (budgets whose every
+    /// field was given back, kept empty two leases, are neither) (a node killed
+    /// before it gave them back: they end when a live node next asks for
+    /// the budget, or with the key's TTL); and the longest TTL left (ms).
+    pub fn budget_holders(&self, port: u16, name: &str) -> Result<(usize, usize, i64)> {
+        // One script, run by the store itself: a scan from outside costs a
+        // process per key.
+        const COUNT: &str = r"
+            local live = {}
+            for _, f in ipairs(redis.call('HKEYS', ARGV[1])) do live[f] = true end
+            local held, dead, ttl = 0, 0, 0
+            for _, k in ipairs(redis.call('KEYS', 'limiter:*')) do
+              if not (k:find(':epoch$') or k:find(':nodes$') or k:find(':wanted$') or k:find(':hash%-key%-fingerprint$')) then
+                local kv = redis.call('HGETALL', k)
+                local holds, given = false, true
+                for i = 1, #kv, 2 do
+                  local share = tonumber(string.match(kv[i + 1], '^(%d+)'))
+                  if live[kv[i]] and share and share > 0 then holds = true end
+                  if not string.find(kv[i + 1], '^0 0 0 ') then given = false end
+                end
+                if holds then held = held + 1
+                elseif not given then dead = dead + 1; ttl = math.max(ttl, redis.call('PTTL', k)) end
+              end
+            end
+            return {held, dead, ttl}";
+        let out = self.cli(port, &["eval", COUNT, "0", &format!("limiter:{{{name}}}:nodes")])?;
+        let n: Vec<i64> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        anyhow::ensure!(n.len() == 3, "the store's count of budgets: {out:?}");
+        Ok((n[0] as usize, n[1] as usize, n[2]))
+    }
+
     pub fn session_budgets(&self, port: u16) -> Result<usize> {
         let keys = self.cli(port, &["--scan", "--pattern", "limiter:{*:s:*}:*"])?;
         Ok(keys.lines().filter(|k| !k.is_empty() && !k.ends_with(":epoch")).count())

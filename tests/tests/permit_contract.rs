@@ -184,6 +184,25 @@ fn put(proxy: SocketAddr, path: &str, bytes: usize) -> u16 {
     read_reply(&mut s).map_or(0, |r| r.status)
 }
 
+/// Four other clients asking for `path` all along, for `how_long`: each
+/// thread's count of 200s.
+fn asking_all_along(proxy: SocketAddr, path: &str, how_long: Duration) -> Vec<JoinHandle<usize>> {
+    let started = Instant::now();
+    (0..4)
+        .map(|_| {
+            let path = path.to_owned();
+            std::thread::spawn(move || {
+                let mut ok = 0;
+                while started.elapsed() < how_long {
+                    ok += usize::from(get(proxy, &path, &[]).status == 200);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                ok
+            })
+        })
+        .collect()
+}
+
 #[test]
 #[ignore = "needs Debian's jetty9 and a JDK (set-up installs them): run by cargo xtask test"]
 fn an_upload_jetty_does_not_read_yet_keeps_its_permit_until_jetty_is_done() {
@@ -203,21 +222,7 @@ fn an_upload_jetty_does_not_read_yet_keeps_its_permit_until_jetty_is_done() {
     wait_for("both uploads admitted", Duration::from_secs(5), || {
         d.metric("limiter_http_in_flight{pool=\"normal\"}") == SLOTS as f64
     });
-    let started = Instant::now();
-    // Four other clients ask all along.
-    let others: Vec<_> = (0..4)
-        .map(|_| {
-            let proxy = d.proxy;
-            std::thread::spawn(move || {
-                let mut ok = 0;
-                while started.elapsed() < Duration::from_secs(6) {
-                    ok += usize::from(get(proxy, "/other?ms=50", &[]).status == 200);
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                ok
-            })
-        })
-        .collect();
+    let others = asking_all_along(d.proxy, "/other?ms=50", Duration::from_secs(6));
     let statuses: Vec<u16> = uploads.into_iter().map(|h| h.join().unwrap()).collect();
     let served_others: usize = others.into_iter().map(|h| h.join().unwrap()).sum();
     let stats = jetty.stats();
@@ -254,20 +259,7 @@ fn clients_cut_for_reading_too_slowly_keep_their_permits_until_jetty_is_done() {
     wait_for("both readers admitted", Duration::from_secs(5), || {
         d.metric("limiter_http_in_flight{pool=\"normal\"}") == SLOTS as f64
     });
-    let started = Instant::now();
-    let others: Vec<_> = (0..4)
-        .map(|_| {
-            let proxy = d.proxy;
-            std::thread::spawn(move || {
-                let mut ok = 0;
-                while started.elapsed() < Duration::from_secs(5) {
-                    ok += usize::from(get(proxy, "/other", &[]).status == 200);
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                ok
-            })
-        })
-        .collect();
+    let others = asking_all_along(d.proxy, "/other", Duration::from_secs(5));
     let served_others: usize = others.into_iter().map(|h| h.join().unwrap()).sum();
     let stats = jetty.stats();
     let cut = d.metric("limiter_http_slow_readers_total");

@@ -24,7 +24,9 @@
 -- a nonce for an epoch this claim makes, [12] the channel that tells the
 -- other nodes this budget is wanted (a claim left wanting publishes the
 -- budget's key there: the nodes that hold what they do not use give it
--- back at once).
+-- back at once), [13] how long a budget whose every field is given back
+-- keeps them (ms; 0: a field given back is deleted at once, as the live
+-- nodes' hash does).
 --
 -- No clock is read here: a field ends when a node has seen it unchanged
 -- for a lease by its own clock, a quiet gen when a node has seen it for
@@ -92,7 +94,7 @@ for i = 1, #fields, 2 do
   end
 end
 local had = 0
-if mine ~= nil then had = 1 end
+if mine ~= nil and mine[1] > 0 then had = 1 end
 local function tail()
   return ' ' .. quiet .. ' ' .. gen .. ' ' .. others .. ' ' .. others_demand .. ' ' .. had .. ' ' .. spare .. ' '
     .. table.concat(seen, ' ')
@@ -137,8 +139,18 @@ local demand = math.max(0, need - cap)
 if demand > 0 and others > 0 and ARGV[12] ~= nil and ARGV[12] ~= '' then
   redis.call('PUBLISH', ARGV[12], KEYS[1])
 end
-if share == 0 and demand == 0 then
+local tomb = tonumber(ARGV[13]) or 0
+if share == 0 and demand == 0 and tomb == 0 then
   redis.call('HDEL', KEYS[1], me)
+elseif share == 0 and demand == 0 then
+  -- Given back: the field stays, empty, with its sequence number, so that
+  -- an older claim of this node's still on its way (sent on a connection
+  -- since replaced) is stale and cannot put back a share the node has
+  -- forgotten. A budget of empty fields alone is gone after ARGV[13].
+  redis.call('HSET', KEYS[1], me, '0 0 0 ' .. seq .. ' 0')
+  if others == 0 and others_demand == 0 then
+    redis.call('PEXPIRE', KEYS[1], tomb)
+  end
 else
   redis.call('HSET', KEYS[1], me, share .. ' ' .. in_use .. ' ' .. demand .. ' ' .. seq .. ' ' .. cap)
   redis.call('PEXPIRE', KEYS[1], ARGV[10])

@@ -84,8 +84,9 @@ impl Claim {
 
     /// The script's `ARGV`, for this node's field `me`, a budget of
     /// `limit`, keys that live `ttl_ms` without a claim, budgets wanted
-    /// told on `channel`.
-    pub fn argv(&self, me: &str, limit: u32, ttl_ms: u64, channel: &str) -> Vec<String> {
+    /// told on `channel`, a budget of given-back fields kept `tomb_ms` (0
+    /// for the live nodes' hash: a field given back goes at once).
+    pub fn argv(&self, me: &str, limit: u32, ttl_ms: u64, channel: &str, tomb_ms: u64) -> Vec<String> {
         let mut gone = String::new();
         for (f, s) in &self.gone {
             let _ = write!(gone, "{}{f} {s}", if gone.is_empty() { "" } else { " " });
@@ -103,6 +104,7 @@ impl Claim {
             ttl_ms.to_string(),
             self.nonce.to_string(),
             channel.to_owned(),
+            tomb_ms.to_string(),
         ]
     }
 }

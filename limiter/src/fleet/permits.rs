@@ -395,7 +395,7 @@ impl Fleet {
     /// and counts the store's health by it.
     pub(super) async fn claim_and_apply(self: &Arc<Self>, claim: Claim, sent: Sent) -> bool {
         let answer = match self.store.conn() {
-            Some(conn) => self.send(conn, &claim).await,
+            Some(conn) => self.send(conn, &claim, true).await,
             None => Err("no connection".to_owned()),
         };
         let took = claim.sent.elapsed();
@@ -432,13 +432,16 @@ impl Fleet {
 
     /// Sends one claim (within a third of the lease: past it the store
     /// counts as failing).
-    async fn send(&self, mut conn: StoreConn, claim: &Claim) -> Result<Answer, String> {
+    /// `budget`: a budget's claim (not this node's field among the live
+    /// nodes).
+    async fn send(&self, mut conn: StoreConn, claim: &Claim, budget: bool) -> Result<Answer, String> {
         let limit = claim.key.as_ref().map_or(0, |_| self.limit(claim.kind));
         let mut script = self.claim.prepare_invoke();
         for key in claim.keys() {
             script.key(key);
         }
-        for arg in claim.argv(&self.me, limit, KEY_TTL.as_millis() as u64, &self.wanted_channel()) {
+        let tomb = if budget { crate::lease::given_back_for(self.lease).as_millis() as u64 } else { 0 };
+        for arg in claim.argv(&self.me, limit, KEY_TTL.as_millis() as u64, &self.wanted_channel(), tomb) {
             script.arg(arg);
         }
         match tokio::time::timeout(self.lease / 3, conn.eval::<String>(&script)).await {
@@ -534,7 +537,7 @@ impl Fleet {
     /// Renews this node's field among the fleet's live nodes.
     pub(super) async fn renew_membership(self: &Arc<Self>, claim: Claim) -> bool {
         let answer = match self.store.conn() {
-            Some(conn) => self.send(conn, &claim).await,
+            Some(conn) => self.send(conn, &claim, false).await,
             None => Err("no connection".to_owned()),
         };
         match answer {
