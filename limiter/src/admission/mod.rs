@@ -218,6 +218,16 @@ pub struct Ask<'a> {
     pub client_group: Option<Prefix>,
 }
 
+impl Ask<'_> {
+    /// Whether the limits per client apply: the session's and the web
+    /// clients', this daemon's and the fleet's alike. Not to `/debug/`,
+    /// whatever it carries: the operator's way in is never one client's
+    /// to use up (it has its reserved slots, and the normal pool).
+    pub fn per_client(&self) -> bool {
+        !self.debug
+    }
+}
+
 /// Which pool slot a permit holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Slot {
@@ -709,7 +719,7 @@ impl Admission {
 
     /// The keyed hash of the request's session (none for `/debug/`).
     fn session_of(&self, ask: Ask<'_>) -> Option<u64> {
-        ask.session.filter(|_| !ask.debug).map(|token| self.session_keys.key(token))
+        ask.session.filter(|_| ask.per_client()).map(|token| self.session_keys.key(token))
     }
 
     /// Whether [`Self::admit`] would admit `ask` now, taking nothing (the
@@ -835,7 +845,7 @@ fn decide(
             Err((ask.class.refusal(), Slot::Normal))
         }
     };
-    let web = ask.web && !ask.debug;
+    let web = ask.web && ask.per_client();
     let web_full = web && limits.web > 0 && inner.web + others.web >= limits.web;
     let session = session.filter(|_| limits.per_session > 0);
     let session_full = session.is_some_and(|h| {

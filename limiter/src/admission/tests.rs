@@ -400,3 +400,19 @@ fn one_client_group_cannot_take_every_tunnel_place() {
     assert_eq!(a.snapshot().tunnels_in_use, 0);
     assert_eq!(a.lock().tunnel_groups.len(), 0, "no group is left behind");
 }
+
+#[test]
+fn a_debug_request_counts_against_no_client_limit_whatever_it_carries() {
+    let a = Admission::new(limits(8, 1, 1));
+    let token = &b"Bearer one"[..];
+    let debug_with = Ask { debug: true, web: true, session: Some(token), ..Ask::default() };
+    assert!(!debug_with.per_client(), "the one rule the fleet's limits follow too");
+    // The session's and the web clients' one place are taken...
+    let held = a.admit(Ask { web: true, session: Some(token), ..Ask::default() }).unwrap();
+    assert_eq!(a.admit(Ask { session: Some(token), ..Ask::default() }).unwrap_err(), Refusal::Session);
+    // ...and `/debug/` with the same credential and X-Client-Id still gets in.
+    let debug = a.admit(debug_with).unwrap();
+    let s = a.snapshot();
+    assert_eq!((s.web_in_use, s.debug_in_use), (1, 1));
+    drop((held, debug));
+}

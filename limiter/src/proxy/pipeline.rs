@@ -216,9 +216,9 @@ pub async fn admit(ctx: Ctx<'_>, req: &Request, c: Classified) -> Result<(Option
         // The ticket is dropped unrecorded: a refusal is not a result.
         Err(refusal) => return Err(Answer::refuse(proxy, Reason::Admission(refusal), ctx.started)),
     };
-    // `/debug/` is never subject to the fleet's limits.
+    // The fleet's limits are per client too (never on `/debug/`).
     if let Some(fleet) = &proxy.fleet
-        && !c.debug
+        && ask.per_client()
     {
         let (held, refusal) = fleet.acquire(ask.web, ask.session).await;
         if let Some(refusal) = refusal
