@@ -716,3 +716,53 @@ fn the_top_level_modules_keep_the_documented_layers() {
     }
     assert!(problems.is_empty(), "lib.rs's layout list is wrong:\n  {}", problems.join("\n  "));
 }
+
+/// The files that allow `unsafe` code (under `src`, `main.rs` aside, and
+/// not in a test), sorted.
+fn unsafe_files(src: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut dirs = vec![src.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("src is readable") {
+            let path = entry.expect("src is readable").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") && !path.ends_with("main.rs") {
+                let text = std::fs::read_to_string(&path).expect("a source file");
+                // Up to the file's test module: an allow inside a test is
+                // the test's own.
+                let code = text.split("\nmod tests").next().unwrap_or("");
+                if code.lines().any(|l| l.trim_start().starts_with("#[allow(unsafe_code")) {
+                    found.push(path.strip_prefix(src).expect("under src").display().to_string());
+                }
+            }
+        }
+    }
+    // An allow on a `mod` line covers the module's file.
+    if let Some(i) = found.iter().position(|f| f == "kernel/mod.rs") {
+        found[i] = "kernel/sys.rs".to_owned();
+    }
+    found.sort();
+    found
+}
+
+/// `docs/architecture.md`'s "Where `unsafe` lives" names every file the
+/// daemon's `unsafe` code is in, and no other.
+#[test]
+fn the_manual_lists_every_file_with_unsafe_code() {
+    let page =
+        std::fs::read_to_string(src().join("../../docs/architecture.md")).expect("the architecture page");
+    let start = page.find("**Where `unsafe` lives.**").expect("its paragraph");
+    let paragraph = &page[start..];
+    let paragraph = &paragraph[..paragraph.find("In `limiter-common`").expect("its end")];
+    let mut listed: Vec<String> = paragraph
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|s| s.ends_with(".rs") && !s.starts_with("limiter/"))
+        .map(str::to_owned)
+        .collect();
+    listed.sort();
+    listed.dedup();
+    assert_eq!(listed, unsafe_files(&src()), "docs/architecture.md's list against the source");
+}

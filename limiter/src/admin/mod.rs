@@ -57,6 +57,11 @@ pub trait Control: Send + Sync + 'static {
     fn gate_lost(&self) -> bool {
         false
     }
+    /// Whether the gate's maps hold neither configuration since a failed
+    /// rollback (`/healthz` then says 503 too).
+    fn gate_mixed(&self) -> bool {
+        false
+    }
     /// Re-reads and applies the configuration (blocking: run it off the
     /// event loop).
     fn reload(&self) -> ReloadOutcome;
@@ -270,6 +275,9 @@ async fn handle(
                 reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n".into())
             } else if control.gate_lost() {
                 reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "the kernel gate was detached\n".into())
+            } else if control.gate_mixed() {
+                let why = "the kernel gate's maps hold neither configuration (a failed change could not be undone)\n";
+                reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", why.into())
             } else {
                 reply(StatusCode::OK, "text/plain", "ok\n".into())
             }

@@ -122,6 +122,19 @@ impl Control for Daemon {
                 "1 when the gate's maps were read for this page, 0 when the read failed (their families are missing).",
             )
             .sample("limiter_kernel_scrape_success", &[], u8::from(ok));
+            let (failures, mixed) = g.read().rollback_state();
+            page.family(
+                "limiter_kernel_rollback_failures_total",
+                "counter",
+                "Map writes that putting back a failed change failed to undo (the maps then hold neither configuration).",
+            )
+            .sample("limiter_kernel_rollback_failures_total", &[], failures);
+            page.family(
+                "limiter_kernel_gate_consistent",
+                "gauge",
+                "0 from a failed rollback until a change is applied whole (the maps hold neither configuration), else 1.",
+            )
+            .sample("limiter_kernel_gate_consistent", &[], u8::from(!mixed));
         }
         if let Some(proxy) = &self.proxy {
             let pools = proxy.admission.snapshot();
@@ -184,6 +197,10 @@ impl Control for Daemon {
 
     fn draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
+    }
+
+    fn gate_mixed(&self) -> bool {
+        self.gate.as_ref().and_then(|g| g.try_read()).is_some_and(|g| g.rollback_state().1)
     }
 
     fn gate_lost(&self) -> bool {

@@ -37,9 +37,17 @@ pub fn directives(level: &str) -> String {
 
 /// Installs the logger. `level` is `admin.logLevel` (already validated).
 pub fn init(json: bool, level: &str) {
+    // A LIMITER_LOG that is no filter is said once logging is up.
+    let mut bad_env = None;
     let filter = std::env::var("LIMITER_LOG")
         .ok()
-        .and_then(|env| EnvFilter::try_new(directives(&env)).ok())
+        .and_then(|env| match EnvFilter::try_new(directives(&env)) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                bad_env = Some((env, e.to_string()));
+                None
+            }
+        })
         .unwrap_or_else(|| EnvFilter::new(directives(level)));
     let (filter, handle) = reload::Layer::new(filter);
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -63,6 +71,11 @@ pub fn init(json: bool, level: &str) {
     };
     if installed.is_ok() {
         let _ = FILTER.set(handle);
+    }
+    if let Some((env, why)) = bad_env {
+        tracing::warn!(
+            "LIMITER_LOG={env:?} is not a log filter ({why}): logging at admin.logLevel = {level} instead"
+        );
     }
 }
 

@@ -370,14 +370,8 @@ pub async fn run(
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            Some(()) = reloads.recv() => {
-                let daemon = daemon.clone();
-                let _ = tokio::task::spawn_blocking(move || daemon.reload()).await;
-            }
-            Some(()) = changed.recv() => {
-                let daemon = daemon.clone();
-                let _ = tokio::task::spawn_blocking(move || daemon.reload()).await;
-            }
+            Some(()) = reloads.recv() => reload_off_runtime(&daemon).await,
+            Some(()) = changed.recv() => reload_off_runtime(&daemon).await,
             () = &mut shutdown => break,
         }
     }
@@ -408,7 +402,16 @@ pub async fn run(
         let _ = task.await;
     }
     let started = Instant::now();
-    let _ = tokio::task::spawn_blocking(move || workers.into_iter().for_each(|w| drop(w.join()))).await;
+    let joined = tokio::task::spawn_blocking(move || {
+        for w in workers {
+            if w.join().is_err() {
+                tracing::error!("an HTTP worker thread panicked; its connections ended with it");
+            }
+        }
+    });
+    if let Err(e) = joined.await {
+        tracing::error!(error = %e, "joining the HTTP workers failed");
+    }
     if let Some(task) = adaptive_task {
         task.abort();
     }
@@ -489,5 +492,18 @@ async fn housekeeping(daemon: Arc<Daemon>, ledger: Option<Arc<Ledger>>) {
             daemon.check_gate();
         }
         n = n.wrapping_add(1);
+    }
+}
+
+/// A reload (SIGHUP, or the watched file changed) on a blocking thread; a
+/// reload that panicked is said and counted as failed, never lost.
+async fn reload_off_runtime(daemon: &Arc<Daemon>) {
+    let d = daemon.clone();
+    if let Err(e) = tokio::task::spawn_blocking(move || d.reload()).await {
+        daemon.reloads_failed.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(
+            error = %e,
+            "reload: it panicked part-way; what it applied before stays (reload again to apply the whole file)"
+        );
     }
 }

@@ -24,7 +24,12 @@ fn set() -> SigSet {
 /// Holds SIGHUP, SIGTERM, SIGINT and SIGUSR1 pending on this thread (and the threads
 /// it starts) until [`install`].
 pub fn block() {
-    let _ = set().thread_block();
+    // Before logging is set up: said on stderr.
+    if let Err(e) = set().thread_block() {
+        eprintln!(
+            "limiter: holding signals until their handlers are installed failed ({e}): one that comes first ends the daemon"
+        );
+    }
 }
 
 /// Installs the handlers (inside a tokio runtime) and unblocks the signals.
@@ -36,7 +41,7 @@ pub fn install() -> std::io::Result<(mpsc::UnboundedReceiver<()>, impl Future<Ou
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut usr1 = signal(SignalKind::user_defined1())?;
-    let _ = set().thread_unblock();
+    set().thread_unblock().map_err(std::io::Error::from)?;
     tokio::spawn(async move {
         while usr1.recv().await.is_some() {
             tracing::info!("SIGUSR1: reopening the access log");

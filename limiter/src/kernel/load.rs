@@ -435,8 +435,8 @@ impl Swap<'_> {
             .map_err(|e| KernelError::io(format!("swapping the program of {}", path.display()), e))?;
         tracing::info!(
             link = %pin,
-            from_program = from,
-            to_program = linked_program(&path),
+            from_program = %from,
+            to_program = %linked_program(&path),
             "program swapped in its pinned link (bpf_link_update)"
         );
         Ok(())
@@ -457,9 +457,14 @@ impl Links for Swap<'_> {
     }
 }
 
-/// The program behind the link pinned at `path` (0 if it cannot be read).
-fn linked_program(path: &Path) -> u32 {
-    pins::link_info(path).ok().flatten().map_or(0, |i| i.program_id())
+/// The program behind the link pinned at `path`, for the log: its id,
+/// `none`, or why it could not be read (never a made-up id).
+fn linked_program(path: &Path) -> String {
+    match pins::link_info(path) {
+        Ok(Some(info)) => info.program_id().to_string(),
+        Ok(None) => "none".to_owned(),
+        Err(why) => format!("unknown ({why})"),
+    }
 }
 
 /// Runs the start-up walk (twice, see `limiter-ebpf/src/walk.rs`) inside

@@ -48,6 +48,11 @@ pub struct Gate {
     shed_counts: PerCpuHashMap<MapData, PortKey, ShedCounts>,
     /// Entries of the connection table (`kernel.connectionTableSize`).
     connection_slots: u32,
+    /// Map writes that putting back a failed change failed to undo.
+    rollback_failures: u64,
+    /// Since such a failure, until a change is applied whole: the maps
+    /// hold neither the old configuration nor the new one.
+    mixed: bool,
 }
 
 impl std::fmt::Debug for Gate {
@@ -160,6 +165,8 @@ impl Gate {
                 .map_err(bad(map_names::SHED_COUNTS))?,
             config,
             connection_slots,
+            rollback_failures: 0,
+            mixed: false,
             sources: SourceIndex::new(fd(map_names::SOURCES)?, fd(map_names::SRCVER)?, sources.len()),
         })
     }
@@ -209,14 +216,40 @@ impl Gate {
             })
         });
         if let Err(e) = result {
-            let _ = self.set_trusted(&config.trusted, &old_trusted);
-            let _ = self.write_config(old_config);
+            let undone = self.set_trusted(&config.trusted, &old_trusted);
+            self.undone("the trusted prefixes", undone);
+            let undone = self.write_config(old_config);
+            self.undone("the gate's configuration", undone);
             for change in &changes {
-                let _ = self.write_limit(change.port, change.from.unwrap_or_default());
+                let undone = self.write_limit(change.port, change.from.unwrap_or_default());
+                self.undone(&format!("port {}'s limit", change.port), undone);
             }
             return Err(e);
         }
+        self.mixed = false;
         Ok(changes)
+    }
+
+    /// What putting back a failed change did: a write that failed leaves
+    /// the maps in neither configuration, which is logged, counted
+    /// (`limiter_kernel_rollback_failures_total`) and said by `/healthz`
+    /// until a change is applied whole.
+    fn undone(&mut self, what: &str, result: Result<(), KernelError>) {
+        if let Err(e) = result {
+            self.rollback_failures += 1;
+            self.mixed = true;
+            tracing::error!(
+                error = %e,
+                "putting back {what} after a failed change failed: the gate's maps hold neither the old \
+                 configuration nor the new one; reload again, or restart the daemon"
+            );
+        }
+    }
+
+    /// Map writes a rollback failed to undo, and whether the maps are in
+    /// neither configuration since.
+    pub fn rollback_state(&self) -> (u64, bool) {
+        (self.rollback_failures, self.mixed)
     }
 
     /// Makes the enforced ports exactly `ports`, entry by entry (each
@@ -241,7 +274,8 @@ impl Gate {
                 // All or nothing: put back what was already written,
                 // including this one's array entry if only its index failed.
                 for undo in &changes[..=done] {
-                    let _ = self.write_limit(undo.port, undo.from.unwrap_or_default());
+                    let undone = self.write_limit(undo.port, undo.from.unwrap_or_default());
+                    self.undone(&format!("port {}'s limit", undo.port), undone);
                 }
                 return Err(e);
             }

@@ -143,7 +143,7 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> {
     let target = target.as_bytes();
     let target = &target[..target.iter().position(|&b| b == b'#').unwrap_or(target.len())];
     let mut fields = Vec::with_capacity(req.headers.len());
-    let mut lengths: Option<Result<u64, ()>> = None;
+    let mut lengths: Option<Result<u64, BadLength>> = None;
     let (mut codings, mut chunked_last, mut lone_chunked) = (0, false, false);
     let (mut close, mut keep_alive_token, mut expect_continue) = (false, false, false);
     for h in req.headers.iter() {
@@ -164,7 +164,7 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> {
                 lengths = Some(match (lengths, this) {
                     (None, n) => n,
                     (Some(Ok(m)), Ok(n)) if m == n => Ok(n),
-                    _ => Err(()),
+                    _ => Err(BadLength),
                 });
             }
             17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
@@ -179,7 +179,7 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> {
         (0, None) => Framing::None,
         (0, Some(Ok(0))) => Framing::None,
         (0, Some(Ok(n))) => Framing::Length(n),
-        (0, Some(Err(()))) => return Err(HeadError::FramingConflict),
+        (0, Some(Err(BadLength))) => return Err(HeadError::FramingConflict),
         // A coding in HTTP/1.0 is faulty framing (RFC 9112 §6.1); with a
         // length too, the classic smuggling probe.
         (_, Some(_)) => return Err(HeadError::FramingConflict),
@@ -255,7 +255,7 @@ pub fn parse_response(buf: &[u8], to_head: bool) -> Response {
     let at = |s: &[u8]| s.as_ptr() as usize - buf.as_ptr() as usize;
     let span = |s: &[u8]| Span::of(at(s)..at(s) + s.len());
     let mut fields = Vec::with_capacity(res.headers.len());
-    let mut lengths: Option<Result<u64, ()>> = None;
+    let mut lengths: Option<Result<u64, BadLength>> = None;
     let (mut codings, mut chunked_last) = (false, false);
     let mut closes = minor == 0;
     for h in res.headers.iter() {
@@ -266,7 +266,7 @@ pub fn parse_response(buf: &[u8], to_head: bool) -> Response {
             lengths = Some(match (lengths, this) {
                 (None, n) => n,
                 (Some(Ok(m)), Ok(n)) if m == n => Ok(n),
-                _ => Err(()),
+                _ => Err(BadLength),
             });
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             codings = true;
@@ -282,7 +282,7 @@ pub fn parse_response(buf: &[u8], to_head: bool) -> Response {
         }
     }
     let length = match lengths {
-        Some(Err(())) if !codings => {
+        Some(Err(BadLength)) if !codings => {
             return Response::Invalid("Content-Length values that differ or are not digits");
         }
         Some(Ok(n)) => Some(n),
@@ -360,11 +360,16 @@ pub fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
     value.split(|&b| b == b',').map(<[u8]>::trim_ascii).filter(|t| !t.is_empty())
 }
 
+/// A `Content-Length` that is no length: not digits, too long, or two
+/// that differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct BadLength;
+
 /// A `Content-Length` value: digits only (httparse trimmed the spaces
 /// around them), at most 18 of them (under 10^18).
-fn digits(value: &[u8]) -> Result<u64, ()> {
+fn digits(value: &[u8]) -> Result<u64, BadLength> {
     if value.is_empty() || value.len() > 18 || !value.iter().all(u8::is_ascii_digit) {
-        return Err(());
+        return Err(BadLength);
     }
     Ok(value.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
 }
