@@ -303,7 +303,7 @@ impl Node {
                         now.saturating_duration_since(*since) >= self.lease
                             && now.saturating_duration_since(*last) <= refusal_holds(self.lease)
                     })
-                    .and_then(|(since, _)| self.members.safe_n(since))
+                    .and_then(|(since, _)| self.members.safe_n(self.down_since.unwrap_or(since)))
                     .map(|n| self.limit(kind) / n.max(1));
                 Down::Share(safe)
             }

@@ -49,6 +49,11 @@ impl StoreNet {
         let sb = Sandbox::new()?;
         let n = sb.name.as_str();
         run("ip", &["-n", n, "link", "add", "br0", "type", "bridge"])?;
+        // A bridge whose address is not set takes the lowest of its
+        // ports': a node joining with a lower one would change the store's
+        // MAC under the nodes that joined before (their neighbour entries
+        // then point nowhere for seconds). Set, it never changes.
+        run("ip", &["-n", n, "link", "set", "br0", "address", "02:00:0a:4d:00:01"])?;
         run("ip", &["-n", n, "addr", "add", &format!("{STORE_IP}/24"), "dev", "br0"])?;
         run("ip", &["-n", n, "addr", "add", &format!("{REPLICA_IP}/24"), "dev", "br0"])?;
         run("ip", &["-n", n, "link", "set", "br0", "up"])?;
@@ -380,6 +385,14 @@ impl StoreNet {
             .sum())
     }
 
+    /// Whether budget `key` holds nothing any more on `port`: gone, or only
+    /// fields given back (kept empty two leases: no share, no demand).
+    pub fn given_back(&self, port: u16, key: &str) -> Result<bool> {
+        let fields = self.cli(port, &["-c", "hgetall", key])?;
+        let lines: Vec<&str> = fields.lines().collect();
+        Ok(lines.chunks(2).all(|f| f.len() == 2 && f[1].starts_with("0 0 0 ")))
+    }
+
     /// Whether `key` is in the store on `port`.
     pub fn exists(&self, port: u16, key: &str) -> Result<bool> {
         Ok(self.cli(port, &["-c", "exists", key])?.trim() == "1")
@@ -425,9 +438,22 @@ impl StoreNet {
         Ok((n[0] as usize, n[1] as usize, n[2]))
     }
 
+    /// Session budgets that hold a share or a demand (those whose every
+    /// field was given back stay two leases, empty, and are not counted;
+    /// [`Self::keys`] sees them until they expire).
     pub fn session_budgets(&self, port: u16) -> Result<usize> {
-        let keys = self.cli(port, &["--scan", "--pattern", "limiter:{*:s:*}:*"])?;
-        Ok(keys.lines().filter(|k| !k.is_empty() && !k.ends_with(":epoch")).count())
+        const COUNT: &str = r"
+            local n = 0
+            for _, k in ipairs(redis.call('KEYS', 'limiter:{*:s:*}:*')) do
+              if not k:find(':epoch$') then
+                local kv = redis.call('HGETALL', k)
+                for i = 2, #kv, 2 do
+                  if not string.find(kv[i], '^0 0 0 ') then n = n + 1; break end
+                end
+              end
+            end
+            return n";
+        Ok(self.cli(port, &["eval", COUNT, "0"])?.trim().parse()?)
     }
 }
 

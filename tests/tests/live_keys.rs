@@ -115,6 +115,16 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
         "permit_contract.rs",
         "tunnels_over_http_max_tunnels_are_refused_and_each_closed_one_is_logged",
     ),
+    (
+        "http.maxTunnelsPerClient",
+        "permit_contract.rs",
+        "tunnels_are_capped_per_client_closed_when_idle_and_freed_when_their_client_goes",
+    ),
+    (
+        "http.tunnelIdleTimeoutMs",
+        "permit_contract.rs",
+        "tunnels_are_capped_per_client_closed_when_idle_and_freed_when_their_client_goes",
+    ),
 ];
 
 #[test]

@@ -666,6 +666,21 @@ fn tunnels_are_capped_per_client_closed_when_idle_and_freed_when_their_client_go
         "a gone client's tunnel: the upstream told after {told:?}, its place freed after {freed:?}; \
          idle tunnels closed {idle_for:?} after their last byte"
     );
+    // Both keys are live: a client's third tunnel gets in once the cap is
+    // 3, and a new tunnel is closed after the new idle bound.
+    d.reload("http.maxTunnels = 4\nhttp.maxTunnelsPerClient = 3\nhttp.tunnelIdleTimeoutMs = 600\n");
+    let held: Vec<_> = (0..3).map(|_| upgrade_from(d.proxy, "127.0.0.1")).collect();
+    assert!(held.iter().all(|(r, _)| r.status == 101), "three from one client under a cap of 3");
+    assert_eq!(upgrade_from(d.proxy, "127.0.0.1").0.status, 503);
+    let opened = Instant::now();
+    wait_for("the new idle bound closing them", Duration::from_secs(5), || {
+        d.metric("limiter_http_tunnels") == 0.0
+    });
+    let closed = opened.elapsed();
+    assert!(
+        closed >= Duration::from_millis(500) && closed < Duration::from_millis(1900),
+        "closed after {closed:?}"
+    );
 }
 
 /// An upstream that answers 413 as soon as it has a head and closes,

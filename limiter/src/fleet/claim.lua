@@ -83,7 +83,7 @@ for i = 1, #fields, 2 do
   if share == nil or (f ~= me and gone[f] == s) then
     redis.call('HDEL', KEYS[1], f)
   elseif f == me then
-    mine = { tonumber(share), tonumber(s), tonumber(cap) }
+    mine = { tonumber(share), tonumber(s), tonumber(cap), tonumber(wants) }
   else
     others = others + tonumber(share)
     others_need = others_need + tonumber(used) + tonumber(wants)
@@ -93,8 +93,9 @@ for i = 1, #fields, 2 do
     seen[#seen + 1] = s
   end
 end
+-- A field given back (kept empty: no share, no demand) is no field.
 local had = 0
-if mine ~= nil and mine[1] > 0 then had = 1 end
+if mine ~= nil and (mine[1] > 0 or mine[4] > 0) then had = 1 end
 local function tail()
   return ' ' .. quiet .. ' ' .. gen .. ' ' .. others .. ' ' .. others_demand .. ' ' .. had .. ' ' .. spare .. ' '
     .. table.concat(seen, ' ')
@@ -111,7 +112,7 @@ end
 -- This node holds a share the store does not, and the store had not
 -- noticed: it lost it (a lease cannot have ended: the node's own ends
 -- first). No share grows for a lease.
-if mine == nil and keep > 0 and quiet == '-' then
+if had == 0 and keep > 0 and quiet == '-' then
   gen = gen + 1
   quiet = nonce .. '.' .. gen
   redis.call('HSET', KEYS[2], 'gen', gen, 'quiet', quiet)

@@ -97,6 +97,8 @@ pub struct Fleet {
     /// this one's reach).
     refused_since_us: AtomicU64,
     refused_last_us: AtomicU64,
+    /// When this node found the store down (µs since `born`; 0: up).
+    down_since_us: AtomicU64,
     born: Instant,
     pub(super) health: Health,
     budgets: Mutex<Budgets>,
@@ -143,6 +145,7 @@ impl Fleet {
             up: AtomicBool::new(true),
             refused_since_us: AtomicU64::new(0),
             refused_last_us: AtomicU64::new(0),
+            down_since_us: AtomicU64::new(0),
             born: Instant::now(),
             health: Health::default(),
             budgets: Mutex::new(Budgets::new(lease, u64::from_le_bytes(rand_bytes()))),
@@ -295,7 +298,13 @@ impl Fleet {
         if since.elapsed() < self.lease || last.elapsed() > refusal_holds(self.lease) {
             return None;
         }
-        let nodes = self.members.lock().unwrap_or_else(std::sync::PoisonError::into_inner).safe_n(since)?;
+        // The live nodes as seen up to when this node found the store down
+        // (not when it first found it refusing: a probe comes a while
+        // later, and by then its last view of the nodes may be older than
+        // half a lease).
+        let down = self.down_since_us.load(Ordering::Relaxed);
+        let down = if down == 0 { since } else { self.born + Duration::from_micros(down) };
+        let nodes = self.members.lock().unwrap_or_else(std::sync::PoisonError::into_inner).safe_n(down)?;
         Some(self.limit(kind) / nodes.max(1))
     }
 
@@ -557,6 +566,7 @@ impl Fleet {
     pub(super) fn went_down(&self, why: &str) {
         self.stats.failures.fetch_add(1, Ordering::Relaxed);
         if self.up.swap(false, Ordering::Relaxed) {
+            self.down_since_us.store(self.born.elapsed().as_micros().max(1) as u64, Ordering::Relaxed);
             let policy = self.on_store_down().as_str();
             tracing::warn!(
                 store = %self.store.describe(),

@@ -1,18 +1,20 @@
 //! Exchanges limiter gave up on while the upstream still works on them: a
 //! request answered 504 (no response head within `http.upstreamTimeoutMs`),
-//! a response whose client went away or reset its stream before the
-//! upstream had delivered it, a request body that failed on the client's
-//! side half-way upstream. (A client limiter cuts for reading too slowly
-//! is not followed: its upstream connection closes with it, which is what
-//! the cut is for.)
+//! a response whose client went away, reset its stream or was cut for
+//! reading too slowly before the upstream had delivered it, a request
+//! body that failed on the client's side half-way upstream, an upload the
+//! upstream took no byte of for `http.idleTimeoutMs` (alive, not reading
+//! yet).
 //!
 //! Closing the upstream connection does not end the upstream's work (a
 //! servlet that computes does not notice), so the request's permits (the
 //! pools', the session's, the web clients', the fleet's) stay held while
 //! the upstream goes on: its answer is read (and dropped) to its end, and
 //! its connection goes back to the pool if it can carry another request;
-//! or the upstream closes the connection (or stalls past
-//! `http.idleTimeoutMs`); or `http.upstreamAbandonMs` passes after limiter
+//! or the upstream closes the connection (or, once its response has
+//! begun, stalls on its body past `http.idleTimeoutMs`; waiting for a
+//! response head has no idle bound: an upstream computing sends nothing
+//! until it answers); or `http.upstreamAbandonMs` passes after limiter
 //! gave up, and limiter closes the connection. Only then do the permits
 //! return. Each is counted by [`Cause`] and [`End`]
 //! (`limiter_http_abandoned_total`) and logged, at most ten lines a second,
