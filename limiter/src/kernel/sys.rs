@@ -218,8 +218,23 @@ impl Mapping {
         if shape.map_type != BPF_MAP_TYPE_ARRAY || shape.flags & BPF_F_MMAPABLE == 0 || size < bytes as u64 {
             return Err(not_shaped(&format!("a memory-mappable array of {bytes} bytes"), shape));
         }
-        // SAFETY: a fresh shared mapping of a BPF array map's values, as
-        // long as the map's (checked above): the kernel never shrinks it.
+        Self::map(map, bytes)
+    }
+
+    /// [`Self::new`] over a memory file of at least `bytes` that nobody
+    /// shrinks (the tests' stand-in for the map).
+    #[cfg(test)]
+    pub fn of_memfd(memfd: BorrowedFd<'_>, bytes: usize) -> io::Result<Self> {
+        assert!(bytes.is_multiple_of(8) && bytes > 0, "whole words");
+        Self::map(memfd, bytes)
+    }
+
+    /// The mapping itself, of a descriptor whose object is at least
+    /// `bytes` long and stays so (checked by the callers).
+    fn map(map: BorrowedFd<'_>, bytes: usize) -> io::Result<Self> {
+        // SAFETY: a fresh shared mapping of an object at least `bytes`
+        // long that never shrinks (a BPF array map's values, checked in
+        // `new`; a test's memory file).
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),

@@ -18,7 +18,7 @@ fn memory() -> OwnedFd {
 }
 
 fn map(fd: &OwnedFd) -> Mapping {
-    Mapping::new(fd.as_fd(), BYTES as usize).unwrap()
+    Mapping::of_memfd(fd.as_fd(), BYTES as usize).unwrap()
 }
 
 fn join(fd: &OwnedFd) -> Result<Arc<Ledger>, LedgerError> {
