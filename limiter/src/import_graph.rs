@@ -378,19 +378,7 @@ struct Graph {
 impl Graph {
     /// Reads every `.rs` file under `src` (but `main.rs`).
     fn read(src: &Path) -> Self {
-        let mut files = Vec::new();
-        let mut dirs = vec![src.to_path_buf()];
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(&dir).expect("src is readable") {
-                let path = entry.expect("src is readable").path();
-                if path.is_dir() {
-                    dirs.push(path);
-                } else if path.extension().is_some_and(|e| e == "rs") {
-                    files.push(path.strip_prefix(src).expect("under src").to_path_buf());
-                }
-            }
-        }
-        files.retain(|f| f != Path::new("main.rs"));
+        let mut files = rust_files(src);
         files.sort();
         let module_path = |file: &Path| -> Vec<String> {
             let mut path: Vec<String> =
@@ -721,21 +709,13 @@ fn the_top_level_modules_keep_the_documented_layers() {
 /// not in a test), sorted.
 fn unsafe_files(src: &Path) -> Vec<String> {
     let mut found = Vec::new();
-    let mut dirs = vec![src.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).expect("src is readable") {
-            let path = entry.expect("src is readable").path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") && !path.ends_with("main.rs") {
-                let text = std::fs::read_to_string(&path).expect("a source file");
-                // Up to the file's test module: an allow inside a test is
-                // the test's own.
-                let code = text.split("\nmod tests").next().unwrap_or("");
-                if code.lines().any(|l| l.trim_start().starts_with("#[allow(unsafe_code")) {
-                    found.push(path.strip_prefix(src).expect("under src").display().to_string());
-                }
-            }
+    for file in rust_files(src) {
+        let text = std::fs::read_to_string(src.join(&file)).expect("a source file");
+        // Up to the file's test module: an allow inside a test is the
+        // test's own.
+        let code = text.split("\nmod tests").next().unwrap_or("");
+        if code.lines().any(|l| l.trim_start().starts_with("#[allow(unsafe_code")) {
+            found.push(file.display().to_string());
         }
     }
     // An allow on a `mod` line covers the module's file.
@@ -765,4 +745,23 @@ fn the_manual_lists_every_file_with_unsafe_code() {
     listed.sort();
     listed.dedup();
     assert_eq!(listed, unsafe_files(&src()), "docs/architecture.md's list against the source");
+}
+
+/// Every `.rs` file under `src` (but `main.rs`, the binary's), relative to
+/// it.
+fn rust_files(src: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![src.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("src is readable") {
+            let path = entry.expect("src is readable").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path.strip_prefix(src).expect("under src").to_path_buf());
+            }
+        }
+    }
+    files.retain(|f| f != Path::new("main.rs"));
+    files
 }
