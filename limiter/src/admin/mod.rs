@@ -140,7 +140,10 @@ pub async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(slots::Slots::new(MAX_CONNECTIONS));
+    let mut connections = tokio::task::JoinSet::new();
     loop {
+        // Ended connections leave the set as they go.
+        while connections.try_join_next().is_some() {}
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, peer, local)) = accepted else { continue };
@@ -157,7 +160,7 @@ pub async fn serve(
                     }
                 };
                 let (control, slots) = (control.clone(), slots.clone());
-                tokio::spawn(async move {
+                connections.spawn(async move {
                     let in_service = slot.clone();
                     let limits = plain::Limits {
                         header_timeout: HEADER_TIMEOUT,
@@ -180,10 +183,21 @@ pub async fn serve(
                     slots.release(&slot);
                 });
             }
-            _ = shutdown.changed() => return,
+            _ = shutdown.changed() => break,
         }
     }
+    // No new connection (queued ones go to a daemon taking over, whose
+    // listener shares the port); the requests being answered get their
+    // answers before the daemon exits, within a bound (an idle keep-alive
+    // connection is closed at it).
+    drop(listener);
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, async { while connections.join_next().await.is_some() {} })
+        .await;
 }
+
+/// How long a stopping daemon's admin listener lets the requests it took
+/// finish.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Runs `f` (a kernel read) on the blocking pool.
 async fn off_runtime<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
