@@ -88,9 +88,9 @@ pub enum Failed {
     /// (503 `upstream_full`), not an error of the upstream's.
     Full,
     /// The exchange failed; `busy`: the connection the upstream may still
-    /// be working on the request on (after a timeout, or a client body
-    /// that failed half-way), with when the request went, to follow to its
-    /// end.
+    /// be working on the request on (after a timeout, a client body that
+    /// failed half-way, or an upload it took nothing of for
+    /// `http.idleTimeoutMs`), to follow to its end ([`Busy`]).
     Error { error: Error, busy: Option<Busy> },
 }
 
